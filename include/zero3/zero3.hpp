@@ -1,0 +1,7 @@
+// zero3: ZeRO stage 3 for C++ training code. The umbrella header: include this one.
+#pragma once
+
+#include "zero3/dtype.hpp"
+#include "zero3/error.hpp"
+#include "zero3/log.hpp"
+#include "zero3/version.hpp"
