@@ -5,3 +5,6 @@
 #include "zero3/error.hpp"
 #include "zero3/log.hpp"
 #include "zero3/version.hpp"
+#include "zero3/config.hpp"
+#include "zero3/comm.hpp"
+#include "zero3/store.hpp"

@@ -1,0 +1,133 @@
+// Collective communication between ranks: flat buffers, ordered on a stream, completed through Work.
+//
+// One Communicator interface, several backends picked at run time by name:
+//   "gloo"  CPU memory, TCP between processes (Debian's libgloo); the engine for CPU runs and tests.
+//   "nccl"  GPU memory, NVLink/PCIe/network (EFA through the aws-ofi-nccl plugin); needs a CUDA build.
+//   "local" a world of one process; every collective is a copy. Always available.
+//
+// Buffers. All buffers are flat arrays of `dtype` elements that live where the backend expects them
+// (host memory for gloo and local, device memory for nccl) and stay valid and untouched until the Work
+// returned for the call has completed. The caller owns every buffer.
+//
+// Ordering. Calls are issued in the same order on every rank (as with NCCL and MPI). A backend runs the
+// operations of one communicator one after another, in issue order. `stream` orders the operation after
+// work already queued on that CUDA stream (nccl); host backends ignore it.
+//
+// Completion and errors. Each call returns a Work. Work::wait() blocks the calling thread until the
+// operation finished, and throws its error: CommError naming the collective, the count, the dtype and the
+// ranks, or TimeoutError when it did not finish within the communicator's timeout. No collective blocks
+// forever: the timeout comes from the config (zero3.comm_timeout_s, default 600 s).
+//
+// Thread-safety: one thread issues operations on a communicator at a time; Work may be waited on from
+// any thread.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "zero3/dtype.hpp"
+
+struct CUstream_st;
+
+namespace zero3 {
+
+class Store;
+
+// A CUDA stream, or nullptr for "no stream" (host backends, or the default stream for nccl).
+using Stream = CUstream_st*;
+
+enum class ReduceOp : uint8_t { sum, avg, max };
+
+const char* reduce_op_name(ReduceOp op);
+
+// The completion of one collective.
+class Work {
+ public:
+  virtual ~Work() = default;
+  // Blocks until done; throws the operation's error. Calling it again after success returns at once.
+  virtual void wait() = 0;
+  // Like wait() but gives up after `timeout`: returns false if the operation is still running.
+  virtual bool wait_for(std::chrono::milliseconds timeout) = 0;
+  // True once the operation finished, successfully or not. Never blocks.
+  virtual bool is_completed() = 0;
+};
+
+using WorkPtr = std::shared_ptr<Work>;
+
+// A Work that is already complete (for operations a backend finished synchronously).
+WorkPtr completed_work();
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  virtual const char* backend() const = 0;
+  virtual std::chrono::milliseconds timeout() const = 0;
+
+  // out[r*count .. (r+1)*count) = rank r's `in`, for every rank r. `out` holds size()*count elements; `in`
+  // holds count elements and may be out + rank()*count (in place).
+  virtual WorkPtr all_gather_into(void* out, const void* in, size_t count, DType dtype, Stream stream = nullptr) = 0;
+
+  // out = op over ranks of in[rank()*count .. (rank()+1)*count). `in` holds size()*count elements, `out`
+  // count elements; `out` may be in + rank()*count. op is sum or avg. bf16/f16 accumulate in f32.
+  virtual WorkPtr reduce_scatter(void* out, const void* in, size_t count, DType dtype, ReduceOp op,
+                                 Stream stream = nullptr) = 0;
+
+  // buf = op over ranks of buf (count elements, any count). bf16/f16 accumulate in f32.
+  virtual WorkPtr all_reduce(void* buf, size_t count, DType dtype, ReduceOp op, Stream stream = nullptr) = 0;
+
+  // buf = root's buf.
+  virtual WorkPtr broadcast(void* buf, size_t count, DType dtype, int root, Stream stream = nullptr) = 0;
+
+  // Returns when every rank has entered the barrier (or throws TimeoutError / CommError).
+  virtual void barrier() = 0;
+
+  // A communicator over the ranks that pass the same `color`, ordered by (`key`, rank). Collective over
+  // this communicator: every rank calls it. color < 0 returns nullptr for that rank.
+  virtual std::unique_ptr<Communicator> split(int color, int key) = 0;
+};
+
+// Where a process stands in the job, as its launcher described it.
+struct LaunchInfo {
+  int rank = 0;
+  int world_size = 1;
+  int local_rank = 0;
+  int local_world_size = 1;
+  int node_rank = 0;
+  std::string master_addr = "127.0.0.1";
+  int master_port = 29500;
+  std::string launcher = "single";  // torchrun | kubeflow | openmpi | slurm | zero3-launch | single
+};
+
+// Reads the launcher's environment variables, in this order: torchrun (RANK, WORLD_SIZE, LOCAL_RANK,
+// LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT), Kubeflow Trainer (PET_*), Open MPI (OMPI_COMM_WORLD_*),
+// Slurm (SLURM_*), else a single process. Throws CommError for inconsistent variables (rank >= world size,
+// a non-number), naming the variable.
+LaunchInfo detect_launch();
+
+struct CommOptions {
+  std::string backend = "auto";  // auto | gloo | nccl | local. auto: nccl with a GPU build and device, else gloo
+  std::chrono::milliseconds timeout = std::chrono::seconds(600);
+  int device = -1;               // CUDA device for nccl; -1 = local_rank
+  std::string network = "auto";  // nccl: auto | efa | socket (see docs/launch.md)
+  bool register_buffers = false; // nccl: user-buffer registration
+};
+
+// Joins the job: detects the launcher, rendezvouses through zero3's TCP store (rank 0 serves it) and
+// returns the communicator. Logs the launcher, the store address and the transport chosen.
+std::unique_ptr<Communicator> connect(const CommOptions& options = {});
+
+// Same, with a known launch description and an existing store (tests, custom launchers).
+std::unique_ptr<Communicator> make_communicator(const CommOptions& options, const LaunchInfo& launch,
+                                                std::shared_ptr<Store> store);
+
+// Names of the backends compiled into this build ("local", "gloo", "nccl").
+std::vector<std::string> available_backends();
+
+}  // namespace zero3
