@@ -1,0 +1,31 @@
+// Argument checks and descriptions shared by every communicator backend, so that all of them reject the
+// same calls with the same words: "<backend> all_reduce(count=7, dtype=bf16, op=sum) on rank 2 of 4".
+#pragma once
+
+#include <cstddef>
+#include <string>
+
+#include "zero3/comm.hpp"
+
+namespace zero3::comm {
+
+// "all_gather_into(count=7, dtype=bf16) on rank 2 of 4"; op and root only when given (op_name != nullptr,
+// root >= 0).
+std::string describe_collective(const char* collective, size_t count, DType dtype, int rank, int size,
+                                const char* op_name = nullptr, int root = -1);
+
+// Throws InvalidArgument naming the collective when a buffer is null for a non-zero count.
+void require_buffer(const void* buf, const char* buffer_name, size_t count, const std::string& what);
+
+// Throws InvalidArgument unless op is sum or avg (reduce_scatter allows no max).
+void require_sum_or_avg(ReduceOp op, const std::string& what);
+
+// Throws InvalidArgument unless 0 <= root < size.
+void require_root(int root, int size, const std::string& what);
+
+// Throws InvalidArgument when [a, a+a_bytes) and [b, b+b_bytes) overlap other than in the allowed in-place
+// layout (b == allowed_alias).
+void require_no_partial_overlap(const void* a, size_t a_bytes, const void* b, size_t b_bytes,
+                                const void* allowed_alias, const std::string& what);
+
+}  // namespace zero3::comm

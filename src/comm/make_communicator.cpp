@@ -1,0 +1,35 @@
+#include <memory>
+
+#include "comm/registry.hpp"
+#include "zero3/error.hpp"
+#include "zero3/log.hpp"
+
+namespace zero3 {
+
+std::vector<std::string> available_backends() { return comm::registered_backends(); }
+
+std::unique_ptr<Communicator> make_communicator(const CommOptions& options, const LaunchInfo& launch,
+                                                std::shared_ptr<Store> store) {
+  if (launch.world_size < 1 || launch.rank < 0 || launch.rank >= launch.world_size) {
+    throw CommError("make_communicator: rank " + std::to_string(launch.rank) + " is not in a world of " +
+                    std::to_string(launch.world_size) + " (launcher " + launch.launcher + ")");
+  }
+  if (options.timeout.count() <= 0) {
+    throw InvalidArgument("make_communicator: timeout must be positive, got " +
+                          std::to_string(options.timeout.count()) + " ms");
+  }
+  std::string name = options.backend == "auto" ? comm::resolve_backend(options, launch) : options.backend;
+  const comm::BackendEntry* entry = comm::find_backend(name);
+  if (!entry) {
+    std::string names;
+    for (const auto& n : available_backends()) names += (names.empty() ? "" : ", ") + n;
+    throw CommError("communicator backend \"" + name + "\" is not available in this build (available: " + names +
+                    ", or auto)");
+  }
+  auto comm = entry->factory(options, launch, std::move(store));
+  log::debug("communicator ", comm->backend(), ": rank ", comm->rank(), " of ", comm->size(), ", timeout ",
+             comm->timeout().count(), " ms");
+  return comm;
+}
+
+}  // namespace zero3
