@@ -1,0 +1,128 @@
+// The dry-run memory plan: how many bytes each rank (and each node) will hold for a model under a config,
+// per category and per tier, computed from shapes alone, before anything is allocated. `zero3 plan` prints
+// it; the engine's byte counters report the same categories, so a run can be checked against its plan.
+//
+// Model of the engine it describes (all counts in elements; W = world size):
+//   - Unit u holds P_u elements in one flat buffer padded to Pp_u = W * S_u, S_u = ceil(P_u / W); each rank
+//     owns one slice of S_u elements. Padding is counted.
+//   - Compute dtype c (bf16/f16: 2 bytes, f32: 4). With a 16-bit compute dtype an fp32 master copy of the
+//     owned elements exists; with f32 compute the parameters are the master (no second copy).
+//   - Gradients accumulate in data_types.grad_accum_dtype (default f32), Adam keeps m and v in fp32.
+//   - stage 0: parameters, master, gradients and Adam state all replicated (full Pp per rank).
+//     stage 1: master and Adam state sharded (S per rank); parameters and gradients full.
+//     stage 2: + gradients sharded; during backward one full-unit gradient buffer in the compute dtype for
+//              the largest unit (two with overlap_comm: the one being reduced and the one being written).
+//     stage 3: + parameters sharded; a unit of at most stage3_param_persistence_threshold elements stays
+//              gathered (in order, until stage3_model_persistence_threshold elements are persistent); the
+//              others are gathered on demand: the worst case over the forward and backward orders of the
+//              current unit plus the following units prefetched within stage3_prefetch_bucket_size, all
+//              within stage3_max_live_parameters (the current unit is always gathered).
+//   - offload_optimizer cpu: master, Adam state and sharded gradients on the host; nvme: master and Adam
+//     state on NVMe, sharded gradients on the host, plus buffer_count host buffers of
+//     min(sub_group_size, S) fp32 elements. offload_param (stage 3 only) cpu: parameter slices on the
+//     host; nvme: slices on NVMe plus buffer_count host buffers of buffer_size elements (compute dtype).
+//   - Activations: the caller's estimate, on the device.
+// When zero3.device is "cpu" the device tier is host memory; per-node host totals then include it.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "zero3/config.hpp"
+
+namespace zero3 {
+
+// A unit: parameters gathered together. Shapes only; nothing is allocated.
+struct UnitDesc {
+  std::string name;
+  std::vector<std::vector<int64_t>> params;  // one shape per parameter
+  int64_t numel() const;
+};
+
+struct ModelDesc {
+  std::string name;
+  std::vector<UnitDesc> units;  // in forward order
+  int64_t numel() const;
+};
+
+// The dimensions of a Llama (Hugging Face LlamaConfig names).
+struct LlamaDims {
+  int64_t hidden_size = 0;
+  int64_t intermediate_size = 0;
+  int64_t num_hidden_layers = 0;
+  int64_t num_attention_heads = 0;
+  int64_t num_key_value_heads = 0;  // 0: same as num_attention_heads
+  int64_t vocab_size = 0;
+  bool tie_word_embeddings = false;
+};
+
+// Llama's units: "embed" (vocab x hidden), one "layer.<i>" per decoder layer (q, k, v, o projections,
+// gate, up, down, input and post-attention RMSNorm weights), "head" (final norm, and lm_head unless the
+// embeddings are tied). Throws InvalidArgument for a non-positive dimension or heads that do not divide.
+ModelDesc llama_model_desc(const LlamaDims& dims, const std::string& name = "llama");
+
+// Reads a model description from JSON text: either a Hugging Face Llama config.json (has "hidden_size")
+// or {"name": ..., "units": [{"name": ..., "params": [[d0, d1], [d0]]}, ...]}. `source` names the file
+// in errors. Throws ConfigError naming the key. `hidden_size_out`, when given, receives the model's hidden
+// size (0 when the description has none): it resolves the config's "auto" bucket sizes.
+ModelDesc parse_model_desc(const std::string& json_text, const std::string& source, int64_t* hidden_size_out = nullptr);
+
+// Reads the file and parses it. Throws ConfigError (unreadable file included).
+ModelDesc load_model_desc(const std::string& path, int64_t* hidden_size_out = nullptr);
+
+enum class MemoryTier { device, host, nvme };
+enum class MemoryCategory { params, master, grads, optimizer_state, buffers, activations };
+
+const char* to_string(MemoryTier tier);
+const char* to_string(MemoryCategory category);
+
+struct MemoryPlanEntry {
+  MemoryCategory category;
+  MemoryTier tier;
+  int64_t bytes = 0;  // per rank
+  std::string what;   // e.g. "parameter slices (bf16)"
+};
+
+struct MemoryPlanOptions {
+  int64_t world_size = 1;
+  int64_t ranks_per_node = 1;
+  int64_t activation_bytes = 0;  // per rank, on the device
+};
+
+struct MemoryPlan {
+  int stage = 0;
+  DType compute_dtype = DType::f32;
+  int64_t world_size = 1;
+  int64_t ranks_per_node = 1;
+  int64_t nodes = 1;              // ceil(world_size / ranks_per_node)
+  bool device_is_host = false;    // zero3.device == "cpu"
+
+  int64_t total_params = 0;       // elements, unpadded
+  int64_t padded_params = 0;      // sum of Pp_u
+  int64_t shard_params = 0;       // sum of S_u: elements one rank owns
+  int64_t persistent_params = 0;  // stage 3: padded elements of the units that stay gathered
+  int64_t live_params = 0;        // stage 3: worst-case padded elements of non-persistent units gathered at once
+  int64_t largest_unit = 0;       // padded elements of the largest unit
+
+  std::vector<MemoryPlanEntry> entries;  // per rank; entries with 0 bytes are left out
+
+  int64_t rank_bytes(MemoryTier tier) const;
+  int64_t rank_bytes(MemoryCategory category) const;
+  int64_t rank_bytes() const;
+  // Every rank holds the same amount (slices are padded to equal size), so a node holds ranks_per_node times
+  // a rank's bytes in each tier.
+  int64_t node_bytes(MemoryTier tier) const { return rank_bytes(tier) * ranks_per_node; }
+};
+
+// Plans `model` under `config`, which must be resolved (no "auto" left in the fields used: throws
+// ConfigError naming the key and the zero3 plan flag that resolves it). Throws ConfigError for an offload
+// the stage does not support (offload_param below stage 3, any offload at stage 0), InvalidArgument for
+// world_size or ranks_per_node < 1 or an empty model.
+MemoryPlan plan_memory(const ModelDesc& model, const Config& config, const MemoryPlanOptions& options);
+
+// A table: one row per entry (category, what, tier, bytes per rank), then totals per tier per rank and
+// per node, in bytes and GiB.
+std::string format_memory_plan(const MemoryPlan& plan);
+
+}  // namespace zero3
