@@ -155,11 +155,11 @@ NetworkDecision decide_network(NetworkMode mode, const FabricProbe& probe, const
   return d;
 }
 
-NetworkDecision agree_network(NetworkMode mode, const std::vector<NetworkDecision>& ranks,
-                              const std::vector<std::string>& hosts, int self) {
-  if (ranks.empty() || hosts.size() != ranks.size() || self < 0 || self >= static_cast<int>(ranks.size())) {
-    throw InvalidArgument("agree_network: " + std::to_string(ranks.size()) + " decisions, " +
-                          std::to_string(hosts.size()) + " hosts, self " + std::to_string(self));
+std::optional<NetworkDecision> common_network(NetworkMode mode, const std::vector<NetworkDecision>& ranks,
+                                              const std::vector<std::string>& hosts) {
+  if (ranks.empty() || hosts.size() != ranks.size()) {
+    throw InvalidArgument("common_network: " + std::to_string(ranks.size()) + " decisions but " +
+                          std::to_string(hosts.size()) + " hosts");
   }
   const int n = static_cast<int>(ranks.size());
   bool one_host = std::all_of(hosts.begin(), hosts.end(), [&](const std::string& h) { return h == hosts[0]; });
@@ -208,7 +208,17 @@ NetworkDecision agree_network(NetworkMode mode, const std::vector<NetworkDecisio
       return d;
     }
   }
-  return ranks[self];
+  return std::nullopt;
+}
+
+NetworkDecision agree_network(NetworkMode mode, const std::vector<NetworkDecision>& ranks,
+                              const std::vector<std::string>& hosts, int self) {
+  if (self < 0 || self >= static_cast<int>(ranks.size())) {
+    throw InvalidArgument("agree_network: self " + std::to_string(self) + " is not one of " +
+                          std::to_string(ranks.size()) + " ranks");
+  }
+  auto common = common_network(mode, ranks, hosts);
+  return common ? *common : ranks[self];
 }
 
 std::string encode_decision(const NetworkDecision& d) {

@@ -12,6 +12,7 @@
 // arguments, so every case is unit-tested; src/comm/nccl applies the result.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -51,10 +52,15 @@ bool needs_plugin_check(NetworkMode mode, const FabricProbe& probe);
 // One rank's decision. `plugin.checked` false means no check ran (see needs_plugin_check).
 NetworkDecision decide_network(NetworkMode mode, const FabricProbe& probe, const NetPluginCheck& plugin);
 
-// Every rank's decision and host name, gathered through the store, give the decision of rank `self`: one
-// failing rank fails every rank with a message naming it; under "auto", EFA is used only when every rank
-// can use it (NCCL needs the same network on both ends); on one host the network carries nothing, so a
-// required EFA that is absent there is a warning, not an error.
+// Every rank's decision and host name (gathered through the store) give either one decision for every rank,
+// or nothing, when each rank keeps its own (they agree; pinned names may differ between plugin versions):
+// one failing rank fails every rank with a message naming it; under "auto", EFA is used only when every
+// rank can use it (NCCL needs the same network on both ends); on one host the network carries nothing, so a
+// required EFA that is absent there is a warning, not an error. Throws InvalidArgument on mismatched input.
+std::optional<NetworkDecision> common_network(NetworkMode mode, const std::vector<NetworkDecision>& ranks,
+                                              const std::vector<std::string>& hosts);
+
+// The decision of rank `self`: common_network's, else its own.
 NetworkDecision agree_network(NetworkMode mode, const std::vector<NetworkDecision>& ranks,
                               const std::vector<std::string>& hosts, int self);
 
