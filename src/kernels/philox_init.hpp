@@ -64,12 +64,39 @@ ZERO3_HOST_DEVICE double philox_uniform01_open0(uint32_t x) { return (static_cas
 
 enum class FillKind : uint8_t { zeros, ones, constant, normal, uniform };
 
-// What to fill with. Only the fields of `kind` are read.
+// What to fill with. Only the fields of `kind` are read. Build one with the named constructors.
 struct FillSpec {
   FillKind kind = FillKind::zeros;
-  double value = 0.0;              // constant
-  double mean = 0.0, std = 1.0;    // normal(mean, std)
-  double low = 0.0, high = 1.0;    // uniform on [low, high) (high itself may appear after rounding to float)
+  double value = 0.0;                 // constant
+  double mean = 0.0, stddev = 1.0;    // normal(mean, stddev)
+  double low = 0.0, high = 1.0;       // uniform on [low, high) (high itself may appear after rounding to float)
+
+  static constexpr FillSpec zeros() { return FillSpec{}; }
+  static constexpr FillSpec ones() {
+    FillSpec s;
+    s.kind = FillKind::ones;
+    return s;
+  }
+  static constexpr FillSpec constant(double value) {
+    FillSpec s;
+    s.kind = FillKind::constant;
+    s.value = value;
+    return s;
+  }
+  static constexpr FillSpec normal(double mean, double stddev) {
+    FillSpec s;
+    s.kind = FillKind::normal;
+    s.mean = mean;
+    s.stddev = stddev;
+    return s;
+  }
+  static constexpr FillSpec uniform(double low, double high) {
+    FillSpec s;
+    s.kind = FillKind::uniform;
+    s.low = low;
+    s.high = high;
+    return s;
+  }
 };
 
 // The values of elements [4*block, 4*block + 4). Normals come in Box-Muller pairs: lanes (0, 1) from
@@ -98,8 +125,8 @@ ZERO3_HOST_DEVICE void philox_fill_block(const FillSpec& spec, uint64_t seed, ui
       for (int pair = 0; pair < 2; ++pair) {
         double radius = ::sqrt(-2.0 * ::log(philox_uniform01_open0(r.v[2 * pair])));
         double angle = kTwoPi * philox_uniform01(r.v[2 * pair + 1]);
-        out[2 * pair] = static_cast<float>(::fma(spec.std, radius * ::cos(angle), spec.mean));
-        out[2 * pair + 1] = static_cast<float>(::fma(spec.std, radius * ::sin(angle), spec.mean));
+        out[2 * pair] = static_cast<float>(::fma(spec.stddev, radius * ::cos(angle), spec.mean));
+        out[2 * pair + 1] = static_cast<float>(::fma(spec.stddev, radius * ::sin(angle), spec.mean));
       }
       return;
     }
