@@ -19,12 +19,13 @@ std::string describe_failure(const char* what, const std::string& detail, const 
 
 }  // namespace zero3::detail
 
-// Generic form: `ok` is an expression over `_r` (the statement's result); `detail` turns `_r` into text.
-#define ZERO3_CHECK_GEN(ErrorType, stmt, ok, detail)                                                \
+// Generic form: `ok` is an expression over `_r` (the statement's result); `describe` turns `_r` into text.
+// (The parameter must not be called `detail`: it would replace the namespace name in the body.)
+#define ZERO3_CHECK_GEN(ErrorType, stmt, ok, describe)                                              \
   do {                                                                                               \
     auto _r = (stmt);                                                                                \
     if (!(ok)) {                                                                                     \
-      throw ErrorType(::zero3::detail::describe_failure(#stmt, (detail), __FILE__, __LINE__));        \
+      throw ErrorType(::zero3::detail::describe_failure(#stmt, (describe), __FILE__, __LINE__));      \
     }                                                                                                \
   } while (0)
 
