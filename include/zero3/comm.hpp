@@ -102,32 +102,47 @@ struct LaunchInfo {
   int node_rank = 0;
   std::string master_addr = "127.0.0.1";
   int master_port = 29500;
-  std::string launcher = "single";  // torchrun | kubeflow | openmpi | slurm | zero3-launch | single
+  // torchrun | zero3-launch | env (RANK/WORLD_SIZE set by hand) | kubeflow | openmpi | slurm | single
+  std::string launcher = "single";
+  // Where zero3's TCP store listens: master_port, except under torchrun, whose own store holds MASTER_PORT
+  // (then MASTER_PORT + ZERO3_STORE_PORT_OFFSET), or ZERO3_STORE_PORT when set. store_port_origin says which,
+  // for the log.
+  int store_port = 29500;
+  std::string store_port_origin = "default";
 };
 
-// Reads the launcher's environment variables, in this order: torchrun (RANK, WORLD_SIZE, LOCAL_RANK,
-// LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT), Kubeflow Trainer (PET_*), Open MPI (OMPI_COMM_WORLD_*),
-// Slurm (SLURM_*), else a single process. Throws CommError for inconsistent variables (rank >= world size,
-// a non-number), naming the variable.
+// Reads the launcher's environment variables, in this order: torchrun-style (RANK, WORLD_SIZE, LOCAL_RANK,
+// LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT; set by torchrun, `zero3 launch` or by hand),
+// Kubeflow Trainer (PET_NNODES, PET_NPROC_PER_NODE, PET_NODE_RANK, PET_MASTER_ADDR, PET_MASTER_PORT), Open MPI
+// (OMPI_COMM_WORLD_*), Slurm (SLURM_*), else a single process. docs/launch.md lists every variable and
+// default. Throws CommError for inconsistent variables (rank >= world size, a non-number), naming the
+// variable. Reads the environment at each call; never caches.
 LaunchInfo detect_launch();
 
 struct CommOptions {
-  std::string backend = "auto";  // auto | gloo | nccl | local. auto: nccl with a GPU build and device, else gloo
+  // auto | gloo | nccl | local. auto: nccl when compiled in and a CUDA device is usable, else local for a world
+  // of one, else gloo.
+  std::string backend = "auto";
   std::chrono::milliseconds timeout = std::chrono::seconds(600);
   int device = -1;               // CUDA device for nccl; -1 = local_rank
   std::string network = "auto";  // nccl: auto | efa | socket (see docs/launch.md)
   bool register_buffers = false; // nccl: user-buffer registration
 };
 
-// Joins the job: detects the launcher, rendezvouses through zero3's TCP store (rank 0 serves it) and
-// returns the communicator. Logs the launcher, the store address and the transport chosen.
+// Joins the job: detects the launcher, sets the log's rank prefix, rendezvouses through zero3's TCP store on
+// master_addr:store_port (rank 0 serves it; a single-process job opens no port unless its backend needs a
+// store) and returns the communicator, which keeps the store alive. ZERO3_COMM_TIMEOUT_S, when set, overrides
+// options.timeout. Logs the launcher, the store address and the backend chosen. Blocks until every rank has
+// joined or options.timeout passed (TimeoutError).
 std::unique_ptr<Communicator> connect(const CommOptions& options = {});
 
-// Same, with a known launch description and an existing store (tests, custom launchers).
+// Same, with a known launch description and an existing store (tests, custom launchers). `store` may be null
+// for the "local" backend; the communicator keeps it alive (split() uses it again). Throws CommError for a
+// backend not compiled in, naming the available ones.
 std::unique_ptr<Communicator> make_communicator(const CommOptions& options, const LaunchInfo& launch,
                                                 std::shared_ptr<Store> store);
 
-// Names of the backends compiled into this build ("local", "gloo", "nccl").
+// Names of the backends compiled into this build, sorted ("gloo", "local", "nccl").
 std::vector<std::string> available_backends();
 
 }  // namespace zero3

@@ -1,0 +1,167 @@
+// `zero3 launch`, run as a real process: environment, output prefixes, failure handling, signals.
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using namespace std::chrono_literals;
+
+std::string zero3_bin() {
+  const char* dir = std::getenv("ZERO3_BIN_DIR");
+  return std::string(dir ? dir : ".") + "/zero3";
+}
+
+struct Result {
+  int status = -1;  // exit code, or 128+signal
+  std::string out, err;
+  std::chrono::milliseconds took{0};
+};
+
+// Runs `zero3 launch ARGS`, with extra environment, capturing both streams. `on_start` runs with the
+// launcher's pid once it started (for sending it signals).
+Result launch(const std::vector<std::string>& args, const std::vector<std::string>& env = {},
+              const std::function<void(pid_t)>& on_start = {}) {
+  int out[2], err[2];
+  EXPECT_EQ(::pipe(out), 0);
+  EXPECT_EQ(::pipe(err), 0);
+  std::vector<std::string> argv_s = {zero3_bin(), "launch"};
+  argv_s.insert(argv_s.end(), args.begin(), args.end());
+  std::vector<char*> argv;
+  for (auto& a : argv_s) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  auto t0 = Clock::now();
+  pid_t pid = ::fork();
+  if (pid == 0) {
+    for (const auto& e : env) ::putenv(const_cast<char*>(e.c_str()));
+    ::dup2(out[1], 1);
+    ::dup2(err[1], 2);
+    ::close(out[0]);
+    ::close(err[0]);
+    ::execv(argv[0], argv.data());
+    ::_exit(126);
+  }
+  ::close(out[1]);
+  ::close(err[1]);
+  if (on_start) on_start(pid);
+  Result r;
+  pollfd fds[2] = {{out[0], POLLIN, 0}, {err[0], POLLIN, 0}};
+  int open = 2;
+  while (open > 0) {
+    if (::poll(fds, 2, 30000) <= 0) break;
+    for (auto& f : fds) {
+      if (f.fd < 0 || !f.revents) continue;
+      char buf[4096];
+      ssize_t n = ::read(f.fd, buf, sizeof(buf));
+      if (n <= 0) {
+        ::close(f.fd);
+        f.fd = -1;
+        --open;
+      } else {
+        (f.fd == fds[0].fd ? r.out : r.err).append(buf, static_cast<size_t>(n));
+      }
+    }
+  }
+  int ws = 0;
+  ::waitpid(pid, &ws, 0);
+  r.took = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t0);
+  r.status = WIFEXITED(ws) ? WEXITSTATUS(ws) : 128 + WTERMSIG(ws);
+  return r;
+}
+
+bool contains(const std::string& s, const std::string& what) { return s.find(what) != std::string::npos; }
+
+TEST(ZeroLaunch, SetsTheVariablesAndPrefixesEveryLine) {
+  auto r = launch({"-n", "3", "--", "sh", "-c",
+                   "echo \"$RANK/$WORLD_SIZE $LOCAL_RANK/$LOCAL_WORLD_SIZE $GROUP_RANK $MASTER_ADDR $ZERO3_LAUNCHER\"; "
+                   "echo to-stderr >&2; printf no-newline"});
+  EXPECT_EQ(r.status, 0) << r.err;
+  for (int rank = 0; rank < 3; ++rank) {
+    std::string p = "[rank " + std::to_string(rank) + "] ";
+    EXPECT_TRUE(contains(r.out, p + std::to_string(rank) + "/3 " + std::to_string(rank) + "/3 0 127.0.0.1 zero3-launch\n"))
+        << r.out;
+    EXPECT_TRUE(contains(r.out, p + "no-newline\n")) << r.out;
+    EXPECT_TRUE(contains(r.err, p + "to-stderr\n")) << r.err;
+  }
+}
+
+TEST(ZeroLaunch, PicksAFreePortOrTakesTheGivenOne) {
+  auto a = launch({"-n", "1", "--", "sh", "-c", "echo $MASTER_PORT"});
+  int port = std::atoi(a.out.substr(a.out.find("] ") + 2).c_str());
+  EXPECT_GT(port, 1024) << a.out;
+  auto b = launch({"-n", "1", "--master-port", "31999", "--", "sh", "-c", "echo $MASTER_PORT"});
+  EXPECT_EQ(b.out, "[rank 0] 31999\n");
+}
+
+TEST(ZeroLaunch, OneFailingRankStopsTheOthers) {
+  auto r = launch({"-n", "3", "--", "sh", "-c", "if [ $RANK = 1 ]; then exit 7; fi; exec sleep 30"});
+  EXPECT_EQ(r.status, 7);
+  EXPECT_LT(r.took, 10s);
+  EXPECT_TRUE(contains(r.err, "rank 1")) << r.err;
+  EXPECT_TRUE(contains(r.err, "exited with status 7")) << r.err;
+  EXPECT_TRUE(contains(r.err, "stopping the other 2 rank(s)")) << r.err;
+}
+
+TEST(ZeroLaunch, ARankKilledByASignal) {
+  auto r = launch({"-n", "2", "--", "sh", "-c", "if [ $RANK = 0 ]; then kill -9 $$; fi; exec sleep 30"});
+  EXPECT_EQ(r.status, 128 + SIGKILL);
+  EXPECT_TRUE(contains(r.err, "rank 0")) << r.err;
+  EXPECT_TRUE(contains(r.err, "signal 9")) << r.err;
+}
+
+TEST(ZeroLaunch, RanksThatIgnoreSigtermAreKilledAfterTheGrace) {
+  auto r = launch({"-n", "2", "--grace", "0.3", "--", "sh", "-c",
+                   "if [ $RANK = 1 ]; then exit 5; fi; trap '' TERM; while true; do sleep 0.05; done"});
+  EXPECT_EQ(r.status, 5);
+  EXPECT_LT(r.took, 10s);
+  EXPECT_TRUE(contains(r.err, "SIGKILL")) << r.err;
+}
+
+TEST(ZeroLaunch, ForwardsSigterm) {
+  auto r = launch({"-n", "2", "--", "sh", "-c", "echo up; exec sleep 30"}, {}, [](pid_t pid) {
+    std::this_thread::sleep_for(500ms);
+    ::kill(pid, SIGTERM);
+  });
+  EXPECT_EQ(r.status, 128 + SIGTERM);
+  EXPECT_LT(r.took, 10s);
+  EXPECT_TRUE(contains(r.err, "passing it to every rank")) << r.err;
+}
+
+TEST(ZeroLaunch, KeepGoingLetsTheOthersFinish) {
+  auto r = launch({"-n", "2", "--keep-going", "--", "sh", "-c",
+                   "if [ $RANK = 1 ]; then exit 3; fi; sleep 0.5; echo finished"});
+  EXPECT_EQ(r.status, 3);
+  EXPECT_TRUE(contains(r.out, "[rank 0] finished\n")) << r.out;
+}
+
+TEST(ZeroLaunch, KubeflowVariablesFillTheDefaults) {
+  auto r = launch({"--", "sh", "-c", "echo $RANK $WORLD_SIZE $LOCAL_RANK $GROUP_RANK $MASTER_ADDR $MASTER_PORT"},
+                  {"PET_NNODES=2", "PET_NODE_RANK=1", "PET_NPROC_PER_NODE=2", "PET_MASTER_ADDR=job-node-0-0.job",
+                   "PET_MASTER_PORT=29500"});
+  EXPECT_EQ(r.status, 0) << r.err;
+  EXPECT_TRUE(contains(r.out, "[rank 2] 2 4 0 1 job-node-0-0.job 29500\n")) << r.out;
+  EXPECT_TRUE(contains(r.out, "[rank 3] 3 4 1 1 job-node-0-0.job 29500\n")) << r.out;
+}
+
+TEST(ZeroLaunch, UsageErrors) {
+  EXPECT_EQ(launch({"-n", "2"}).status, 2);
+  EXPECT_EQ(launch({"-n", "0", "--", "true"}).status, 2);
+  EXPECT_EQ(launch({"--bogus", "--", "true"}).status, 2);
+  EXPECT_EQ(launch({"--nnodes", "2", "--node-rank", "0", "--", "true"}).status, 2);  // needs --master-port
+  EXPECT_EQ(launch({"--help"}).status, 0);
+  auto r = launch({"-n", "1", "--", "/nonexistent/program"});
+  EXPECT_EQ(r.status, 127);
+  EXPECT_TRUE(contains(r.err, "cannot execute")) << r.err;
+}
+
+}  // namespace
