@@ -8,3 +8,5 @@
 #include "zero3/config.hpp"
 #include "zero3/comm.hpp"
 #include "zero3/store.hpp"
+#include "zero3/device.hpp"
+#include "zero3/engine.hpp"

@@ -1,0 +1,70 @@
+// Where the engine keeps parameters, gradients and optimizer state, and runs its own element kernels.
+//
+// One small interface, one implementation per kind of memory: "cpu" (host memory, OpenMP kernels; always
+// available) and "cuda" (device memory, streams, CUDA kernels; in builds with CUDA). The engine allocates
+// everything it holds through its Device, so the Device's counters are the engine's footprint on it.
+//
+// Ownership: the caller creates the Device and keeps it alive for as long as any Engine uses it.
+// Threads: allocate/deallocate/copy may be called from several threads at once (the engine's communication
+// thread frees and copies while the training thread computes). Counters are exact at any moment.
+// Errors: allocation failure throws zero3::Error (cpu) or CudaError (cuda) naming the size and what is
+// already in use; nothing here calls exit or abort.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+struct CUstream_st;
+
+namespace zero3 {
+
+// A CUDA stream, or nullptr (the same alias as comm.hpp's).
+using Stream = CUstream_st*;
+
+namespace detail {
+class DeviceKernels;  // the engine's element kernels (internal: src/device/device_kernels.hpp)
+}
+
+enum class DeviceType { cpu, cuda };
+
+class Device {
+ public:
+  virtual ~Device() = default;
+
+  virtual DeviceType type() const = 0;
+  virtual int index() const = 0;           // cpu: 0
+  virtual std::string name() const = 0;    // "cpu", "cuda:0"
+
+  // `bytes` of device memory, aligned to at least 64 bytes; nullptr for 0 bytes. The contents are
+  // undefined. Throws when the memory is not available.
+  virtual void* allocate(size_t bytes) = 0;
+  // Returns memory from allocate(); `bytes` is the size it was allocated with. nullptr is a no-op.
+  virtual void deallocate(void* ptr, size_t bytes) noexcept = 0;
+
+  // Copies `bytes` between two non-overlapping ranges, each in device or host memory. On cpu it completes
+  // before returning; on cuda it is ordered on `stream` (nullptr: synchronous).
+  virtual void copy(void* dst, const void* src, size_t bytes, Stream stream = nullptr) = 0;
+  // Like copy, but the ranges may overlap (both in device memory).
+  virtual void move(void* dst, const void* src, size_t bytes, Stream stream = nullptr) = 0;
+  virtual void fill_zero(void* ptr, size_t bytes, Stream stream = nullptr) = 0;
+  // Waits for all work queued on this device (cpu: returns at once).
+  virtual void synchronize() = 0;
+
+  // Bytes allocated and not yet freed, and the most there ever were.
+  virtual int64_t bytes_in_use() const = 0;
+  virtual int64_t peak_bytes_in_use() const = 0;
+
+  // The engine's element kernels on this device. Internal; not part of the stable API.
+  virtual detail::DeviceKernels& kernels() = 0;
+};
+
+// The host-memory device. Kernels run in OpenMP loops on the calling thread's team.
+std::unique_ptr<Device> make_cpu_device();
+
+// "cpu", "cuda", "cuda:N", or "auto" (cuda when compiled in and a device is usable, else cpu). Throws
+// Unsupported for cuda in a build without it, InvalidArgument for an unknown name.
+std::unique_ptr<Device> make_device(const std::string& name);
+
+}  // namespace zero3

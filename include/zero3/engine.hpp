@@ -1,0 +1,287 @@
+// The ZeRO engine: partitioned parameters, gradients and optimizer state for C++ training code.
+//
+// A training program declares its parameters in units, materializes them, and then, for every micro-batch,
+// opens a scope around the code that uses each unit:
+//
+//   zero3::Config cfg = zero3::load_config("ds_config.json");
+//   zero3::resolve(cfg, {.world_size = comm->size(), .hidden_size = 4096});
+//   auto device = zero3::make_cpu_device();
+//   zero3::Engine engine(cfg, comm, *device);
+//   zero3::UnitId fc = engine.add_unit("fc", {{"w", {64, 32}, zero3::ParamInit::normal(0.02)},
+//                                             {"b", {64}, zero3::ParamInit::zeros()}});
+//   engine.materialize();
+//   for (...) {                                      // one iteration per micro-batch
+//     { auto s = engine.forward_scope(fc);           // the unit's full parameters, gathered
+//       forward(s.param("w"), s.param("b"), ...); }  // exit: released (stage 3) unless policy keeps them
+//     { auto s = engine.backward_scope(fc);          // parameters again, plus a zeroed gradient buffer
+//       backward(s.param("w"), s.grad("w"), ...); }  // exit: gradients go to the reducer
+//     zero3::StepResult r = engine.step();           // optimizer step at accumulation boundaries
+//   }
+//
+// Stages (zero_optimization.stage) are policies of one code path:
+//   0  parameters, gradients and optimizer state replicated; gradients all-reduced at the boundary.
+//   1  + fp32 master weights and Adam state sharded: each rank steps its slice, then parameters are
+//        all-gathered.
+//   2  + gradients reduce-scattered (every micro-step) into the owning rank's slice.
+//   3  + parameters sharded: a unit's full parameters exist only while gathered (scope, prefetch, or
+//        persistence), all-gathered straight into the unit's flat buffer.
+//
+// Gradients. The gradient a backward scope exposes is the gradient of this rank's micro-batch loss (as
+// a loss.backward() in PyTorch would produce it; with fp16, of the loss multiplied by loss_scale()).
+// Every backward scope starts from zeros; what the code writes there is added to the unit's gradient when
+// the scope closes, so a unit may be entered any number of times per micro-step (tied weights). The
+// engine averages over micro-steps and ranks, as DeepSpeed's engine.backward() + step() do.
+//
+// Schedule (stage 3). The first micro-step records the order in which units are entered; later micro-steps
+// prefetch along it (stage3_prefetch_bucket_size elements ahead, stage3_max_live_parameters gathered at
+// most), keep units of at most stage3_param_persistence_threshold elements gathered for good, and keep a
+// unit whose next use comes within stage3_max_reuse_distance elements. With overlap_comm the gathers and
+// reduce-scatters run on a communication thread while the training thread computes.
+//
+// Ranks must enter units in the same order. During the first micro-step (and every micro-step with
+// zero3.check_schedule_every_step) every scope entry is compared across ranks before any collective is
+// issued for it; a difference is a CommError on every rank naming the position, the units and the ranks.
+//
+// Threads: an Engine and its scopes are used from one thread. Collective calls (materialize, scopes at
+// stage 3 or in the first micro-step, step, gather_master_params, refresh_params) must be made by every
+// rank in the same order. Errors: every failure is a zero3::Error naming the unit, parameter, rank or
+// collective; after a communication error the engine stays failed and rethrows it from every call.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "zero3/comm.hpp"
+#include "zero3/config.hpp"
+#include "zero3/device.hpp"
+#include "zero3/tensor_view.hpp"
+#include "zero3/unit.hpp"
+
+namespace zero3 {
+
+class Engine;
+namespace detail {
+class EngineImpl;
+}
+
+enum class Phase : uint8_t { forward, backward };
+
+// The outcome of one step() call.
+struct StepResult {
+  bool boundary = false;   // this call ended a gradient accumulation window (an optimizer step was due)
+  bool applied = false;    // the optimizer updated the weights
+  bool overflow = false;   // skipped: some gradient on some rank was Inf or NaN (every rank skips)
+  double grad_norm = 0.0;  // global L2 norm of the averaged, unscaled gradients before clipping (boundary only)
+  double clip_coef = 1.0;  // factor the gradients were multiplied by for gradient_clipping (1: not clipped)
+  double lr = 0.0;         // learning rate of this optimizer step (boundary only)
+  double loss_scale = 1.0; // loss scale for the next micro-step (fp16; 1 otherwise)
+  int64_t global_step = 0; // optimizer steps so far, skipped ones included (DeepSpeed's global_steps)
+  int64_t micro_step = 0;  // micro-steps so far
+};
+
+// Bytes this rank holds on the engine's device, by category (the categories of memory_plan.hpp).
+struct MemoryStats {
+  int64_t params = 0;           // compute-dtype parameters: full copies, slices, gathered and persistent units
+  int64_t master = 0;           // fp32 master weights kept beside 16-bit parameters
+  int64_t grads = 0;            // gradient accumulators and open backward scopes' buffers
+  int64_t optimizer_state = 0;  // Adam's exp_avg and exp_avg_sq
+  int64_t buffers = 0;          // communication buckets and staging
+  int64_t gathered = 0;         // part of `params`: stage-3 full buffers now gathered or in flight
+  int64_t peak_gathered = 0;
+  int64_t peak_total = 0;       // the largest total seen
+  int64_t total() const { return params + master + grads + optimizer_state + buffers; }
+};
+
+// What the schedule did since the last reset_schedule_stats() (stage 3 gathers; reductions at every stage).
+struct ScheduleStats {
+  int64_t all_gathers = 0;      // unit all-gathers issued, prefetches included
+  int64_t prefetches = 0;       // all-gathers issued ahead of use
+  int64_t prefetch_hits = 0;    // scope entries that found their unit gathered or in flight by a prefetch
+  int64_t releases = 0;         // full buffers freed
+  int64_t reuse_keeps = 0;      // scope exits that kept the unit for stage3_max_reuse_distance
+  int64_t evictions = 0;        // kept units freed early to stay within stage3_max_live_parameters
+  int64_t live_numel = 0;       // elements of non-persistent units gathered or in flight now
+  int64_t peak_live_numel = 0;  // the most there were
+  int64_t persistent_numel = 0; // elements of units that stay gathered
+  int64_t gathered_elements = 0;  // elements received by all-gathers (full unit sizes)
+  int64_t reduced_elements = 0;   // gradient elements entering reductions (full unit sizes)
+  std::vector<UnitId> gather_order;  // units in the order their all-gathers were issued
+};
+
+// One entry of the recorded order.
+struct ScheduleEvent {
+  UnitId unit;
+  Phase phase = Phase::forward;
+  friend bool operator==(const ScheduleEvent&, const ScheduleEvent&) = default;
+};
+
+// This rank's fp32 master slice of a unit and its Adam state, in device memory. The range is
+// [begin, begin + length) of the unit's flat buffer: the rank's slice at stage >= 1, the whole padded
+// buffer at stage 0. After writing into it (loading a checkpoint), call refresh_params().
+struct ShardView {
+  int64_t begin = 0;
+  int64_t length = 0;
+  float* master = nullptr;
+  float* exp_avg = nullptr;
+  float* exp_avg_sq = nullptr;
+};
+
+// Counters a checkpoint saves to resume exactly.
+struct TrainingState {
+  int64_t micro_steps = 0;
+  int64_t global_steps = 0;
+  int64_t skipped_steps = 0;
+  int64_t applied_steps = 0;  // Adam's step count; the scheduler's last_batch_iteration is this - 1
+  double loss_scale = 1.0;
+  int64_t scaler_iter = 0;
+  int64_t scaler_last_overflow_iter = -1;
+  int64_t scaler_hysteresis = 1;
+};
+
+// A gather scope: while it is open, the unit's full parameters are available (and, for a backward scope,
+// its gradient buffer). Move-only. Closing it (destructor or close()) releases the unit according to the
+// schedule and, for a backward scope, hands the gradients to the reducer. Views from a scope are valid
+// until it closes.
+class UnitScope {
+ public:
+  UnitScope() = default;
+  UnitScope(UnitScope&& other) noexcept;
+  UnitScope& operator=(UnitScope&& other) noexcept;
+  UnitScope(const UnitScope&) = delete;
+  UnitScope& operator=(const UnitScope&) = delete;
+  // Closes the scope. Never throws: an error is logged and rethrown by the engine's next call.
+  ~UnitScope();
+
+  bool active() const { return impl_ != nullptr; }
+  UnitId unit() const { return unit_; }
+  Phase phase() const { return phase_; }
+
+  // A parameter of this unit, in the unit's compute dtype. Throws InvalidArgument for a parameter of
+  // another unit or an unknown name.
+  TensorView param(ParamId param) const;
+  TensorView param(std::string_view local_name) const;
+  // Its gradient buffer, in data_types.grad_accum_dtype (fp32 unless configured). Backward scopes only.
+  TensorView grad(ParamId param) const;
+  TensorView grad(std::string_view local_name) const;
+  // The whole unit as one flat tensor of `numel` elements (parameters back to back, in declaration order).
+  TensorView flat_params() const;
+  TensorView flat_grads() const;
+
+  // Closes the scope now and throws what closing raised (a communication error, a divergence).
+  void close();
+
+ private:
+  friend class detail::EngineImpl;
+  UnitScope(detail::EngineImpl* impl, UnitId unit, Phase phase, void* grads)
+      : impl_(impl), unit_(unit), phase_(phase), grads_(grads) {}
+  detail::EngineImpl* impl_ = nullptr;
+  UnitId unit_;
+  Phase phase_ = Phase::forward;
+  void* grads_ = nullptr;  // the backward scope's gradient buffer
+};
+
+class Engine {
+ public:
+  // `config` must be resolved (no "auto" left in the fields the engine reads: ConfigError names the key).
+  // `comm` is the data-parallel group; the engine shares it. `device` must outlive the engine.
+  // Stage, optimizer, precision, buckets and schedule knobs all come from `config`.
+  Engine(const Config& config, std::shared_ptr<Communicator> comm, Device& device);
+  ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  // ---- Declaring the model (before materialize; local, no communication) ----
+
+  // A new, empty unit. Names are unique and must not contain '/'; InvalidArgument otherwise.
+  UnitId add_unit(const std::string& name);
+  // A unit with its parameters.
+  UnitId add_unit(const std::string& name, const std::vector<ParamSpec>& params);
+  // Appends a parameter to `unit`. InvalidArgument for a duplicate name, a dimension < 1, a dtype that
+  // differs from the unit's other parameters, or a call after materialize().
+  ParamId add_param(UnitId unit, const ParamSpec& spec);
+
+  // Collective. Checks that every rank declared the same units and parameters (CommError naming the first
+  // difference), partitions every unit, allocates this rank's slices and state, and initialises the local
+  // slice from each parameter's ParamInit. At stage 0-2 it then all-gathers the full parameters; at stage 3
+  // it gathers the persistent units.
+  void materialize();
+  bool materialized() const;
+
+  // ---- Training ----
+
+  // Opens a scope on `unit` (collective at stage 3: the gather). Nested scopes on different units are
+  // allowed, and several scopes on one unit count up.
+  UnitScope forward_scope(UnitId unit);
+  UnitScope backward_scope(UnitId unit);
+
+  // Ends a micro-step (collective). At an accumulation boundary (every gradient_accumulation_steps calls)
+  // it reduces what remains, checks for Inf/NaN on every rank, clips by the global norm, unscales (fp16),
+  // runs Adam/AdamW on the local slices with the scheduler's lr, updates the loss scale and refreshes the
+  // compute-dtype parameters. Every scope must be closed.
+  StepResult step();
+
+  // True while the current micro-step is the last of its accumulation window (its step() steps).
+  bool is_gradient_accumulation_boundary() const;
+  int64_t gradient_accumulation_steps() const;
+  int64_t micro_steps() const;
+  int64_t global_steps() const;
+  int64_t skipped_steps() const;
+  // Multiply the loss by this before computing gradients (fp16 loss scaling; 1 otherwise).
+  double loss_scale() const;
+  // The learning rate the next optimizer step will use.
+  double current_lr() const;
+
+  // ---- Parameters outside scopes ----
+
+  // Collective. Writes the unit's full fp32 master parameters (numel floats) to host memory `out`.
+  void gather_master_params(UnitId unit, float* out);
+  // This rank's master slice and Adam state of `unit` (valid after materialize).
+  ShardView local_shard(UnitId unit);
+  // Collective. Recomputes every compute-dtype parameter from the fp32 master slices (after local_shard
+  // writes) and drops stage-3 gathered copies.
+  void refresh_params();
+
+  // ---- Queries ----
+
+  const Config& config() const;
+  int rank() const;
+  int world_size() const;
+  int stage() const;
+  DType compute_dtype() const;
+  DType grad_dtype() const;  // data_types.grad_accum_dtype
+  Device& device() const;
+  Communicator& communicator() const;
+
+  size_t num_units() const;
+  size_t num_params() const;
+  const UnitInfo& unit(UnitId unit) const;
+  const ParamInfo& param(ParamId param) const;
+  std::optional<UnitId> find_unit(std::string_view name) const;
+  std::optional<ParamId> find_param(std::string_view full_name) const;  // "<unit>.<param>"
+  // The parameter `local_name` of `unit`; InvalidArgument when it has none.
+  ParamId param_id(UnitId unit, std::string_view local_name) const;
+
+  // Rank `rank`'s slice of `unit`, and the parameter ranges in it.
+  SliceInfo slice(UnitId unit, int rank) const;
+  std::vector<ParamSlice> slice_params(UnitId unit, int rank) const;
+
+  MemoryStats memory() const;
+  ScheduleStats schedule_stats() const;
+  void reset_schedule_stats();
+  // The order the schedule follows: the units entered during the last completed micro-step.
+  std::vector<ScheduleEvent> recorded_order() const;
+
+  TrainingState training_state() const;
+  void restore_training_state(const TrainingState& state);
+
+ private:
+  std::unique_ptr<detail::EngineImpl> impl_;
+};
+
+const char* phase_name(Phase phase);
+
+}  // namespace zero3

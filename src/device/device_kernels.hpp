@@ -1,0 +1,52 @@
+// The element kernels the engine runs on its Device: conversions, scaled copies and accumulation of
+// gradients, the gradient statistics of the step, the Adam update and the initialisation fill.
+//
+// Each device implements them from the single-source element functions (kernels/elementwise.hpp,
+// optim/adam_math.hpp, kernels/philox_init.hpp). Buffers are device memory of `n` elements of the given
+// types; `stream` orders the work on cuda and is ignored on cpu, where every call completes before it
+// returns. Calls from different threads on disjoint buffers may run at the same time.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/philox_init.hpp"
+#include "optim/adam_math.hpp"
+#include "zero3/device.hpp"
+#include "zero3/dtype.hpp"
+
+namespace zero3::detail {
+
+// Sum of squares (in double) and the number of Inf/NaN elements of a buffer.
+struct GradStats {
+  double sum_squares = 0.0;
+  int64_t non_finite = 0;
+};
+
+class DeviceKernels {
+ public:
+  virtual ~DeviceKernels() = default;
+
+  // dst[i] = scale * src[i], converting types; dst and src do not overlap unless they are the same buffer
+  // of the same type.
+  virtual void scale_copy(void* dst, DType dst_type, const void* src, DType src_type, float scale, int64_t n,
+                          Stream stream = nullptr) = 0;
+
+  // dst[i] += scale * src[i] (arithmetic in fp32).
+  virtual void scale_add(void* dst, DType dst_type, const void* src, DType src_type, float scale, int64_t n,
+                         Stream stream = nullptr) = 0;
+
+  // Blocking: waits for queued work on `stream`. The sum is accumulated in fixed-size chunks, so the
+  // result does not depend on the number of threads.
+  virtual GradStats grad_stats(const void* x, DType type, int64_t n, Stream stream = nullptr) = 0;
+
+  // One Adam/AdamW step over n elements (optim/adam_math.hpp), writing the updated p also to `copy_out`
+  // (n elements of copy_type) when it is not null.
+  virtual void adam(float* p, const float* g, float* m, float* v, int64_t n, const AdamStepConsts& c,
+                    void* copy_out, DType copy_type, Stream stream = nullptr) = 0;
+
+  // out[0, end - begin) = elements [begin, end) of the parameter with stream id `param_stream` (fp32).
+  virtual void init_fill(float* out, const FillSpec& spec, uint64_t seed, uint64_t param_stream, int64_t begin,
+                         int64_t end, Stream stream = nullptr) = 0;
+};
+
+}  // namespace zero3::detail

@@ -1,0 +1,31 @@
+// The table of device kinds. Each backend registers a factory from its own folder (device/cpu,
+// device/cuda) with a static DeviceRegistrar, so a build knows only the devices it compiled; make_device()
+// looks names up here.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "zero3/device.hpp"
+
+namespace zero3::detail {
+
+// Makes device number `index` of this kind (0 for cpu). Throws when it cannot.
+using DeviceFactory = std::function<std::unique_ptr<Device>(int index)>;
+// Whether "auto" may pick this kind here (e.g. a CUDA device is present). Empty: always.
+using DeviceUsable = std::function<bool()>;
+
+void register_device(const std::string& kind, DeviceFactory factory, DeviceUsable usable = {});
+
+struct DeviceRegistrar {
+  DeviceRegistrar(const char* kind, DeviceFactory factory, DeviceUsable usable = {}) {
+    register_device(kind, std::move(factory), std::move(usable));
+  }
+};
+
+// Registered kinds, sorted.
+std::vector<std::string> registered_devices();
+
+}  // namespace zero3::detail

@@ -1,0 +1,115 @@
+#include "zero/comm_queue.hpp"
+
+#include "zero3/log.hpp"
+
+namespace zero3::detail {
+
+CommQueue::CommQueue(bool async) : async_(async) {
+  if (async_) thread_ = std::thread([this] { worker(); });
+}
+
+CommQueue::~CommQueue() {
+  if (!async_) return;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+    if (!pending_.empty()) log::debug("communication queue: dropping ", pending_.size(), " queued operations");
+    for (auto& t : pending_) {
+      t->error = std::make_exception_ptr(std::runtime_error("dropped: the engine was destroyed"));
+      t->done = true;
+    }
+    pending_.clear();
+  }
+  cv_.notify_all();
+  done_cv_.notify_all();
+  thread_.join();
+}
+
+void CommQueue::run(const Ticket& task) {
+  std::exception_ptr err;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    err = error_;
+  }
+  if (!err) {
+    try {
+      task->fn();
+    } catch (...) {
+      err = std::current_exception();
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!error_) error_ = err;
+    }
+  }
+  task->fn = nullptr;  // drop captured buffers' references early
+  std::lock_guard<std::mutex> lock(mu_);
+  task->error = err;
+  task->done = true;
+}
+
+CommQueue::Ticket CommQueue::submit(std::string what, std::function<void()> fn) {
+  auto task = std::make_shared<Task>();
+  task->what = std::move(what);
+  task->fn = std::move(fn);
+  if (!async_) {
+    run(task);
+    last_ = task;
+    return task;
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    pending_.push_back(task);
+    last_ = task;
+  }
+  cv_.notify_one();
+  return task;
+}
+
+void CommQueue::worker() {
+  for (;;) {
+    Ticket task;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [&] { return stop_ || !pending_.empty(); });
+      if (stop_) return;
+      task = pending_.front();
+      pending_.pop_front();
+    }
+    run(task);
+    done_cv_.notify_all();
+  }
+}
+
+void CommQueue::wait(const Ticket& ticket) {
+  if (!ticket) return;
+  std::exception_ptr err;
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    done_cv_.wait(lock, [&] { return ticket->done; });
+    err = ticket->error;
+  }
+  if (err) std::rethrow_exception(err);
+}
+
+bool CommQueue::done(const Ticket& ticket) {
+  if (!ticket) return true;
+  std::lock_guard<std::mutex> lock(mu_);
+  return ticket->done;
+}
+
+void CommQueue::drain() {
+  Ticket last;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    last = last_;
+  }
+  wait(last);
+  std::lock_guard<std::mutex> lock(mu_);
+  if (error_) std::rethrow_exception(error_);
+}
+
+std::exception_ptr CommQueue::error() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return error_;
+}
+
+}  // namespace zero3::detail

@@ -1,0 +1,69 @@
+// The engine's communication queue: every collective the engine issues goes through it, in the order the
+// training thread submits them, which is the same order on every rank.
+//
+// async (overlap_comm): one worker thread runs the tasks one after another while the training thread goes
+// on; a task issues its collective, waits for it, and does the work that depends on the result (for a
+// reduce-scatter, accumulating into the gradient slices). Otherwise each task runs inside submit().
+//
+// A task that throws poisons the queue: the tasks after it are not run (their collectives would no longer
+// match the other ranks') and every wait() rethrows the first error.
+#pragma once
+
+#include <condition_variable>
+#include <deque>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+
+namespace zero3::detail {
+
+class CommQueue {
+ public:
+  struct Task;
+  using Ticket = std::shared_ptr<Task>;
+
+  explicit CommQueue(bool async);
+  // Lets the running task finish (a collective ends by completing or by its timeout) and drops the rest.
+  ~CommQueue();
+  CommQueue(const CommQueue&) = delete;
+  CommQueue& operator=(const CommQueue&) = delete;
+
+  // Queues `fn`; `what` names it in errors ("all_gather of unit 'layers.3'").
+  Ticket submit(std::string what, std::function<void()> fn);
+
+  // Blocks until the task ran; rethrows its error, or the error that poisoned the queue before it.
+  void wait(const Ticket& ticket);
+  bool done(const Ticket& ticket);
+  // Waits for every task submitted so far; rethrows the first error.
+  void drain();
+
+  bool async() const { return async_; }
+  // The error that poisoned the queue, or null.
+  std::exception_ptr error();
+
+ private:
+  void run(const Ticket& task);
+  void worker();
+
+  bool async_;
+  std::mutex mu_;
+  std::condition_variable cv_;       // worker: new task or stop
+  std::condition_variable done_cv_;  // waiters: a task finished
+  std::deque<Ticket> pending_;
+  Ticket last_;
+  bool stop_ = false;
+  std::exception_ptr error_;
+  std::thread thread_;
+};
+
+struct CommQueue::Task {
+  std::string what;
+  std::function<void()> fn;
+  bool done = false;
+  std::exception_ptr error;
+};
+
+}  // namespace zero3::detail

@@ -1,0 +1,757 @@
+#include "zero/engine_impl.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+
+#include "device/device_kernels.hpp"
+#include "kernels/philox_init.hpp"
+#include "zero/partition.hpp"
+#include "zero/rank_agreement.hpp"
+#include "core/check.hpp"
+#include "zero3/error.hpp"
+#include "zero3/log.hpp"
+
+namespace zero3::detail {
+namespace {
+
+int64_t require_set(const std::optional<int64_t>& v, const char* key) {
+  if (!v) {
+    throw ConfigError(log::concat(key, ": is still \"auto\"; resolve the config (zero3::resolve with the model's ",
+                                  "hidden_size) before creating the Engine"));
+  }
+  return *v;
+}
+
+int64_t gradient_accumulation(const Config& c, int world) {
+  if (c.gradient_accumulation_steps) {
+    ZERO3_REQUIRE(*c.gradient_accumulation_steps >= 1, ConfigError, "gradient_accumulation_steps: ",
+                  *c.gradient_accumulation_steps, " is not a positive integer");
+    return *c.gradient_accumulation_steps;
+  }
+  if (c.train_batch_size && c.train_micro_batch_size_per_gpu) {
+    int64_t per_step = *c.train_micro_batch_size_per_gpu * world;
+    ZERO3_REQUIRE(per_step > 0 && *c.train_batch_size % per_step == 0, ConfigError, "train_batch_size: ",
+                  *c.train_batch_size, " is not a multiple of train_micro_batch_size_per_gpu (",
+                  *c.train_micro_batch_size_per_gpu, ") x world size (", world, ")");
+    return *c.train_batch_size / per_step;
+  }
+  return 1;
+}
+
+FillSpec fill_spec(const ParamInit& init) {
+  FillSpec s;
+  switch (init.kind()) {
+    case ParamInit::Kind::zeros:
+      s.kind = FillKind::zeros;
+      break;
+    case ParamInit::Kind::ones:
+      s.kind = FillKind::ones;
+      break;
+    case ParamInit::Kind::constant:
+      s.kind = FillKind::constant;
+      s.value = init.value();
+      break;
+    case ParamInit::Kind::normal:
+      s.kind = FillKind::normal;
+      s.mean = init.mean();
+      s.stddev = init.stddev();
+      break;
+    case ParamInit::Kind::uniform:
+      s.kind = FillKind::uniform;
+      s.low = init.low();
+      s.high = init.high();
+      break;
+    case ParamInit::Kind::reader:
+      break;
+  }
+  return s;
+}
+
+std::string shape_string(const std::vector<int64_t>& shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------------------
+// Construction and declaration
+
+EngineImpl::EngineImpl(const Config& config, std::shared_ptr<Communicator> comm, Device& device)
+    : config_(config), comm_(std::move(comm)), device_(device), loss_scaler_(config.fp16) {
+  ZERO3_REQUIRE(comm_ != nullptr, InvalidArgument, "Engine: the communicator is null");
+  rank_ = comm_->rank();
+  world_ = comm_->size();
+  const ZeroConfig& z = config_.zero;
+  ZERO3_REQUIRE(z.stage >= 0 && z.stage <= 3, ConfigError, "zero_optimization.stage: ", z.stage,
+                " is not a ZeRO stage (0, 1, 2 or 3)");
+  ZERO3_REQUIRE(!(config_.fp16.enabled && config_.bf16.enabled), ConfigError,
+                "fp16.enabled and bf16.enabled: both are true; choose one compute precision");
+  if (z.offload_optimizer.device != OffloadDevice::none || z.offload_param.device != OffloadDevice::none) {
+    throw Unsupported(
+        "zero_optimization.offload_optimizer / offload_param: the engine in this build does not support offload "
+        "yet; set their \"device\" to \"none\"");
+  }
+  policy_.stage = z.stage;
+  policy_.shard_optimizer = z.stage >= 1;
+  policy_.shard_grads = z.stage >= 2;
+  policy_.shard_params = z.stage >= 3;
+  compute_dtype_ = config_.compute_dtype();
+  acc_dtype_ = config_.grad_accum_dtype.value_or(DType::f32);
+  comm_dtype_ = config_.communication_data_type.value_or(acc_dtype_);
+  gas_ = gradient_accumulation(config_, world_);
+  overlap_ = z.overlap_comm_set ? z.overlap_comm : z.stage == 3;
+  reduce_bucket_numel_ = require_set(z.reduce_bucket_size, "zero_optimization.reduce_bucket_size");
+  ZERO3_REQUIRE(reduce_bucket_numel_ >= 1, ConfigError, "zero_optimization.reduce_bucket_size: ",
+                reduce_bucket_numel_, " is not a positive number of elements");
+  schedule_policy_.prefetch_bucket_numel =
+      require_set(z.prefetch_bucket_size, "zero_optimization.stage3_prefetch_bucket_size");
+  schedule_policy_.max_live_numel = z.max_live_parameters;
+  schedule_policy_.max_reuse_distance = z.max_reuse_distance;
+  persistence_threshold_ =
+      require_set(z.param_persistence_threshold, "zero_optimization.stage3_param_persistence_threshold");
+  ZERO3_REQUIRE(z.sub_group_size >= 1, ConfigError, "zero_optimization.sub_group_size: ", z.sub_group_size,
+                " is not a positive number of elements");
+  ZERO3_REQUIRE(config_.gradient_clipping.has_value(), ConfigError,
+                "gradient_clipping: is still \"auto\"; resolve the config before creating the Engine");
+  ZERO3_REQUIRE(config_.gradient_predivide_factor > 0.0, ConfigError, "gradient_predivide_factor: ",
+                config_.gradient_predivide_factor, " is not positive");
+  adam_ = adam_hyper_from_config(config_);
+  lr_scheduler_ = make_lr_scheduler(config_);
+  queue_ = std::make_unique<CommQueue>(overlap_);
+  log::debug("engine: stage ", z.stage, ", world ", world_, ", compute ", dtype_name(compute_dtype_), ", grads ",
+             dtype_name(acc_dtype_), ", communication ", dtype_name(comm_dtype_), ", accumulation ", gas_,
+             ", overlap_comm ", overlap_ ? "on" : "off");
+}
+
+EngineImpl::~EngineImpl() {
+  // Let queued collectives finish before their buffers go away; a failed or timed-out one has already
+  // poisoned the queue, so this does not wait on anything but the running operation.
+  try {
+    if (queue_ && !queue_->error()) queue_->drain();
+  } catch (const std::exception& e) {
+    log::warn("engine shutdown: ", e.what());
+  }
+  queue_.reset();
+}
+
+void EngineImpl::check_usable() {
+  if (fatal_error_) std::rethrow_exception(fatal_error_);
+  if (deferred_error_) {
+    auto e = deferred_error_;
+    deferred_error_ = nullptr;
+    std::rethrow_exception(e);
+  }
+}
+
+void EngineImpl::fail(std::exception_ptr error) {
+  if (!fatal_error_) fatal_error_ = error;
+  std::rethrow_exception(error);
+}
+
+void EngineImpl::require_materialized(const char* what) const {
+  ZERO3_REQUIRE(materialized_, InvalidArgument, "Engine::", what, ": call materialize() first");
+}
+
+void EngineImpl::require_declaring(const char* what) const {
+  ZERO3_REQUIRE(!materialized_, InvalidArgument, "Engine::", what,
+                ": the model is already materialized; declare every unit and parameter before materialize()");
+}
+
+UnitState& EngineImpl::unit_state(UnitId unit, const char* what) {
+  ZERO3_REQUIRE(unit.index >= 0 && static_cast<size_t>(unit.index) < units_.size(), InvalidArgument, "Engine::",
+                what, ": unit id ", unit.index, " is not a declared unit (", units_.size(), " declared)");
+  return units_[static_cast<size_t>(unit.index)];
+}
+
+const UnitState& EngineImpl::unit_state(UnitId unit, const char* what) const {
+  return const_cast<EngineImpl*>(this)->unit_state(unit, what);
+}
+
+const ParamState& EngineImpl::param_state(ParamId param, const char* what) const {
+  ZERO3_REQUIRE(param.index >= 0 && static_cast<size_t>(param.index) < params_.size(), InvalidArgument, "Engine::",
+                what, ": parameter id ", param.index, " is not a declared parameter (", params_.size(), " declared)");
+  return params_[static_cast<size_t>(param.index)];
+}
+
+ParamId EngineImpl::find_param_in_unit(UnitId unit, std::string_view local_name) const {
+  const UnitState& u = unit_state(unit, "param_id");
+  for (ParamId p : u.info.params) {
+    if (params_[static_cast<size_t>(p.index)].info.local_name == local_name) return p;
+  }
+  std::string names;
+  for (ParamId p : u.info.params) names += (names.empty() ? "" : ", ") + params_[static_cast<size_t>(p.index)].info.local_name;
+  throw InvalidArgument(log::concat("unit '", u.info.name, "' has no parameter '", local_name, "' (it has: ",
+                                    names.empty() ? "none" : names, ")"));
+}
+
+UnitId EngineImpl::add_unit(const std::string& name) {
+  require_declaring("add_unit");
+  ZERO3_REQUIRE(!name.empty() && name.find('/') == std::string::npos, InvalidArgument, "Engine::add_unit: \"", name,
+                "\" is not a unit name (non-empty, no '/')");
+  ZERO3_REQUIRE(!unit_by_name_.count(name), InvalidArgument, "Engine::add_unit: unit '", name,
+                "' is already declared");
+  UnitState u;
+  u.info.id = UnitId{static_cast<int32_t>(units_.size())};
+  u.info.name = name;
+  u.info.dtype = compute_dtype_;
+  unit_by_name_[name] = u.info.id.index;
+  units_.push_back(std::move(u));
+  return units_.back().info.id;
+}
+
+ParamId EngineImpl::add_param(UnitId unit, const ParamSpec& spec) {
+  require_declaring("add_param");
+  UnitState& u = unit_state(unit, "add_param");
+  ZERO3_REQUIRE(!spec.name.empty() && spec.name.find('/') == std::string::npos, InvalidArgument,
+                "Engine::add_param: \"", spec.name, "\" is not a parameter name for unit '", u.info.name,
+                "' (non-empty, no '/')");
+  std::string full = u.info.name + "." + spec.name;
+  ZERO3_REQUIRE(!param_by_name_.count(full), InvalidArgument, "Engine::add_param: parameter '", full,
+                "' is already declared");
+  int64_t numel = 1;
+  for (int64_t d : spec.shape) {
+    ZERO3_REQUIRE(d >= 1, InvalidArgument, "Engine::add_param: parameter '", full, "' has shape ",
+                  shape_string(spec.shape), "; every dimension must be >= 1");
+    ZERO3_REQUIRE(numel <= (int64_t{1} << 50) / d, InvalidArgument, "Engine::add_param: parameter '", full,
+                  "' with shape ", shape_string(spec.shape), " is too large");
+    numel *= d;
+  }
+  DType dtype = spec.dtype.value_or(compute_dtype_);
+  if (u.info.params.empty()) {
+    u.info.dtype = dtype;
+  } else {
+    ZERO3_REQUIRE(dtype == u.info.dtype, InvalidArgument, "Engine::add_param: parameter '", full, "' is ",
+                  dtype_name(dtype), " but unit '", u.info.name, "' holds ", dtype_name(u.info.dtype),
+                  " parameters; a unit has one dtype: put '", spec.name, "' in a unit of its own");
+  }
+  if (spec.init.kind() == ParamInit::Kind::reader) {
+    ZERO3_REQUIRE(static_cast<bool>(spec.init.reader()), InvalidArgument, "Engine::add_param: parameter '", full,
+                  "' has a from_reader init with an empty function");
+  }
+  ParamState p;
+  p.info.id = ParamId{static_cast<int32_t>(params_.size())};
+  p.info.unit = unit;
+  p.info.name = full;
+  p.info.local_name = spec.name;
+  p.info.shape = spec.shape;
+  p.info.numel = numel;
+  p.info.offset = u.info.numel;
+  p.info.dtype = dtype;
+  p.init = spec.init;
+  u.info.params.push_back(p.info.id);
+  u.param_offsets.push_back(p.info.offset);
+  u.param_numels.push_back(numel);
+  u.info.numel += numel;
+  param_by_name_[full] = p.info.id.index;
+  params_.push_back(std::move(p));
+  return params_.back().info.id;
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Materialization
+
+void EngineImpl::check_declarations_agree() {
+  // One hash per unit over its name and its parameters' names, shapes and dtypes; then one for the model.
+  std::vector<uint64_t> unit_hashes;
+  uint64_t model = fnv1a("zero3-model", 11);
+  for (const UnitState& u : units_) {
+    uint64_t h = fnv1a(u.info.name.data(), u.info.name.size());
+    for (ParamId pid : u.info.params) {
+      const ParamInfo& p = params_[static_cast<size_t>(pid.index)].info;
+      h = fnv1a(p.local_name.data(), p.local_name.size(), h);
+      h = fnv1a(p.shape.data(), p.shape.size() * sizeof(int64_t), h);
+      h = fnv1a(&p.dtype, sizeof(p.dtype), h);
+    }
+    unit_hashes.push_back(h);
+    model = fnv1a(&h, sizeof h, model);
+  }
+  if (ranks_agree(*queue_, *comm_, hash_to_floats(model), "materialize: comparing the model declarations")) return;
+
+  std::vector<int64_t> mine;
+  for (uint64_t h : unit_hashes) {
+    for (float f : hash_to_floats(h)) mine.push_back(static_cast<int64_t>(f));
+  }
+  auto all = gather_from_ranks(*queue_, *comm_, mine, "materialize: exchanging the model declarations");
+  size_t longest = 0;
+  for (const auto& v : all) longest = std::max(longest, v.size());
+  for (size_t k = 0; k < longest / 3; ++k) {
+    std::map<std::vector<int64_t>, std::vector<int>> groups;
+    for (int r = 0; r < world_; ++r) {
+      const auto& v = all[static_cast<size_t>(r)];
+      std::vector<int64_t> key;
+      if (v.size() >= 3 * (k + 1)) key.assign(v.begin() + 3 * k, v.begin() + 3 * (k + 1));
+      groups[key].push_back(r);
+    }
+    if (groups.size() == 1) continue;
+    std::string detail;
+    for (const auto& [key, ranks] : groups) {
+      detail += log::concat(detail.empty() ? "" : "; ", ranks.size() == 1 ? "rank " : "ranks ", rank_list(ranks),
+                            key.empty() ? ": no such unit" : ": one declaration");
+    }
+    std::string here = k < units_.size() ? log::concat("'", units_[k].info.name, "' with ", units_[k].info.params.size(),
+                                                       " parameters, ", units_[k].info.numel, " elements")
+                                         : std::string("no unit");
+    fail(std::make_exception_ptr(CommError(log::concat(
+        "materialize: the ranks declared different models. Unit #", k, " differs (this is rank ", rank_, ", which has ",
+        here, "): ", detail, ". Every rank must declare the same units and parameters (names, shapes, dtypes) in "
+        "the same order"))));
+  }
+  fail(std::make_exception_ptr(
+      CommError("materialize: the ranks declared different models (the declarations hash differently)")));
+}
+
+void EngineImpl::materialize() {
+  check_usable();
+  require_declaring("materialize");
+  ZERO3_REQUIRE(!units_.empty(), InvalidArgument, "Engine::materialize: no unit was declared");
+  ZERO3_REQUIRE(2 * static_cast<int64_t>(units_.size()) + 2 < kMaxExactFloatInt, InvalidArgument,
+                "Engine::materialize: ", units_.size(), " units are more than the engine supports (8 million)");
+  for (const UnitState& u : units_) {
+    ZERO3_REQUIRE(u.info.numel > 0, InvalidArgument, "Engine::materialize: unit '", u.info.name,
+                  "' has no parameters");
+  }
+  try {
+    check_declarations_agree();
+  } catch (const CommError&) {
+    fail(std::current_exception());
+  }
+
+  // Persistence (stage 3): small units stay gathered, in declaration order, up to the model-wide cap.
+  int64_t persistent_total = 0;
+  std::vector<int64_t> numels;
+  std::vector<bool> persistent;
+  int64_t total_slice = 0, total_numel = 0;
+  for (UnitState& u : units_) {
+    u.info.slice_numel = slice_numel(u.info.numel, world_);
+    u.info.padded_numel = u.info.slice_numel * world_;
+    u.flat_shape = {u.info.numel};
+    bool keep = policy_.shard_params && u.info.numel <= persistence_threshold_ &&
+                persistent_total + u.info.numel <= config_.zero.model_persistence_threshold;
+    if (keep) persistent_total += u.info.numel;
+    u.info.persistent = keep;
+    numels.push_back(u.info.numel);
+    persistent.push_back(keep);
+    total_slice += u.info.slice_numel;
+    total_numel += u.info.numel;
+  }
+  schedule_ = std::make_unique<Schedule>(schedule_policy_, numels, persistent);
+
+  ReducerOptions ro;
+  ro.mode = policy_.shard_grads ? ReduceMode::reduce_scatter : ReduceMode::all_reduce;
+  ro.comm_dtype = comm_dtype_;
+  ro.acc_dtype = acc_dtype_;
+  ro.bucket_numel = reduce_bucket_numel_;
+  ro.max_useful_numel = policy_.shard_grads ? total_slice : total_numel;
+  // DeepSpeed's averaging: each micro-step's gradient counts 1/gradient_accumulation_steps; over ranks,
+  // prescale_gradients divides before the sum, otherwise gradient_predivide_factor is divided out before
+  // and the rest of 1/world after it.
+  const double inv_gas = 1.0 / static_cast<double>(gas_);
+  if (config_.prescale_gradients) {
+    ro.pre_scale = static_cast<float>(inv_gas / world_);
+    ro.post_scale = 1.0f;
+  } else {
+    double f = config_.gradient_predivide_factor;
+    ro.pre_scale = static_cast<float>(inv_gas / f);
+    ro.post_scale = static_cast<float>(f / world_);
+  }
+  reducer_ = std::make_unique<Reducer>(ro, device_, counters_, *comm_, *queue_);
+
+  try {
+    for (UnitState& u : units_) allocate_and_init(u);
+    for (UnitState& u : units_) build_compute_copies(u);
+    queue_->drain();
+  } catch (const CommError&) {
+    fail(std::current_exception());
+  }
+  materialized_ = true;
+  log::debug("engine: materialized ", units_.size(), " units, ", params_.size(), " parameters, ", total_numel,
+             " elements; this rank holds ", counters_.total(), " bytes");
+}
+
+void EngineImpl::allocate_and_init(UnitState& u) {
+  const int64_t S = u.info.slice_numel;
+  const int64_t P = u.info.padded_numel;
+  const DType ct = u.info.dtype;
+  const bool f32_compute = ct == DType::f32;
+  if (policy_.shard_optimizer) {
+    u.owned_begin = static_cast<int64_t>(rank_) * S;
+    u.owned_len = S;
+  } else {
+    u.owned_begin = 0;
+    u.owned_len = P;
+  }
+  u.owned_valid = std::clamp<int64_t>(u.info.numel - u.owned_begin, 0, u.owned_len);
+
+  if (!policy_.shard_params) {
+    u.full = DeviceBuffer(device_, counters_, MemoryCategory::params, P * dtype_size(ct));
+  }
+  if (f32_compute && !policy_.shard_params) {
+    // fp32 compute at stage 0-2: the parameters are the master weights; the owned range lives in `full`.
+    u.master = u.full.as<float>() + u.owned_begin;
+  } else {
+    u.master_buf = DeviceBuffer(device_, counters_, f32_compute ? MemoryCategory::params : MemoryCategory::master,
+                                u.owned_len * sizeof(float));
+    u.master = u.master_buf.as<float>();
+  }
+  if (policy_.shard_params && !f32_compute) {
+    u.compute_slice = DeviceBuffer(device_, counters_, MemoryCategory::params, S * dtype_size(ct));
+  }
+  u.exp_avg = DeviceBuffer(device_, counters_, MemoryCategory::optimizer_state, u.owned_len * sizeof(float));
+  u.exp_avg_sq = DeviceBuffer(device_, counters_, MemoryCategory::optimizer_state, u.owned_len * sizeof(float));
+  int64_t acc_numel = policy_.shard_grads ? S : P;
+  u.grad_acc = DeviceBuffer(device_, counters_, MemoryCategory::grads, acc_numel * dtype_size(acc_dtype_));
+  device_.fill_zero(u.exp_avg.data(), u.exp_avg.bytes());
+  device_.fill_zero(u.exp_avg_sq.data(), u.exp_avg_sq.bytes());
+  device_.fill_zero(u.grad_acc.data(), u.grad_acc.bytes());
+  init_owned_range(u);
+}
+
+void EngineImpl::init_owned_range(UnitState& u) {
+  device_.fill_zero(u.master, static_cast<size_t>(u.owned_len) * sizeof(float));
+  auto& k = device_.kernels();
+  const uint64_t seed = config_.zero3.seed;
+  for (const ParamRange& r : params_in_range(u.param_offsets, u.param_numels, u.owned_begin, u.owned_len)) {
+    const ParamState& p = params_[static_cast<size_t>(u.info.params[static_cast<size_t>(r.param_index)].index)];
+    float* out = u.master + r.local_offset;
+    if (p.init.kind() != ParamInit::Kind::reader) {
+      k.init_fill(out, fill_spec(p.init), seed, philox_stream_id(p.info.name), r.param_begin, r.param_end);
+      continue;
+    }
+    // The reader writes host memory; on the cpu device that is the master itself.
+    std::vector<float> host;
+    float* dst = out;
+    if (device_.type() != DeviceType::cpu) {
+      host.resize(static_cast<size_t>(r.param_end - r.param_begin));
+      dst = host.data();
+    }
+    try {
+      p.init.reader()(r.param_begin, r.param_end, dst);
+    } catch (const Error& e) {
+      throw Error(log::concat("materialize: reading the initial values of parameter '", p.info.name, "' elements [",
+                              r.param_begin, ", ", r.param_end, ") on rank ", rank_, " failed: ", e.what()));
+    }
+    if (!host.empty()) device_.copy(out, host.data(), host.size() * sizeof(float));
+  }
+}
+
+void EngineImpl::build_compute_copies(UnitState& u) {
+  auto& k = device_.kernels();
+  const DType ct = u.info.dtype;
+  if (policy_.shard_params) {
+    if (ct != DType::f32) k.scale_copy(u.compute_slice.data(), ct, u.master, DType::f32, 1.0f, u.owned_len);
+    if (u.info.persistent) {
+      issue_gather(u, false);
+      wait_gather(u);
+    }
+    return;
+  }
+  if (ct != DType::f32) {
+    k.scale_copy(element_ptr(u.full.data(), ct, u.owned_begin), ct, u.master, DType::f32, 1.0f, u.owned_len);
+  }
+  if (policy_.shard_optimizer) publish_params(u);
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Order checks: during the first micro-step (and every one in debug mode), every scope entry and step()
+// is compared across ranks before anything else is issued for it.
+
+bool EngineImpl::checking_order() const {
+  return world_ > 1 && (local_micro_steps_ == 0 || config_.zero3.check_schedule_every_step);
+}
+
+int64_t EngineImpl::event_code(ScheduleEvent e) const {
+  return 1 + 2 * static_cast<int64_t>(e.unit.index) + (e.phase == Phase::backward ? 1 : 0);
+}
+
+std::string EngineImpl::describe_code(int64_t code) const {
+  if (code < 0) return "nothing (it stopped earlier)";
+  if (code == 1 + 2 * static_cast<int64_t>(units_.size())) return "step()";
+  int64_t u = (code - 1) / 2;
+  bool backward = (code - 1) % 2 == 1;
+  return log::concat(backward ? "backward_scope" : "forward_scope", "('",
+                     u >= 0 && static_cast<size_t>(u) < units_.size() ? units_[static_cast<size_t>(u)].info.name : "?",
+                     "')");
+}
+
+void EngineImpl::check_order(int64_t code, const std::string& doing) {
+  std::string where = log::concat("micro-step ", micro_steps_, " (optimizer step ", global_steps_, ")");
+  std::vector<float> mine{static_cast<float>(code)};
+  if (ranks_agree(*queue_, *comm_, mine, "schedule check before " + doing + " in " + where)) return;
+
+  std::vector<int64_t> history;
+  for (const ScheduleEvent& e : schedule_->current()) history.push_back(event_code(e));
+  history.push_back(code);
+  auto all = gather_from_ranks(*queue_, *comm_, history, "schedule check: exchanging the orders of " + where);
+  size_t longest = 0;
+  for (const auto& h : all) longest = std::max(longest, h.size());
+  for (size_t i = 0; i < longest; ++i) {
+    std::map<int64_t, std::vector<int>> groups;
+    for (int r = 0; r < world_; ++r) {
+      const auto& h = all[static_cast<size_t>(r)];
+      groups[i < h.size() ? h[i] : -1].push_back(r);
+    }
+    if (groups.size() == 1) continue;
+    std::string detail;
+    for (const auto& [c, ranks] : groups) {
+      detail += log::concat(detail.empty() ? "" : "; ", ranks.size() == 1 ? "rank " : "ranks ", rank_list(ranks),
+                            " called ", describe_code(c));
+    }
+    throw CommError(log::concat("the ranks entered units in different orders at entry ", i, " of ", where, ": ",
+                                detail, ". Every rank must open the same unit scopes in the same order (the "
+                                "collectives of ZeRO-3 depend on it); this is rank ", rank_, "."));
+  }
+  throw CommError(log::concat("the ranks disagree on the order of units in ", where, " (rank ", rank_, ")"));
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Gathers (stage 3)
+
+void EngineImpl::issue_gather(UnitState& u, bool prefetch) {
+  const DType ct = u.info.dtype;
+  const int64_t S = u.info.slice_numel;
+  u.full = DeviceBuffer(device_, counters_, MemoryCategory::params, u.info.padded_numel * dtype_size(ct));
+  gathered_bytes_ += static_cast<int64_t>(u.full.bytes());
+  peak_gathered_bytes_ = std::max(peak_gathered_bytes_, gathered_bytes_);
+  if (!u.info.persistent) {
+    stats_.live_numel += u.info.numel;
+    stats_.peak_live_numel = std::max(stats_.peak_live_numel, stats_.live_numel);
+  } else {
+    stats_.persistent_numel += u.info.numel;
+  }
+  stats_.all_gathers++;
+  stats_.gathered_elements += u.info.padded_numel;
+  stats_.gather_order.push_back(u.info.id);
+  if (prefetch) {
+    stats_.prefetches++;
+    u.prefetched_unused = true;
+    ahead_numel_ += u.info.numel;
+  }
+  const void* in = ct == DType::f32 ? static_cast<const void*>(u.master) : u.compute_slice.data();
+  void* out = u.full.data();
+  std::string what = log::concat("all_gather of unit '", u.info.name, "' (", u.info.padded_numel, " elements, ",
+                                 dtype_name(ct), prefetch ? ", prefetch" : "", ")");
+  Communicator* comm = comm_.get();
+  int rank = rank_;
+  u.gather_ticket = queue_->submit(what, [comm, out, in, S, ct, what, rank] {
+    try {
+      comm->all_gather_into(out, in, static_cast<size_t>(S), ct)->wait();
+    } catch (const TimeoutError& e) {
+      throw TimeoutError(log::concat(what, " on rank ", rank, " failed: ", e.what()));
+    } catch (const CommError& e) {
+      throw CommError(log::concat(what, " on rank ", rank, " failed: ", e.what()));
+    }
+  });
+  u.gather = GatherState::in_flight;
+}
+
+void EngineImpl::wait_gather(UnitState& u) {
+  if (u.gather != GatherState::in_flight) return;
+  queue_->wait(u.gather_ticket);
+  u.gather_ticket = nullptr;
+  u.gather = GatherState::gathered;
+}
+
+void EngineImpl::release_gather(UnitState& u) {
+  if (u.gather == GatherState::released) return;
+  if (u.gather == GatherState::in_flight) wait_gather(u);
+  gathered_bytes_ -= static_cast<int64_t>(u.full.bytes());
+  u.full.reset();
+  if (u.info.persistent) {
+    stats_.persistent_numel -= u.info.numel;
+  } else {
+    stats_.live_numel -= u.info.numel;
+  }
+  if (u.prefetched_unused) ahead_numel_ -= u.info.numel;
+  u.prefetched_unused = false;
+  u.kept = false;
+  u.gather = GatherState::released;
+  stats_.releases++;
+}
+
+void EngineImpl::make_room_for(UnitState& u) {
+  // A unit being entered is always gathered; to respect stage3_max_live_parameters, units kept only for
+  // reuse go first, the one used last first.
+  const int64_t cap = schedule_policy_.max_live_numel;
+  while (stats_.live_numel + u.info.numel > cap) {
+    UnitState* victim = nullptr;
+    int64_t victim_next = 0;
+    for (UnitState& o : units_) {
+      if (!o.kept || o.open_scopes > 0) continue;
+      int64_t next = schedule_->next_use(o.info.id);
+      int64_t rank = next < 0 ? INT64_MAX : next;
+      if (!victim || rank > victim_next) {
+        victim = &o;
+        victim_next = rank;
+      }
+    }
+    if (!victim) return;
+    release_gather(*victim);
+    stats_.evictions++;
+  }
+}
+
+void EngineImpl::prefetch_after_entry() {
+  auto plan = schedule_->plan_prefetch(ahead_numel_, stats_.live_numel, [this](UnitId id) {
+    return units_[static_cast<size_t>(id.index)].gather == GatherState::released;
+  });
+  for (UnitId id : plan) issue_gather(units_[static_cast<size_t>(id.index)], true);
+}
+
+void EngineImpl::end_micro_step_schedule() {
+  if (policy_.shard_params) {
+    for (UnitState& u : units_) {
+      if (!u.info.persistent) release_gather(u);
+    }
+    ahead_numel_ = 0;
+  }
+  bool changed = schedule_->finish_micro_step();
+  if (changed && micro_steps_ > 0) {
+    log::debug("engine: the order of units changed in micro-step ", micro_steps_, "; following the new order");
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Scopes
+
+UnitScope EngineImpl::enter(UnitId unit, Phase phase) {
+  check_usable();
+  const char* what = phase == Phase::forward ? "forward_scope" : "backward_scope";
+  require_materialized(what);
+  UnitState& u = unit_state(unit, what);
+  ScheduleEvent event{unit, phase};
+  try {
+    if (checking_order()) check_order(event_code(event), log::concat(what, "('", u.info.name, "')"));
+    schedule_->record(event);
+    if (policy_.shard_params) {
+      if (u.prefetched_unused) {
+        stats_.prefetch_hits++;
+        u.prefetched_unused = false;
+        ahead_numel_ -= u.info.numel;
+      }
+      u.kept = false;
+      if (u.gather == GatherState::released) {
+        make_room_for(u);
+        issue_gather(u, false);
+      }
+      prefetch_after_entry();
+      wait_gather(u);
+    }
+  } catch (const CommError&) {
+    fail(std::current_exception());
+  }
+  void* grads = nullptr;
+  if (phase == Phase::backward) {
+    DeviceBuffer buf(device_, counters_, MemoryCategory::grads, u.info.padded_numel * dtype_size(acc_dtype_));
+    device_.fill_zero(buf.data(), buf.bytes());
+    grads = buf.data();
+    open_grads_.emplace(grads, std::move(buf));
+  }
+  u.open_scopes++;
+  open_scopes_++;
+  return UnitScope(this, unit, phase, grads);
+}
+
+void EngineImpl::exit(UnitScope& scope) {
+  UnitState& u = units_[static_cast<size_t>(scope.unit().index)];
+  void* grads = scope.grads_;
+  scope.impl_ = nullptr;
+  scope.grads_ = nullptr;
+  u.open_scopes--;
+  open_scopes_--;
+  DeviceBuffer buf;
+  if (grads) {
+    auto it = open_grads_.find(grads);
+    buf = std::move(it->second);
+    open_grads_.erase(it);
+  }
+  if (fatal_error_) return;  // the engine is failed: release memory only
+  try {
+    if (grads) {
+      if (policy_.shard_grads) {
+        reducer_->add_scatter(u.info.name, grads, u.info.slice_numel, u.grad_acc.data());
+      } else {
+        device_.kernels().scale_add(u.grad_acc.data(), acc_dtype_, grads, acc_dtype_, 1.0f, u.info.numel);
+      }
+    }
+    if (policy_.shard_params && u.open_scopes == 0 && !u.info.persistent) {
+      if (schedule_->keep_for_reuse(u.info.id) && stats_.live_numel <= schedule_policy_.max_live_numel) {
+        u.kept = true;
+        stats_.reuse_keeps++;
+      } else {
+        release_gather(u);
+      }
+    }
+  } catch (const CommError&) {
+    fail(std::current_exception());
+  }
+}
+
+void EngineImpl::exit_noexcept(UnitScope& scope) noexcept {
+  try {
+    exit(scope);
+  } catch (const std::exception& e) {
+    if (!deferred_error_) deferred_error_ = std::current_exception();
+    log::error("closing the scope of unit '", units_[static_cast<size_t>(scope.unit().index)].info.name,
+               "' failed (the next engine call rethrows it): ", e.what());
+  } catch (...) {
+    if (!deferred_error_) deferred_error_ = std::current_exception();
+  }
+}
+
+TensorView EngineImpl::param_view(UnitId unit, ParamId param) const {
+  const UnitState& u = units_[static_cast<size_t>(unit.index)];
+  const ParamState& p = param_state(param, "UnitScope::param");
+  ZERO3_REQUIRE(p.info.unit == unit, InvalidArgument, "UnitScope::param: parameter '", p.info.name,
+                "' belongs to another unit than '", u.info.name, "'");
+  TensorView v;
+  v.data = element_ptr(u.full.data(), u.info.dtype, p.info.offset);
+  v.dtype = u.info.dtype;
+  v.shape = p.info.shape;
+  v.numel = p.info.numel;
+  return v;
+}
+
+TensorView EngineImpl::grad_view(UnitId unit, ParamId param, void* grads) const {
+  const UnitState& u = units_[static_cast<size_t>(unit.index)];
+  const ParamState& p = param_state(param, "UnitScope::grad");
+  ZERO3_REQUIRE(grads != nullptr, InvalidArgument, "UnitScope::grad: the scope of unit '", u.info.name,
+                "' is a forward scope; gradients exist in backward scopes only");
+  ZERO3_REQUIRE(p.info.unit == unit, InvalidArgument, "UnitScope::grad: parameter '", p.info.name,
+                "' belongs to another unit than '", u.info.name, "'");
+  TensorView v;
+  v.data = element_ptr(grads, acc_dtype_, p.info.offset);
+  v.dtype = acc_dtype_;
+  v.shape = p.info.shape;
+  v.numel = p.info.numel;
+  return v;
+}
+
+TensorView EngineImpl::flat_param_view(UnitId unit) const {
+  const UnitState& u = units_[static_cast<size_t>(unit.index)];
+  return TensorView{u.full.data(), u.info.dtype, u.flat_shape, u.info.numel};
+}
+
+TensorView EngineImpl::flat_grad_view(UnitId unit, void* grads) const {
+  const UnitState& u = units_[static_cast<size_t>(unit.index)];
+  ZERO3_REQUIRE(grads != nullptr, InvalidArgument, "UnitScope::flat_grads: the scope of unit '", u.info.name,
+                "' is a forward scope; gradients exist in backward scopes only");
+  return TensorView{grads, acc_dtype_, u.flat_shape, u.info.numel};
+}
+
+MemoryStats EngineImpl::memory() const {
+  MemoryStats m;
+  m.params = counters_.bytes(MemoryCategory::params);
+  m.master = counters_.bytes(MemoryCategory::master);
+  m.grads = counters_.bytes(MemoryCategory::grads);
+  m.optimizer_state = counters_.bytes(MemoryCategory::optimizer_state);
+  m.buffers = counters_.bytes(MemoryCategory::buffers);
+  m.gathered = gathered_bytes_;
+  m.peak_gathered = peak_gathered_bytes_;
+  m.peak_total = counters_.peak_total();
+  return m;
+}
+
+}  // namespace zero3::detail

@@ -1,0 +1,178 @@
+// The engine's state and orchestration. engine.cpp holds the public forwarding layer and UnitScope;
+// engine_impl.cpp declares, materializes and runs the scopes and the schedule; engine_step.cpp is step().
+#pragma once
+
+#include <cstdint>
+#include <exception>
+#include <memory>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "optim/loss_scaler.hpp"
+#include "optim/lr_scheduler.hpp"
+#include "optim/optimizer.hpp"
+#include "zero/comm_queue.hpp"
+#include "zero/device_buffer.hpp"
+#include "zero/reducer.hpp"
+#include "zero/schedule.hpp"
+#include "zero3/engine.hpp"
+
+namespace zero3::detail {
+
+// What the stage switches on. One code path reads these, never the stage number.
+struct StagePolicy {
+  int stage = 0;
+  bool shard_optimizer = false;  // >= 1: master weights and Adam state are slices
+  bool shard_grads = false;      // >= 2: gradients reduce-scattered every micro-step into slices
+  bool shard_params = false;     // >= 3: full parameters exist only while gathered
+};
+
+enum class GatherState { released, in_flight, gathered };
+
+struct ParamState {
+  ParamInfo info;
+  ParamInit init = ParamInit::zeros();
+};
+
+struct UnitState {
+  UnitInfo info;
+  std::vector<int64_t> param_offsets;  // per parameter of the unit
+  std::vector<int64_t> param_numels;
+  std::vector<int64_t> flat_shape;     // {numel}
+
+  // This rank's optimizer range of the flat buffer: its slice, or everything at stage 0.
+  int64_t owned_begin = 0;
+  int64_t owned_len = 0;
+  int64_t owned_valid = 0;  // of which real elements (the rest is padding)
+
+  DeviceBuffer full;           // compute dtype, padded_numel: permanent at stage 0-2, gathered at stage 3
+  DeviceBuffer master_buf;     // fp32 master of the owned range, unless it aliases `full`
+  float* master = nullptr;
+  DeviceBuffer compute_slice;  // stage 3 with 16-bit compute: the all-gather input
+  DeviceBuffer exp_avg;
+  DeviceBuffer exp_avg_sq;
+  DeviceBuffer grad_acc;       // grad_accum_dtype: padded_numel at stage 0-1, slice_numel at 2-3
+
+  // Stage-3 schedule state.
+  GatherState gather = GatherState::released;
+  CommQueue::Ticket gather_ticket;
+  int open_scopes = 0;
+  bool prefetched_unused = false;  // gathered ahead by a prefetch and not entered since
+  bool kept = false;               // closed, but kept gathered for its next use
+};
+
+class EngineImpl {
+ public:
+  EngineImpl(const Config& config, std::shared_ptr<Communicator> comm, Device& device);
+  ~EngineImpl();
+
+  // Declaration and materialization (engine_impl.cpp).
+  UnitId add_unit(const std::string& name);
+  ParamId add_param(UnitId unit, const ParamSpec& spec);
+  void materialize();
+
+  // Scopes and schedule (engine_impl.cpp).
+  UnitScope enter(UnitId unit, Phase phase);
+  void exit(UnitScope& scope);  // throws
+  void exit_noexcept(UnitScope& scope) noexcept;
+  TensorView param_view(UnitId unit, ParamId param) const;
+  TensorView grad_view(UnitId unit, ParamId param, void* grads) const;
+  TensorView flat_param_view(UnitId unit) const;
+  TensorView flat_grad_view(UnitId unit, void* grads) const;
+
+  // Step (engine_step.cpp).
+  StepResult step();
+  void gather_master_params(UnitId unit, float* out);
+  void refresh_params();
+
+  // Guards every public call: rethrows a deferred or fatal error.
+  void check_usable();
+  void require_materialized(const char* what) const;
+  void require_declaring(const char* what) const;
+  UnitState& unit_state(UnitId unit, const char* what);
+  const UnitState& unit_state(UnitId unit, const char* what) const;
+  const ParamState& param_state(ParamId param, const char* what) const;
+  ParamId find_param_in_unit(UnitId unit, std::string_view local_name) const;
+  MemoryStats memory() const;
+
+  // Public state (read by Engine's queries).
+  Config config_;
+  std::shared_ptr<Communicator> comm_;
+  Device& device_;
+  int rank_ = 0;
+  int world_ = 1;
+  StagePolicy policy_;
+  DType compute_dtype_ = DType::f32;
+  DType acc_dtype_ = DType::f32;
+  DType comm_dtype_ = DType::f32;
+  int64_t gas_ = 1;
+  bool overlap_ = false;
+  int64_t reduce_bucket_numel_ = 0;
+  SchedulePolicy schedule_policy_;
+  int64_t persistence_threshold_ = 0;
+
+  std::vector<UnitState> units_;
+  std::vector<ParamState> params_;
+  std::unordered_map<std::string, int32_t> unit_by_name_;
+  std::unordered_map<std::string, int32_t> param_by_name_;
+  bool materialized_ = false;
+
+  MemoryCounters counters_;
+  int64_t gathered_bytes_ = 0;
+  int64_t peak_gathered_bytes_ = 0;
+  ScheduleStats stats_;
+  int64_t ahead_numel_ = 0;  // elements gathered by prefetch and not yet entered
+
+  std::unique_ptr<CommQueue> queue_;
+  std::unique_ptr<Schedule> schedule_;
+  std::unique_ptr<Reducer> reducer_;
+  std::unique_ptr<LrScheduler> lr_scheduler_;
+  LossScaler loss_scaler_;
+  AdamHyper adam_;
+  std::unordered_map<void*, DeviceBuffer> open_grads_;  // backward scopes' gradient buffers
+  int open_scopes_ = 0;
+
+  int64_t micro_steps_ = 0;
+  int64_t global_steps_ = 0;
+  int64_t skipped_steps_ = 0;
+  int64_t applied_steps_ = 0;
+  int64_t local_micro_steps_ = 0;  // micro-steps run by this engine object (a resumed run checks again)
+  int64_t reduced_base_ = 0;       // reducer count at the last reset_schedule_stats()
+
+  std::exception_ptr deferred_error_;  // from a scope destructor; thrown by the next call
+  std::exception_ptr fatal_error_;     // a communication failure: thrown by every later call
+
+ private:
+  // engine_impl.cpp
+  void check_declarations_agree();
+  void allocate_and_init(UnitState& u);
+  void init_owned_range(UnitState& u);
+  void build_compute_copies(UnitState& u);
+  bool checking_order() const;
+  void check_order(int64_t code, const std::string& doing);
+  int64_t event_code(ScheduleEvent e) const;
+  std::string describe_code(int64_t code) const;
+  void issue_gather(UnitState& u, bool prefetch);
+  void wait_gather(UnitState& u);
+  void release_gather(UnitState& u);
+  void make_room_for(UnitState& u);
+  void prefetch_after_entry();
+  void end_micro_step_schedule();
+
+  // engine_step.cpp
+  void reduce_at_boundary();
+  void publish_params(UnitState& u);
+  void zero_grads();
+  void run_optimizer(const AdamStepConsts& consts, float grad_factor);
+  const void* owned_grads(const UnitState& u) const;
+  void* owned_grads(UnitState& u);
+
+ public:
+  // Runs a collective through the queue and waits, wrapping errors with `what` (engine_step.cpp).
+  void run_collective(const std::string& what, const std::function<void()>& fn);
+  [[noreturn]] void fail(std::exception_ptr error);
+};
+
+}  // namespace zero3::detail

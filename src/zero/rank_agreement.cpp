@@ -1,0 +1,80 @@
+#include "zero/rank_agreement.hpp"
+
+#include <algorithm>
+
+#include "core/check.hpp"
+#include "zero3/error.hpp"
+#include "zero3/log.hpp"
+
+namespace zero3::detail {
+
+std::vector<float> hash_to_floats(uint64_t hash) {
+  constexpr uint64_t kMask = (uint64_t{1} << 22) - 1;
+  return {static_cast<float>(hash & kMask), static_cast<float>((hash >> 22) & kMask),
+          static_cast<float>((hash >> 44) & kMask)};
+}
+
+uint64_t fnv1a(const void* data, size_t bytes, uint64_t h) {
+  const auto* p = static_cast<const uint8_t*>(data);
+  for (size_t i = 0; i < bytes; ++i) {
+    h ^= p[i];
+    h *= 0x100000001b3ull;
+  }
+  return h;
+}
+
+bool ranks_agree(CommQueue& queue, Communicator& comm, const std::vector<float>& values, const std::string& what) {
+  if (comm.size() == 1) return true;
+  // max over ranks of v and of -v: every rank holds v exactly when max(v) == -max(-v).
+  size_t n = values.size();
+  std::vector<float> buf(2 * n);
+  for (size_t i = 0; i < n; ++i) {
+    buf[i] = values[i];
+    buf[n + i] = -values[i];
+  }
+  auto ticket = queue.submit(what, [&] {
+    comm.all_reduce(buf.data(), buf.size(), DType::f32, ReduceOp::max)->wait();
+  });
+  queue.wait(ticket);
+  for (size_t i = 0; i < n; ++i) {
+    if (buf[i] != -buf[n + i]) return false;
+  }
+  return true;
+}
+
+std::vector<std::vector<int64_t>> gather_from_ranks(CommQueue& queue, Communicator& comm,
+                                                    const std::vector<int64_t>& values, const std::string& what) {
+  const int world = comm.size();
+  for (int64_t v : values) {
+    if (v < 0 || v >= kMaxExactFloatInt) {
+      throw Error(log::concat(what, ": value ", v, " does not fit the exchange (0 <= v < 2^24)"));
+    }
+  }
+  std::vector<float> lengths(static_cast<size_t>(world));
+  float mine = static_cast<float>(values.size());
+  queue.wait(queue.submit(what + " (lengths)", [&] {
+    comm.all_gather_into(lengths.data(), &mine, 1, DType::f32)->wait();
+  }));
+  size_t longest = 0;
+  for (float l : lengths) longest = std::max(longest, static_cast<size_t>(l));
+  std::vector<float> padded(std::max<size_t>(longest, 1), 0.0f);
+  for (size_t i = 0; i < values.size(); ++i) padded[i] = static_cast<float>(values[i]);
+  std::vector<float> all(padded.size() * static_cast<size_t>(world));
+  queue.wait(queue.submit(what + " (values)", [&] {
+    comm.all_gather_into(all.data(), padded.data(), padded.size(), DType::f32)->wait();
+  }));
+  std::vector<std::vector<int64_t>> out(static_cast<size_t>(world));
+  for (int r = 0; r < world; ++r) {
+    auto len = static_cast<size_t>(lengths[static_cast<size_t>(r)]);
+    for (size_t i = 0; i < len; ++i) out[static_cast<size_t>(r)].push_back(static_cast<int64_t>(all[r * padded.size() + i]));
+  }
+  return out;
+}
+
+std::string rank_list(const std::vector<int>& ranks) {
+  std::string s;
+  for (size_t i = 0; i < ranks.size(); ++i) s += (i ? ", " : "") + std::to_string(ranks[i]);
+  return s;
+}
+
+}  // namespace zero3::detail

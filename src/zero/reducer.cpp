@@ -1,0 +1,142 @@
+#include "zero/reducer.hpp"
+
+#include <algorithm>
+
+#include "device/device_kernels.hpp"
+#include "core/check.hpp"
+#include "zero3/error.hpp"
+#include "zero3/log.hpp"
+
+namespace zero3::detail {
+namespace {
+
+std::string unit_names(const std::vector<std::string>& units) {
+  std::string s;
+  size_t shown = std::min<size_t>(units.size(), 4);
+  for (size_t i = 0; i < shown; ++i) s += (i ? ", '" : "'") + units[i] + "'";
+  if (units.size() > shown) s += log::concat(" and ", units.size() - shown, " more");
+  return s;
+}
+
+}  // namespace
+
+Reducer::Reducer(ReducerOptions options, Device& device, MemoryCounters& counters, Communicator& comm,
+                 CommQueue& queue)
+    : opt_(options), device_(device), counters_(counters), comm_(comm), queue_(queue), world_(comm.size()) {
+  int64_t per = opt_.mode == ReduceMode::reduce_scatter ? std::max<int64_t>(1, opt_.bucket_numel / world_)
+                                                         : std::max<int64_t>(1, opt_.bucket_numel);
+  chunk_ = std::max<int64_t>(1, std::min(per, opt_.max_useful_numel));
+}
+
+Reducer::Bucket& Reducer::current() {
+  Bucket& b = buckets_[active_];
+  if (!b.in.allocated()) {
+    int64_t in_numel = opt_.mode == ReduceMode::reduce_scatter ? chunk_ * world_ : chunk_;
+    b.in = DeviceBuffer(device_, counters_, MemoryCategory::buffers, in_numel * dtype_size(opt_.comm_dtype));
+    if (opt_.mode == ReduceMode::reduce_scatter) {
+      b.out = DeviceBuffer(device_, counters_, MemoryCategory::buffers, chunk_ * dtype_size(opt_.comm_dtype));
+    }
+  }
+  if (b.ticket) {
+    // The bucket's previous collective must be done before its buffer is written again.
+    queue_.wait(b.ticket);
+    b.ticket = nullptr;
+  }
+  return b;
+}
+
+void Reducer::note_unit(Bucket& b, const std::string& unit) {
+  if (b.units.empty() || b.units.back() != unit) b.units.push_back(unit);
+}
+
+void Reducer::add_scatter(const std::string& unit, const void* grad, int64_t slice_numel, void* acc) {
+  auto& k = device_.kernels();
+  const size_t es = dtype_size(opt_.comm_dtype);
+  reduced_elements_ += slice_numel * world_;
+  int64_t a = 0;
+  while (a < slice_numel) {
+    Bucket& b = current();
+    int64_t take = std::min(slice_numel - a, chunk_ - b.fill);
+    for (int r = 0; r < world_; ++r) {
+      void* dst = static_cast<char*>(b.in.data()) + static_cast<size_t>(r * chunk_ + b.fill) * es;
+      const void* src = element_ptr(grad, opt_.acc_dtype, static_cast<int64_t>(r) * slice_numel + a);
+      k.scale_copy(dst, opt_.comm_dtype, src, opt_.acc_dtype, opt_.pre_scale, take);
+    }
+    b.pieces.push_back({acc, a, take, b.fill});
+    note_unit(b, unit);
+    b.fill += take;
+    a += take;
+    if (b.fill == chunk_) launch();
+  }
+}
+
+void Reducer::add_all_reduce(const std::string& unit, void* acc, int64_t count) {
+  auto& k = device_.kernels();
+  const size_t es = dtype_size(opt_.comm_dtype);
+  reduced_elements_ += count;
+  int64_t a = 0;
+  while (a < count) {
+    Bucket& b = current();
+    int64_t take = std::min(count - a, chunk_ - b.fill);
+    void* dst = static_cast<char*>(b.in.data()) + static_cast<size_t>(b.fill) * es;
+    k.scale_copy(dst, opt_.comm_dtype, element_ptr(acc, opt_.acc_dtype, a), opt_.acc_dtype, opt_.pre_scale, take);
+    b.pieces.push_back({acc, a, take, b.fill});
+    note_unit(b, unit);
+    b.fill += take;
+    a += take;
+    if (b.fill == chunk_) launch();
+  }
+}
+
+void Reducer::flush() {
+  if (buckets_[active_].fill > 0) launch();
+}
+
+void Reducer::launch() {
+  Bucket& b = buckets_[active_];
+  const int64_t fill = b.fill;
+  const size_t es = dtype_size(opt_.comm_dtype);
+  if (opt_.mode == ReduceMode::reduce_scatter && fill < chunk_) {
+    // Close the gaps so that chunk r starts at r * fill, as reduce_scatter expects.
+    for (int r = 1; r < world_; ++r) {
+      device_.move(static_cast<char*>(b.in.data()) + static_cast<size_t>(r * fill) * es,
+                   static_cast<char*>(b.in.data()) + static_cast<size_t>(r * chunk_) * es, static_cast<size_t>(fill) * es);
+    }
+  }
+  const bool scatter = opt_.mode == ReduceMode::reduce_scatter;
+  std::string what = log::concat(scatter ? "reduce_scatter" : "all_reduce", " of the gradients of unit",
+                                 b.units.size() > 1 ? "s " : " ", unit_names(b.units), " (",
+                                 scatter ? fill * world_ : fill, " elements, ", dtype_name(opt_.comm_dtype), ")");
+  auto pieces = std::move(b.pieces);
+  void* in = b.in.data();
+  void* out = scatter ? b.out.data() : b.in.data();
+  b.pieces.clear();
+  b.units.clear();
+  b.fill = 0;
+  b.ticket = queue_.submit(what, [this, what, pieces = std::move(pieces), in, out, fill, scatter] {
+    try {
+      if (scatter) {
+        comm_.reduce_scatter(out, in, static_cast<size_t>(fill), opt_.comm_dtype, ReduceOp::sum)->wait();
+      } else {
+        comm_.all_reduce(in, static_cast<size_t>(fill), opt_.comm_dtype, ReduceOp::sum)->wait();
+      }
+    } catch (const TimeoutError& e) {
+      throw TimeoutError(log::concat(what, " on rank ", comm_.rank(), " failed: ", e.what()));
+    } catch (const CommError& e) {
+      throw CommError(log::concat(what, " on rank ", comm_.rank(), " failed: ", e.what()));
+    }
+    auto& k = device_.kernels();
+    for (const Piece& p : pieces) {
+      const void* src = static_cast<const char*>(out) + static_cast<size_t>(p.bucket_offset) * dtype_size(opt_.comm_dtype);
+      void* dst = element_ptr(p.acc, opt_.acc_dtype, p.acc_offset);
+      if (scatter) {
+        k.scale_add(dst, opt_.acc_dtype, src, opt_.comm_dtype, opt_.post_scale, p.length);
+      } else {
+        k.scale_copy(dst, opt_.acc_dtype, src, opt_.comm_dtype, opt_.post_scale, p.length);
+      }
+    }
+  });
+  active_ ^= 1;
+}
+
+}  // namespace zero3::detail

@@ -1,0 +1,90 @@
+// The gradient reducer: packs units' gradients into buckets of reduce_bucket_size elements, reduces each
+// bucket with one collective and adds the result into the owners' gradient accumulators.
+//
+// reduce_scatter (stage 2 and 3): a unit's gradient buffer is W slices of S elements; rank r's slice must
+// land in rank r's accumulator. A bucket holds W chunks of C = reduce_bucket_size / W elements; chunk r
+// collects the pieces of rank r's slices of the units in the bucket, so one reduce_scatter delivers every
+// rank its pieces:
+//
+//   unit a grads  [a0 | a1]        bucket in:  [a0 b0' | a1 b1']   (W = 2, b' = the first part of b's slices)
+//   unit b grads  [b0 | b1]        rank r out: [ar br']  -> acc_a[...] += ar, acc_b[...] += br'
+//
+// all_reduce (stage 0 and 1): buckets are contiguous pieces of the full accumulators, reduced in place.
+//
+// The copy into the bucket applies the pre-scale and converts to communication_data_type; adding into the
+// accumulator applies the post-scale and converts to grad_accum_dtype. Two buckets alternate: one fills on
+// the training thread while the other is reduced by the communication queue.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "zero/comm_queue.hpp"
+#include "zero/device_buffer.hpp"
+#include "zero3/comm.hpp"
+#include "zero3/device.hpp"
+
+namespace zero3::detail {
+
+enum class ReduceMode { reduce_scatter, all_reduce };
+
+struct ReducerOptions {
+  ReduceMode mode = ReduceMode::reduce_scatter;
+  DType comm_dtype = DType::f32;
+  DType acc_dtype = DType::f32;
+  int64_t bucket_numel = 0;      // reduce_bucket_size: elements per collective, all ranks' chunks together
+  int64_t max_useful_numel = 0;  // the most one bucket can ever hold (all units together): caps the buffers
+  float pre_scale = 1.0f;        // applied before the collective
+  float post_scale = 1.0f;       // applied after it
+};
+
+class Reducer {
+ public:
+  Reducer(ReducerOptions options, Device& device, MemoryCounters& counters, Communicator& comm, CommQueue& queue);
+
+  // reduce_scatter: `grad` holds W * slice_numel elements (acc dtype); rank r's reduced slice is added
+  // into `acc` (slice_numel elements). The caller may reuse `grad` as soon as this returns.
+  // all_reduce: `acc` holds `count` elements, replaced by the (scaled) sum over ranks once reduced; `grad`
+  // is ignored. `acc` must stay untouched until flush() and the queue drained.
+  void add_scatter(const std::string& unit, const void* grad, int64_t slice_numel, void* acc);
+  void add_all_reduce(const std::string& unit, void* acc, int64_t count);
+
+  // Launches the partly filled bucket. The results are in the accumulators once the queue is drained.
+  void flush();
+
+  int64_t reduced_elements() const { return reduced_elements_; }
+
+ private:
+  struct Piece {
+    void* acc;
+    int64_t acc_offset;
+    int64_t length;
+    int64_t bucket_offset;
+  };
+  struct Bucket {
+    DeviceBuffer in;
+    DeviceBuffer out;
+    std::vector<Piece> pieces;
+    std::vector<std::string> units;
+    int64_t fill = 0;
+    CommQueue::Ticket ticket;
+  };
+
+  Bucket& current();
+  void note_unit(Bucket& b, const std::string& unit);
+  void launch();
+
+  ReducerOptions opt_;
+  Device& device_;
+  MemoryCounters& counters_;
+  Communicator& comm_;
+  CommQueue& queue_;
+  int world_;
+  int64_t chunk_;  // C: elements per rank per bucket (all_reduce: elements per bucket)
+  Bucket buckets_[2];
+  int active_ = 0;
+  int64_t reduced_elements_ = 0;
+};
+
+}  // namespace zero3::detail

@@ -1,0 +1,185 @@
+// The engine on one rank (the local communicator): declaration rules, initialisation, views, accumulation
+// boundaries, equivalence with the reference for every stage and precision, overflow skipping, fp16 loss
+// scaling and the memory each stage holds. Several ranks: tests/dist/test_equivalence*.cpp and
+// tests/dist/test_engine*.cpp.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+
+#include "kernels/philox_init.hpp"
+#include "support/mlp_trainer.hpp"
+#include "support/reference_model.hpp"
+#include "zero3/comm.hpp"
+#include "zero3/engine.hpp"
+
+using namespace zero3;
+using namespace zero3::testing;
+
+namespace {
+
+std::shared_ptr<Communicator> local_comm() {
+  CommOptions o;
+  o.backend = "local";
+  o.timeout = std::chrono::seconds(30);
+  return make_communicator(o, LaunchInfo{}, nullptr);
+}
+
+struct Fixture {
+  std::unique_ptr<Device> device = make_cpu_device();
+  std::shared_ptr<Communicator> comm = local_comm();
+};
+
+}  // namespace
+
+TEST(Engine, DeclarationErrorsNameTheThing) {
+  Fixture f;
+  Engine e(equivalence_config(3), f.comm, *f.device);
+  UnitId u = e.add_unit("layer");
+  EXPECT_THROW(e.add_unit("layer"), InvalidArgument);
+  EXPECT_THROW(e.add_unit("a/b"), InvalidArgument);
+  e.add_param(u, {"w", {3, 4}, ParamInit::ones()});
+  try {
+    e.add_param(u, {"w", {2}});
+    FAIL();
+  } catch (const InvalidArgument& err) {
+    EXPECT_NE(std::string(err.what()).find("layer.w"), std::string::npos) << err.what();
+  }
+  try {
+    e.add_param(u, {"z", {3, 0}});
+    FAIL();
+  } catch (const InvalidArgument& err) {
+    EXPECT_NE(std::string(err.what()).find("[3, 0]"), std::string::npos) << err.what();
+  }
+  try {
+    e.add_param(u, {"h", {2}, ParamInit::zeros(), DType::bf16});
+    FAIL();
+  } catch (const InvalidArgument& err) {
+    EXPECT_NE(std::string(err.what()).find("unit of its own"), std::string::npos) << err.what();
+  }
+  EXPECT_THROW(e.forward_scope(u), InvalidArgument);  // before materialize
+  e.materialize();
+  EXPECT_THROW(e.add_param(u, {"late", {2}}), InvalidArgument);
+  EXPECT_THROW(e.forward_scope(UnitId{7}), InvalidArgument);
+  EXPECT_EQ(e.param_id(u, "w"), *e.find_param("layer.w"));
+  EXPECT_THROW(e.param_id(u, "nope"), InvalidArgument);
+}
+
+TEST(Engine, UnresolvedAutoIsAConfigError) {
+  Fixture f;
+  Config c = equivalence_config(3);
+  c.zero.reduce_bucket_size.reset();
+  try {
+    Engine e(c, f.comm, *f.device);
+    FAIL();
+  } catch (const ConfigError& err) {
+    EXPECT_NE(std::string(err.what()).find("zero_optimization.reduce_bucket_size"), std::string::npos);
+  }
+  c = equivalence_config(5);
+  EXPECT_THROW(Engine(c, f.comm, *f.device), ConfigError);
+}
+
+TEST(Engine, InitialisesFromPhiloxAndReaders) {
+  Fixture f;
+  Config c = equivalence_config(3);
+  Engine e(c, f.comm, *f.device);
+  UnitId u = e.add_unit("u");
+  e.add_param(u, {"n", {5, 7}, ParamInit::normal(0.5, 0.1)});
+  e.add_param(u, {"c", {3}, ParamInit::constant(-2.5)});
+  std::vector<std::pair<int64_t, int64_t>> asked;
+  e.add_param(u, {"r", {11}, ParamInit::from_reader([&](int64_t b, int64_t end, float* out) {
+                    asked.emplace_back(b, end);
+                    for (int64_t i = b; i < end; ++i) out[i - b] = static_cast<float>(i) * 0.5f;
+                  })});
+  e.materialize();
+  ASSERT_EQ(asked.size(), 1u);
+  EXPECT_EQ(asked[0], std::make_pair(int64_t{0}, int64_t{11}));
+  std::vector<float> flat(static_cast<size_t>(e.unit(u).numel));
+  e.gather_master_params(u, flat.data());
+  FillSpec normal;
+  normal.kind = FillKind::normal;
+  normal.mean = 0.1;
+  normal.stddev = 0.5;
+  for (int64_t i = 0; i < 35; ++i) {
+    EXPECT_EQ(flat[i], philox_fill_value(normal, c.zero3.seed, philox_stream_id("u.n"), i)) << i;
+  }
+  for (int64_t i = 0; i < 3; ++i) EXPECT_EQ(flat[35 + i], -2.5f);
+  for (int64_t i = 0; i < 11; ++i) EXPECT_EQ(flat[38 + i], 0.5f * i);
+  // The parameter views in a scope show the same values.
+  auto s = e.forward_scope(u);
+  TensorView r = s.param("r");
+  ASSERT_EQ(r.numel, 11);
+  ASSERT_EQ(r.shape.size(), 1u);
+  EXPECT_EQ(r.as<float>()[10], 5.0f);
+  EXPECT_THROW(r.as<uint16_t>(), InvalidArgument);
+  EXPECT_THROW(s.grad("r"), InvalidArgument);  // a forward scope has no gradients
+}
+
+TEST(Engine, AccumulationBoundariesFollowTheConfig) {
+  Fixture f;
+  Config c = equivalence_config(2);
+  c.gradient_accumulation_steps = 3;
+  Engine e(c, f.comm, *f.device);
+  MlpDims d;
+  MlpUnits units = declare_mlp(e, d);
+  e.materialize();
+  EXPECT_EQ(e.gradient_accumulation_steps(), 3);
+  for (int i = 0; i < 6; ++i) {
+    EXPECT_EQ(e.is_gradient_accumulation_boundary(), i % 3 == 2) << i;
+    mlp_micro_step(e, units, d, make_batch(d, 1, i, 2));
+    StepResult r = e.step();
+    EXPECT_EQ(r.boundary, i % 3 == 2);
+    EXPECT_EQ(r.applied, i % 3 == 2);
+    EXPECT_EQ(r.micro_step, i + 1);
+  }
+  EXPECT_EQ(e.global_steps(), 2);
+}
+
+TEST(Engine, StepRefusesOpenScopes) {
+  Fixture f;
+  Engine e(equivalence_config(3), f.comm, *f.device);
+  MlpDims d;
+  MlpUnits units = declare_mlp(e, d);
+  e.materialize();
+  auto s = e.forward_scope(units.fc2);
+  try {
+    e.step();
+    FAIL();
+  } catch (const InvalidArgument& err) {
+    EXPECT_NE(std::string(err.what()).find("'fc2'"), std::string::npos) << err.what();
+  }
+}
+
+class EngineEquivalence1 : public ::testing::TestWithParam<int> {};
+
+TEST_P(EngineEquivalence1, MatchesTheReferenceInFp32) {
+  Fixture f;
+  const int stage = GetParam();
+  Config c = equivalence_config(stage);
+  TrainPlan plan;
+  plan.steps = 10;
+  Engine e(c, f.comm, *f.device);
+  MlpUnits units = declare_mlp(e, plan.dims);
+  e.materialize();
+  EngineRun run = train_mlp(e, units, plan);
+  ReferenceRun ref = run_reference(c, plan);
+  ASSERT_EQ(run.losses.size(), 20u);
+  bool clipped = false;
+  for (int64_t t = 0; t < plan.steps; ++t) {
+    for (int64_t k = 0; k < 2; ++k) {
+      double want = ref.losses[t][k][0];
+      EXPECT_NEAR(run.losses[t * 2 + k], want, 1e-5 * std::fabs(want)) << "step " << t << " micro " << k;
+    }
+    const StepResult& r = run.steps[t * 2 + 1];
+    EXPECT_TRUE(r.applied);
+    EXPECT_NEAR(r.grad_norm, ref.grad_norms[t], 1e-5 * ref.grad_norms[t]) << t;
+    EXPECT_NEAR(r.lr, ref.lrs[t], 1e-9) << t;
+    clipped |= r.clip_coef < 1.0;
+  }
+  EXPECT_TRUE(clipped) << "the run should exercise gradient clipping";
+  std::string worst;
+  double err = max_relative_error(run.params, ref.params, &worst);
+  EXPECT_LT(err, 1e-5) << worst;
+}
+
+INSTANTIATE_TEST_SUITE_P(Stages, EngineEquivalence1, ::testing::Values(0, 1, 2, 3));
