@@ -3,11 +3,13 @@
 namespace zero3::cli {
 
 int run_version(const Args& args);
+int run_env(const Args& args);
 int run_launch(const Args& args);
 
 const std::vector<Command>& commands() {
   static const std::vector<Command> table = {
       {"version", "print the version and the backends compiled in", run_version},
+      {"env", "report the build, backends, library versions, devices, EFA, CPU features and hints", run_env},
       {"launch", "start N ranks of a program on this node (torchrun-style variables, rank-prefixed output)", run_launch},
   };
   return table;

@@ -92,15 +92,6 @@ std::string next_store_prefix() {
 
 }  // namespace
 
-std::string nccl_runtime_version() {
-  int v = 0;
-  ZERO3_NCCL_CHECK(ncclGetVersion(&v));
-  // NCCL_VERSION(): X*1000 + Y*100 + Z up to 2.8, X*10000 + Y*100 + Z since 2.9.
-  int major = v >= 10000 ? v / 10000 : v / 1000;
-  int minor = v >= 10000 ? (v % 10000) / 100 : (v % 1000) / 100;
-  return std::to_string(major) + "." + std::to_string(minor) + "." + std::to_string(v % 100);
-}
-
 NcclCommunicator::NcclCommunicator(const CommOptions& options, const LaunchInfo& launch, std::shared_ptr<Store> store)
     : store_(store), state_(std::make_shared<NcclCommState>()) {
   ZERO3_REQUIRE(options.timeout.count() > 0, InvalidArgument, "nccl: timeout must be positive, got ",

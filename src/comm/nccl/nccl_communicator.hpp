@@ -38,6 +38,7 @@
 #include <string>
 
 #include "comm/fabric/efa_decision.hpp"
+#include "comm/nccl/nccl_version.hpp"
 #include "comm/nccl/nccl_watchdog.hpp"
 #include "zero3/comm.hpp"
 #include "zero3/store.hpp"
@@ -102,8 +103,5 @@ class NcclCommunicator final : public Communicator {
   cudaStream_t internal_stream_ = nullptr;
   float* scratch_ = nullptr;  // one float on the device, for barrier()
 };
-
-// The NCCL version of the loaded library, "2.28.9".
-std::string nccl_runtime_version();
 
 }  // namespace zero3::comm
