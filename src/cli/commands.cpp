@@ -4,12 +4,14 @@ namespace zero3::cli {
 
 int run_version(const Args& args);
 int run_env(const Args& args);
+int run_iobench(const Args& args);
 int run_launch(const Args& args);
 
 const std::vector<Command>& commands() {
   static const std::vector<Command> table = {
       {"version", "print the version and the backends compiled in", run_version},
       {"env", "report the build, backends, library versions, devices, EFA, CPU features and hints", run_env},
+      {"iobench", "O_DIRECT read/write GB/s of a directory through the NVMe offload engine", run_iobench},
       {"launch", "start N ranks of a program on this node (torchrun-style variables, rank-prefixed output)", run_launch},
   };
   return table;

@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# zero3 iobench against fio on the same directory, size, block size and queue depth (O_DIRECT, io_uring,
+# sequential), for write and read. Prints both figures and the ratio (target: zero3 >= 0.9 x fio).
+#
+#   tests/bench/iobench_vs_fio.sh DIR [SIZE=1G] [BLOCK=1M] [QD=8] [LOOPS=3] [ENGINE=io_uring]
+#
+# ZERO3 (default: build/bin/zero3 beside this checkout) is the zero3 binary. Both tools write a
+# preallocated file and then read it; the runs alternate between the tools and each figure is the best of
+# LOOPS runs, in GB/s (10^9 bytes/s).
+set -euo pipefail
+
+dir=${1:?usage: iobench_vs_fio.sh DIR [SIZE] [BLOCK] [QD] [LOOPS] [ENGINE]}
+size=${2:-1G}
+block=${3:-1M}
+qd=${4:-8}
+loops=${5:-3}
+engine=${6:-io_uring}
+here=$(cd "$(dirname "$0")/../.." && pwd)
+zero3=${ZERO3:-$here/build/bin/zero3}
+
+command -v fio >/dev/null || { echo "fio is not installed (apt-get install fio)" >&2; exit 1; }
+[[ -x $zero3 ]] || { echo "no zero3 binary at $zero3 (set ZERO3=...)" >&2; exit 1; }
+[[ -d $dir ]] || { echo "$dir is not a directory" >&2; exit 1; }
+
+fio_file="$dir/zero3-fio-$$.bin"
+trap 'rm -f "$fio_file"' EXIT
+
+# One fio run: one file, one job, the same engine, block size and depth. Prints GB/s.
+fio_once() {  # $1 = write|read
+  fio --name=zero3cmp --filename="$fio_file" --size="$size" --bs="$block" --iodepth="$qd" \
+      --ioengine="$engine" --direct=1 --rw="$1" --numjobs=1 --fallocate=native --output-format=json 2>/dev/null |
+    python3 -c "import json,sys; print(json.load(sys.stdin)['jobs'][0]['$1']['bw_bytes'] / 1e9)"
+}
+
+# One zero3 run of one pass. Prints GB/s.
+zero3_once() {  # $1 = write|read
+  "$zero3" iobench --path "$dir" --size "$size" --block-size "$block" --queue-depth "$qd" --engine "$engine" \
+    --mode "$1" --loops 1 | awk -v op="$1" '$1 == op {print $2}'
+}
+
+max() { python3 -c "print(max($1, $2))"; }
+
+# The two tools alternate, so that a disk or a machine busy for a while affects both alike.
+declare -A best=([zero3-write]=0 [fio-write]=0 [zero3-read]=0 [fio-read]=0)
+for ((i = 0; i < loops; i++)); do
+  for op in write read; do
+    best[zero3-$op]=$(max "${best[zero3-$op]}" "$(zero3_once "$op")")
+    best[fio-$op]=$(max "${best[fio-$op]}" "$(fio_once "$op")")
+  done
+done
+
+printf '%-6s %12s %12s %8s\n' "" "zero3 GB/s" "fio GB/s" "ratio"
+for op in write read; do
+  python3 -c "z, f = ${best[zero3-$op]}, ${best[fio-$op]}; print('%-6s %12.3f %12.3f %8.3f' % ('$op', z, f, z / f))"
+done
+echo "(dir $dir, size $size, block $block, queue depth $qd, engine $engine, O_DIRECT, best of $loops alternating runs)"
