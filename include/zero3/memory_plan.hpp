@@ -2,26 +2,36 @@
 // per category and per tier, computed from shapes alone, before anything is allocated. `zero3 plan` prints
 // it; the engine's byte counters report the same categories, so a run can be checked against its plan.
 //
-// Model of the engine it describes (all counts in elements; W = world size):
-//   - Unit u holds P_u elements in one flat buffer padded to Pp_u = W * S_u, S_u = ceil(P_u / W); each rank
-//     owns one slice of S_u elements. Padding is counted.
-//   - Compute dtype c (bf16/f16: 2 bytes, f32: 4). With a 16-bit compute dtype an fp32 master copy of the
-//     owned elements exists; with f32 compute the parameters are the master (no second copy).
-//   - Gradients accumulate in data_types.grad_accum_dtype (default f32), Adam keeps m and v in fp32.
-//   - stage 0: parameters, master, gradients and Adam state all replicated (full Pp per rank).
-//     stage 1: master and Adam state sharded (S per rank); parameters and gradients full.
-//     stage 2: + gradients sharded; during backward one full-unit gradient buffer in the compute dtype for
-//              the largest unit (two with overlap_comm: the one being reduced and the one being written).
-//     stage 3: + parameters sharded; a unit of at most stage3_param_persistence_threshold elements stays
-//              gathered (in order, until stage3_model_persistence_threshold elements are persistent); the
-//              others are gathered on demand: the worst case over the forward and backward orders of the
-//              current unit plus the following units prefetched within stage3_prefetch_bucket_size, all
-//              within stage3_max_live_parameters (the current unit is always gathered).
-//   - offload_optimizer cpu: master, Adam state and sharded gradients on the host; nvme: master and Adam
-//     state on NVMe, sharded gradients on the host, plus buffer_count host buffers of
-//     min(sub_group_size, S) fp32 elements. offload_param (stage 3 only) cpu: parameter slices on the
-//     host; nvme: slices on NVMe plus buffer_count host buffers of buffer_size elements (compute dtype).
-//   - Activations: the caller's estimate, on the device.
+// What it counts is what the engine allocates (all counts in elements; W = world size, P_u the elements of
+// unit u):
+//   - Unit u is one flat buffer padded to Pp_u = W * S_u, S_u = ceil(P_u / W); each rank owns one slice of
+//     S_u elements (stage >= 1) or the whole buffer (stage 0). Padding is counted.
+//   - params: the compute-dtype copy (c bytes: bf16/f16 2, f32 4). Stages 0-2 hold every unit's full
+//     buffer. Stage 3 holds the rank's slices, the units that stay gathered (P_u at most
+//     stage3_param_persistence_threshold, in declaration order while their sum stays within
+//     stage3_model_persistence_threshold), and the units gathered on demand at their worst moment (below).
+//   - master: fp32 copy of the owned range when the compute dtype is 16-bit. With f32 compute the
+//     parameters are the master (stages 0-2: the full buffer; stage 3: the fp32 slice, counted as params).
+//   - grads: the accumulator in data_types.grad_accum_dtype (g bytes), full at stages 0-1, the slice at
+//     stages 2-3; plus the buffer of one open backward scope, the largest unit's Pp_u elements in g bytes.
+//   - optimizer_state: Adam's m and v, fp32, over the owned range.
+//   - buffers: the reducer's two alternating buckets in communication_data_type (default: the grad
+//     accumulation dtype): stages 2-3 reduce-scatter, each bucket C*W in + C out elements with
+//     C = min(reduce_bucket_size / W, sum of S_u); stages 0-1 all-reduce, each C = min(reduce_bucket_size,
+//     sum of P_u) elements. With a 16-bit accumulator, an fp32 tile of min(sub_group_size, largest owned
+//     range) elements for the optimizer step. NVMe tiers add their staging buffers (below).
+//   - Gathered units (stage 3) are simulated along the steady-state order of a micro-step, every unit's
+//     forward scope in declaration order and then every backward scope in reverse (a model without
+//     activation checkpointing), with the engine's rules: prefetch along the order within
+//     stage3_prefetch_bucket_size elements ahead and stage3_max_live_parameters gathered; a closing unit
+//     kept when its next use is within stage3_max_reuse_distance elements; kept units evicted (farthest
+//     next use first) to make room under stage3_max_live_parameters; the entered unit always gathered.
+//   - offload_optimizer cpu: master, Adam state and the gradient accumulator slices on the host; nvme:
+//     master and Adam state on NVMe, accumulator slices on the host, plus buffer_count host buffers of
+//     min(sub_group_size, owned elements) fp32 elements. offload_param (stage 3 only) cpu: parameter
+//     slices on the host; nvme: slices on NVMe plus buffer_count host buffers of buffer_size elements in the
+//     compute dtype. (Offload follows DeepSpeed's placement; see docs for the engine's offload status.)
+//   - activations: the caller's estimate, on the device.
 // When zero3.device is "cpu" the device tier is host memory; per-node host totals then include it.
 #pragma once
 
@@ -53,13 +63,14 @@ struct LlamaDims {
   int64_t num_hidden_layers = 0;
   int64_t num_attention_heads = 0;
   int64_t num_key_value_heads = 0;  // 0: same as num_attention_heads
+  int64_t head_dim = 0;             // 0: hidden_size / num_attention_heads
   int64_t vocab_size = 0;
   bool tie_word_embeddings = false;
 };
 
 // Llama's units: "embed" (vocab x hidden), one "layer.<i>" per decoder layer (q, k, v, o projections,
 // gate, up, down, input and post-attention RMSNorm weights), "head" (final norm, and lm_head unless the
-// embeddings are tied). Throws InvalidArgument for a non-positive dimension or heads that do not divide.
+// embeddings are tied). Shapes are PyTorch's (out_features, in_features). Throws InvalidArgument for a non-positive dimension or heads that do not divide.
 ModelDesc llama_model_desc(const LlamaDims& dims, const std::string& name = "llama");
 
 // Reads a model description from JSON text: either a Hugging Face Llama config.json (has "hidden_size")
@@ -102,7 +113,9 @@ struct MemoryPlan {
   int64_t padded_params = 0;      // sum of Pp_u
   int64_t shard_params = 0;       // sum of S_u: elements one rank owns
   int64_t persistent_params = 0;  // stage 3: padded elements of the units that stay gathered
-  int64_t live_params = 0;        // stage 3: worst-case padded elements of non-persistent units gathered at once
+  int64_t persistent_numel = 0;   // the same unpadded (the engine's ScheduleStats::persistent_numel)
+  int64_t live_params = 0;        // stage 3: most padded elements of non-persistent units gathered at once
+  int64_t live_numel = 0;         // most unpadded ones (the engine's ScheduleStats::peak_live_numel)
   int64_t largest_unit = 0;       // padded elements of the largest unit
 
   std::vector<MemoryPlanEntry> entries;  // per rank; entries with 0 bytes are left out
@@ -122,7 +135,7 @@ struct MemoryPlan {
 MemoryPlan plan_memory(const ModelDesc& model, const Config& config, const MemoryPlanOptions& options);
 
 // A table: one row per entry (category, what, tier, bytes per rank), then totals per tier per rank and
-// per node, in bytes and GiB.
+// per node, in bytes and in binary units (KiB, MiB, GiB).
 std::string format_memory_plan(const MemoryPlan& plan);
 
 }  // namespace zero3

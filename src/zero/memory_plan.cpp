@@ -1,0 +1,545 @@
+#include "zero3/memory_plan.hpp"
+
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "core/check.hpp"
+#include "zero3/error.hpp"
+
+namespace zero3 {
+
+int64_t UnitDesc::numel() const {
+  int64_t total = 0;
+  for (const auto& shape : params) {
+    int64_t n = 1;
+    for (int64_t d : shape) n *= d;
+    total += n;
+  }
+  return total;
+}
+
+int64_t ModelDesc::numel() const {
+  int64_t total = 0;
+  for (const auto& u : units) total += u.numel();
+  return total;
+}
+
+ModelDesc llama_model_desc(const LlamaDims& d, const std::string& name) {
+  ZERO3_REQUIRE(d.hidden_size > 0 && d.intermediate_size > 0 && d.num_hidden_layers > 0 &&
+                    d.num_attention_heads > 0 && d.vocab_size > 0 && d.num_key_value_heads >= 0 && d.head_dim >= 0,
+                InvalidArgument, "llama_model_desc: dimensions must be positive (hidden_size ", d.hidden_size,
+                ", intermediate_size ", d.intermediate_size, ", num_hidden_layers ", d.num_hidden_layers,
+                ", num_attention_heads ", d.num_attention_heads, ", num_key_value_heads ", d.num_key_value_heads,
+                ", vocab_size ", d.vocab_size, ")");
+  int64_t kv_heads = d.num_key_value_heads > 0 ? d.num_key_value_heads : d.num_attention_heads;
+  ZERO3_REQUIRE(d.num_attention_heads % kv_heads == 0, InvalidArgument, "llama_model_desc: num_attention_heads ",
+                d.num_attention_heads, " is not a multiple of num_key_value_heads ", kv_heads);
+  int64_t head_dim = d.head_dim;
+  if (head_dim == 0) {
+    ZERO3_REQUIRE(d.hidden_size % d.num_attention_heads == 0, InvalidArgument, "llama_model_desc: hidden_size ",
+                  d.hidden_size, " is not a multiple of num_attention_heads ", d.num_attention_heads);
+    head_dim = d.hidden_size / d.num_attention_heads;
+  }
+  const int64_t h = d.hidden_size, q = d.num_attention_heads * head_dim, kv = kv_heads * head_dim;
+  const int64_t ffn = d.intermediate_size;
+
+  ModelDesc m;
+  m.name = name;
+  m.units.push_back({"embed", {{d.vocab_size, h}}});
+  for (int64_t i = 0; i < d.num_hidden_layers; ++i) {
+    m.units.push_back({"layer." + std::to_string(i),
+                       {{q, h}, {kv, h}, {kv, h}, {h, q},  // q, k, v, o projections
+                        {ffn, h}, {ffn, h}, {h, ffn},      // gate, up, down
+                        {h}, {h}}});                       // input and post-attention RMSNorm
+  }
+  UnitDesc head{"head", {{h}}};
+  if (!d.tie_word_embeddings) head.params.push_back({d.vocab_size, h});
+  m.units.push_back(std::move(head));
+  return m;
+}
+
+namespace {
+
+using nlohmann::json;
+
+int64_t read_positive(const json& j, const char* key, const std::string& source, bool required, int64_t fallback) {
+  auto it = j.find(key);
+  if (it == j.end() || it->is_null()) {
+    ZERO3_REQUIRE(!required, ConfigError, source, ": ", key, ": missing (a Llama config.json needs it)");
+    return fallback;
+  }
+  ZERO3_REQUIRE(it->is_number(), ConfigError, source, ": ", key, ": expected a number, got ", it->dump());
+  double v = it->get<double>();
+  ZERO3_REQUIRE(v >= 1 && v == static_cast<double>(static_cast<int64_t>(v)), ConfigError, source, ": ", key,
+                ": expected a positive integer, got ", it->dump());
+  return static_cast<int64_t>(v);
+}
+
+ModelDesc parse_unit_list(const json& j, const std::string& source) {
+  ModelDesc m;
+  if (auto n = j.find("name"); n != j.end()) {
+    ZERO3_REQUIRE(n->is_string(), ConfigError, source, ": name: expected a string, got ", n->dump());
+    m.name = n->get<std::string>();
+  }
+  const json& units = j.at("units");
+  ZERO3_REQUIRE(units.is_array() && !units.empty(), ConfigError, source,
+                ": units: expected a non-empty array of {\"name\": ..., \"params\": [[shape]...]}");
+  for (size_t u = 0; u < units.size(); ++u) {
+    const json& unit = units[u];
+    std::string where = source + ": units[" + std::to_string(u) + "]";
+    ZERO3_REQUIRE(unit.is_object(), ConfigError, where, ": expected an object, got ", unit.dump());
+    for (auto it = unit.begin(); it != unit.end(); ++it) {
+      ZERO3_REQUIRE(it.key() == "name" || it.key() == "params", ConfigError, where, ".", it.key(),
+                    ": unknown key (a unit has \"name\" and \"params\")");
+    }
+    UnitDesc desc;
+    desc.name = "unit." + std::to_string(u);
+    if (auto n = unit.find("name"); n != unit.end()) {
+      ZERO3_REQUIRE(n->is_string(), ConfigError, where, ".name: expected a string, got ", n->dump());
+      desc.name = n->get<std::string>();
+    }
+    auto params = unit.find("params");
+    ZERO3_REQUIRE(params != unit.end() && params->is_array() && !params->empty(), ConfigError, where,
+                  ".params: expected a non-empty array of shapes such as [[4096, 4096], [4096]]");
+    for (size_t p = 0; p < params->size(); ++p) {
+      const json& shape = (*params)[p];
+      std::string pwhere = where + ".params[" + std::to_string(p) + "]";
+      ZERO3_REQUIRE(shape.is_array() && !shape.empty(), ConfigError, pwhere,
+                    ": expected a shape (a non-empty array of positive integers), got ", shape.dump());
+      std::vector<int64_t> dims;
+      for (const json& d : shape) {
+        ZERO3_REQUIRE(d.is_number_integer() && d.get<int64_t>() > 0, ConfigError, pwhere,
+                      ": dimensions must be positive integers, got ", shape.dump());
+        dims.push_back(d.get<int64_t>());
+      }
+      desc.params.push_back(std::move(dims));
+    }
+    m.units.push_back(std::move(desc));
+  }
+  return m;
+}
+
+}  // namespace
+
+ModelDesc parse_model_desc(const std::string& json_text, const std::string& source, int64_t* hidden_size_out) {
+  json j;
+  try {
+    j = json::parse(json_text, nullptr, true, /*ignore_comments=*/true);
+  } catch (const json::parse_error& e) {
+    throw ConfigError(source + ": not valid JSON: " + e.what());
+  }
+  ZERO3_REQUIRE(j.is_object(), ConfigError, source, ": expected a JSON object");
+  if (hidden_size_out) *hidden_size_out = 0;
+  if (j.contains("units")) {
+    ModelDesc m = parse_unit_list(j, source);
+    if (hidden_size_out) *hidden_size_out = read_positive(j, "hidden_size", source, false, 0);
+    return m;
+  }
+  ZERO3_REQUIRE(j.contains("hidden_size"), ConfigError, source,
+                ": neither a Hugging Face Llama config.json (no \"hidden_size\") nor a unit list (no \"units\")");
+  LlamaDims d;
+  d.hidden_size = read_positive(j, "hidden_size", source, true, 0);
+  d.intermediate_size = read_positive(j, "intermediate_size", source, true, 0);
+  d.num_hidden_layers = read_positive(j, "num_hidden_layers", source, true, 0);
+  d.num_attention_heads = read_positive(j, "num_attention_heads", source, true, 0);
+  d.num_key_value_heads = read_positive(j, "num_key_value_heads", source, false, 0);
+  d.head_dim = read_positive(j, "head_dim", source, false, 0);
+  d.vocab_size = read_positive(j, "vocab_size", source, true, 0);
+  if (auto t = j.find("tie_word_embeddings"); t != j.end() && !t->is_null()) {
+    ZERO3_REQUIRE(t->is_boolean(), ConfigError, source, ": tie_word_embeddings: expected true or false, got ",
+                  t->dump());
+    d.tie_word_embeddings = t->get<bool>();
+  }
+  std::string name = "llama";
+  if (auto n = j.find("_name_or_path"); n != j.end() && n->is_string() && !n->get<std::string>().empty()) {
+    name = n->get<std::string>();
+  }
+  if (hidden_size_out) *hidden_size_out = d.hidden_size;
+  try {
+    return llama_model_desc(d, name);
+  } catch (const InvalidArgument& e) {
+    throw ConfigError(source + ": " + e.what());
+  }
+}
+
+ModelDesc load_model_desc(const std::string& path, int64_t* hidden_size_out) {
+  std::ifstream in(path, std::ios::binary);
+  ZERO3_REQUIRE(in.good(), ConfigError, path, ": cannot open the model description");
+  std::ostringstream text;
+  text << in.rdbuf();
+  ZERO3_REQUIRE(!in.bad(), ConfigError, path, ": cannot read the model description");
+  return parse_model_desc(text.str(), path, hidden_size_out);
+}
+
+const char* to_string(MemoryTier tier) {
+  switch (tier) {
+    case MemoryTier::device: return "device";
+    case MemoryTier::host: return "host";
+    case MemoryTier::nvme: return "nvme";
+  }
+  return "?";
+}
+
+const char* to_string(MemoryCategory category) {
+  switch (category) {
+    case MemoryCategory::params: return "params";
+    case MemoryCategory::master: return "master";
+    case MemoryCategory::grads: return "grads";
+    case MemoryCategory::optimizer_state: return "optimizer";
+    case MemoryCategory::buffers: return "buffers";
+    case MemoryCategory::activations: return "activations";
+  }
+  return "?";
+}
+
+int64_t MemoryPlan::rank_bytes(MemoryTier tier) const {
+  int64_t total = 0;
+  for (const auto& e : entries) total += e.tier == tier ? e.bytes : 0;
+  return total;
+}
+
+int64_t MemoryPlan::rank_bytes(MemoryCategory category) const {
+  int64_t total = 0;
+  for (const auto& e : entries) total += e.category == category ? e.bytes : 0;
+  return total;
+}
+
+int64_t MemoryPlan::rank_bytes() const {
+  int64_t total = 0;
+  for (const auto& e : entries) total += e.bytes;
+  return total;
+}
+
+namespace {
+
+MemoryTier tier_of(OffloadDevice device) {
+  switch (device) {
+    case OffloadDevice::none: return MemoryTier::device;
+    case OffloadDevice::cpu: return MemoryTier::host;
+    case OffloadDevice::nvme: return MemoryTier::nvme;
+  }
+  return MemoryTier::device;
+}
+
+const char* dtype_label(DType t) { return t == DType::f32 ? "fp32" : t == DType::bf16 ? "bf16" : "fp16"; }
+
+struct LiveUnit {
+  int64_t numel = 0;
+  int64_t padded = 0;
+  bool persistent = false;
+};
+
+struct LivePeak {
+  int64_t numel = 0;
+  int64_t padded = 0;
+};
+
+// Replays the engine's stage-3 gather rules over one steady-state micro-step (forward scopes in order,
+// then backward scopes in reverse) and returns the most elements of non-persistent units gathered or in
+// flight at once. Caps and distances count unpadded elements, as the engine does; buffers are padded.
+LivePeak simulate_gathers(const std::vector<LiveUnit>& units, int64_t prefetch_bucket, int64_t max_live,
+                          int64_t max_reuse_distance) {
+  const int64_t n = static_cast<int64_t>(units.size());
+  std::vector<int64_t> trace;
+  for (int64_t i = 0; i < n; ++i) trace.push_back(i);
+  for (int64_t i = n - 1; i >= 0; --i) trace.push_back(i);
+  const int64_t len = static_cast<int64_t>(trace.size());
+  std::vector<int64_t> prefix(static_cast<size_t>(len) + 1, 0);
+  for (int64_t i = 0; i < len; ++i) prefix[i + 1] = prefix[i] + units[trace[i]].numel;
+  auto next_use = [&](int64_t unit, int64_t after) {  // first position >= after, or -1
+    for (int64_t j = after; j < len; ++j) {
+      if (trace[j] == unit) return j;
+    }
+    return int64_t{-1};
+  };
+
+  std::vector<bool> gathered(units.size(), false), kept(units.size(), false), ahead(units.size(), false);
+  int64_t live = 0, live_padded = 0, ahead_numel = 0;
+  LivePeak peak;
+  auto gather = [&](int64_t u) {
+    gathered[u] = true;
+    live += units[u].numel;
+    live_padded += units[u].padded;
+    peak.numel = std::max(peak.numel, live);
+    peak.padded = std::max(peak.padded, live_padded);
+  };
+  auto release = [&](int64_t u) {
+    if (!gathered[u]) return;
+    gathered[u] = kept[u] = false;
+    live -= units[u].numel;
+    live_padded -= units[u].padded;
+    if (ahead[u]) ahead_numel -= units[u].numel;
+    ahead[u] = false;
+  };
+
+  for (int64_t pos = 0; pos < len; ++pos) {
+    const int64_t u = trace[pos];
+    const bool persistent = units[u].persistent;  // gathered for good; never counted as live
+    if (!persistent) {
+      if (ahead[u]) {
+        ahead[u] = false;
+        ahead_numel -= units[u].numel;
+      }
+      kept[u] = false;
+      if (!gathered[u]) {
+        // Make room: evict kept units, the one used last first; the entered unit is gathered regardless.
+        while (live + units[u].numel > max_live) {
+          int64_t victim = -1, victim_next = 0;
+          for (int64_t o = 0; o < n; ++o) {
+            if (!kept[o]) continue;
+            int64_t next = next_use(o, pos + 1);
+            int64_t key = next < 0 ? INT64_MAX : next;
+            if (victim < 0 || key > victim_next) {
+              victim = o;
+              victim_next = key;
+            }
+          }
+          if (victim < 0) break;
+          release(victim);
+        }
+        gather(u);
+      }
+    }
+    // Prefetch along the order (after any entry, persistent units' included).
+    for (int64_t j = pos + 1; j < len; ++j) {
+      const int64_t v = trace[j];
+      if (units[v].persistent || gathered[v]) continue;
+      if (ahead_numel + units[v].numel > prefetch_bucket || live + units[v].numel > max_live) break;
+      gather(v);
+      ahead[v] = true;
+      ahead_numel += units[v].numel;
+    }
+    if (persistent) continue;
+    // Scope exit: keep for a near reuse, else release.
+    int64_t next = next_use(u, pos + 1);
+    bool keep = next >= 0 && prefix[next] - prefix[pos + 1] <= max_reuse_distance && live <= max_live;
+    if (keep) {
+      kept[u] = true;
+    } else {
+      release(u);
+    }
+  }
+  return peak;
+}
+
+}  // namespace
+
+MemoryPlan plan_memory(const ModelDesc& model, const Config& config, const MemoryPlanOptions& options) {
+  ZERO3_REQUIRE(options.world_size >= 1, InvalidArgument, "plan_memory: world_size ", options.world_size,
+                " must be >= 1");
+  ZERO3_REQUIRE(options.ranks_per_node >= 1, InvalidArgument, "plan_memory: ranks_per_node ", options.ranks_per_node,
+                " must be >= 1");
+  ZERO3_REQUIRE(options.activation_bytes >= 0, InvalidArgument, "plan_memory: activation_bytes ",
+                options.activation_bytes, " must be >= 0");
+  ZERO3_REQUIRE(!model.units.empty(), InvalidArgument, "plan_memory: model '", model.name, "' has no units");
+  const ZeroConfig& z = config.zero;
+  ZERO3_REQUIRE(z.stage >= 0 && z.stage <= 3, ConfigError, "zero_optimization.stage: ", z.stage,
+                " is not 0, 1, 2 or 3");
+  ZERO3_REQUIRE(z.offload_param.device == OffloadDevice::none || z.stage == 3, ConfigError,
+                "zero_optimization.offload_param.device: offloading parameters needs stage 3 (stage is ", z.stage,
+                ")");
+  ZERO3_REQUIRE(z.offload_optimizer.device == OffloadDevice::none || z.stage >= 1, ConfigError,
+                "zero_optimization.offload_optimizer.device: offloading the optimizer needs stage 1, 2 or 3 "
+                "(stage is 0)");
+  ZERO3_REQUIRE(z.reduce_bucket_size.has_value(), ConfigError,
+                "zero_optimization.reduce_bucket_size: still \"auto\"; pass --hidden-size to zero3 plan (or "
+                "hidden_size to resolve())");
+  ZERO3_REQUIRE(*z.reduce_bucket_size >= 1, ConfigError, "zero_optimization.reduce_bucket_size: ",
+                *z.reduce_bucket_size, " is not a positive number of elements");
+
+  MemoryPlan plan;
+  plan.stage = z.stage;
+  plan.compute_dtype = config.compute_dtype();
+  plan.world_size = options.world_size;
+  plan.ranks_per_node = options.ranks_per_node;
+  plan.nodes = (options.world_size + options.ranks_per_node - 1) / options.ranks_per_node;
+  plan.device_is_host = config.zero3.device == "cpu";
+
+  const int64_t w = options.world_size;
+  const int64_t c = static_cast<int64_t>(dtype_size(plan.compute_dtype));
+  const DType accum = config.grad_accum_dtype.value_or(DType::f32);
+  const int64_t g = static_cast<int64_t>(dtype_size(accum));
+  const DType comm = config.communication_data_type.value_or(accum);
+  const bool mixed = plan.compute_dtype != DType::f32;
+
+  std::vector<LiveUnit> units;
+  int64_t largest_slice = 0, largest_numel = 0;
+  for (const auto& u : model.units) {
+    int64_t p = u.numel();
+    ZERO3_REQUIRE(p > 0, InvalidArgument, "plan_memory: unit '", u.name, "' has no elements");
+    int64_t slice = (p + w - 1) / w;
+    plan.total_params += p;
+    plan.shard_params += slice;
+    plan.padded_params += slice * w;
+    plan.largest_unit = std::max(plan.largest_unit, slice * w);
+    largest_slice = std::max(largest_slice, slice);
+    largest_numel = std::max(largest_numel, p);
+    units.push_back({p, slice * w, false});
+  }
+
+  auto add = [&plan](MemoryCategory cat, MemoryTier tier, int64_t bytes, std::string what) {
+    if (bytes > 0) plan.entries.push_back({cat, tier, bytes, std::move(what)});
+  };
+  const std::string cl = dtype_label(plan.compute_dtype), gl = dtype_label(accum);
+  const MemoryTier opt_tier = tier_of(z.offload_optimizer.device);
+  const int64_t full = plan.padded_params;
+  const int64_t owned = z.stage == 0 ? full : plan.shard_params;  // the optimizer's range, all units
+
+  // Parameters in the compute dtype, and the fp32 master.
+  if (z.stage < 3) {
+    add(MemoryCategory::params, MemoryTier::device, full * c, "parameters, replicated (" + cl + ")");
+    if (mixed) {
+      add(MemoryCategory::master, opt_tier, owned * 4,
+          z.stage == 0 ? "master weights, replicated (fp32)" : "master weight slices (fp32)");
+    }
+  } else {
+    ZERO3_REQUIRE(z.prefetch_bucket_size.has_value(), ConfigError,
+                  "zero_optimization.stage3_prefetch_bucket_size: still \"auto\"; pass --hidden-size to zero3 plan "
+                  "(or hidden_size to resolve())");
+    ZERO3_REQUIRE(z.param_persistence_threshold.has_value(), ConfigError,
+                  "zero_optimization.stage3_param_persistence_threshold: still \"auto\"; pass --hidden-size to zero3 "
+                  "plan (or hidden_size to resolve())");
+    for (auto& u : units) {
+      if (u.numel <= *z.param_persistence_threshold &&
+          plan.persistent_numel + u.numel <= z.model_persistence_threshold) {
+        u.persistent = true;
+        plan.persistent_numel += u.numel;
+        plan.persistent_params += u.padded;
+      }
+    }
+    LivePeak peak = simulate_gathers(units, *z.prefetch_bucket_size, z.max_live_parameters, z.max_reuse_distance);
+    plan.live_params = peak.padded;
+    plan.live_numel = peak.numel;
+    const MemoryTier slice_tier = tier_of(z.offload_param.device);
+    if (mixed) {
+      add(MemoryCategory::params, slice_tier, plan.shard_params * c, "parameter slices (" + cl + ")");
+      add(MemoryCategory::master, opt_tier, plan.shard_params * 4, "master weight slices (fp32)");
+    } else {
+      add(MemoryCategory::params, slice_tier, plan.shard_params * 4, "parameter slices, the master (fp32)");
+    }
+    add(MemoryCategory::params, MemoryTier::device, plan.persistent_params * c,
+        "persistent units, kept gathered (" + cl + ")");
+    add(MemoryCategory::params, MemoryTier::device, plan.live_params * c, "gathered units, worst case (" + cl + ")");
+  }
+
+  // Gradients: the accumulator, and one open backward scope's buffer.
+  add(MemoryCategory::grads, MemoryTier::device, plan.largest_unit * g, "backward scope buffer, largest unit (" + gl + ")");
+  if (z.stage < 2) {
+    add(MemoryCategory::grads, MemoryTier::device, full * g, "gradient accumulator, replicated (" + gl + ")");
+    if (z.stage == 1 && z.offload_optimizer.device != OffloadDevice::none) {
+      add(MemoryCategory::grads, MemoryTier::host, plan.shard_params * g,
+          "gradient slices for the host optimizer (" + gl + ")");
+    }
+  } else {
+    MemoryTier acc_tier = z.offload_optimizer.device == OffloadDevice::none ? MemoryTier::device : MemoryTier::host;
+    add(MemoryCategory::grads, acc_tier, plan.shard_params * g, "gradient accumulator slices (" + gl + ")");
+  }
+
+  // Adam m and v.
+  add(MemoryCategory::optimizer_state, opt_tier, owned * 8,
+      z.stage == 0 ? "Adam m, v, replicated (fp32)" : "Adam m, v slices (fp32)");
+
+  // The reducer's two buckets.
+  const int64_t cb = static_cast<int64_t>(dtype_size(comm));
+  const std::string comm_label = dtype_label(comm);
+  if (z.stage >= 2) {
+    int64_t chunk = std::max<int64_t>(1, std::min(std::max<int64_t>(1, *z.reduce_bucket_size / w), plan.shard_params));
+    add(MemoryCategory::buffers, MemoryTier::device, 2 * (chunk * w + chunk) * cb,
+        "reduce-scatter buckets, 2 x " + std::to_string(chunk * w) + " (" + comm_label + ")");
+  } else {
+    int64_t chunk = std::max<int64_t>(1, std::min(*z.reduce_bucket_size, plan.total_params));
+    add(MemoryCategory::buffers, MemoryTier::device, 2 * chunk * cb,
+        "all-reduce buckets, 2 x " + std::to_string(chunk) + " (" + comm_label + ")");
+  }
+  if (accum != DType::f32) {
+    int64_t tile = std::min(z.sub_group_size, z.stage == 0 ? largest_numel : largest_slice);
+    add(MemoryCategory::buffers, opt_tier, tile * 4, "optimizer step tile (fp32)");
+  }
+
+  // Staging buffers of the NVMe tiers.
+  if (z.offload_param.device == OffloadDevice::nvme) {
+    add(MemoryCategory::buffers, MemoryTier::host, z.offload_param.buffer_count * z.offload_param.buffer_size * c,
+        "NVMe staging, params: " + std::to_string(z.offload_param.buffer_count) + " x " +
+            std::to_string(z.offload_param.buffer_size) + " (" + cl + ")");
+  }
+  if (z.offload_optimizer.device == OffloadDevice::nvme) {
+    int64_t elems = std::min(z.sub_group_size, plan.shard_params);
+    add(MemoryCategory::buffers, MemoryTier::host, z.offload_optimizer.buffer_count * elems * 4,
+        "NVMe staging, optimizer: " + std::to_string(z.offload_optimizer.buffer_count) + " x " +
+            std::to_string(elems) + " (fp32)");
+  }
+
+  add(MemoryCategory::activations, MemoryTier::device, options.activation_bytes, "activations (estimate given)");
+  return plan;
+}
+
+namespace {
+
+std::string with_commas(int64_t v) {
+  std::string digits = std::to_string(v < 0 ? -v : v), out;
+  for (size_t i = 0; i < digits.size(); ++i) {
+    if (i > 0 && (digits.size() - i) % 3 == 0) out += ',';
+    out += digits[i];
+  }
+  return v < 0 ? "-" + out : out;
+}
+
+// "0 B", "512 B", "2.50 KiB", "1.87 GiB"
+std::string human(int64_t bytes) {
+  static const char* const kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
+  double v = static_cast<double>(bytes);
+  int u = 0;
+  while (v >= 1024.0 && u < 5) {
+    v /= 1024.0;
+    ++u;
+  }
+  char buf[32];
+  if (u == 0) std::snprintf(buf, sizeof buf, "%lld B", static_cast<long long>(bytes));
+  else std::snprintf(buf, sizeof buf, "%.2f %s", v, kUnits[u]);
+  return buf;
+}
+
+}  // namespace
+
+std::string format_memory_plan(const MemoryPlan& p) {
+  std::ostringstream os;
+  os << "zero3 memory plan: ZeRO stage " << p.stage << ", " << dtype_label(p.compute_dtype) << ", world size "
+     << p.world_size << " (" << p.nodes << (p.nodes == 1 ? " node" : " nodes") << " x " << p.ranks_per_node
+     << " ranks)\n";
+  os << "parameters: " << with_commas(p.total_params) << " (padded " << with_commas(p.padded_params) << ", "
+     << with_commas(p.shard_params) << " owned per rank)";
+  if (p.stage == 3) {
+    os << "\nstage 3: persistent units " << with_commas(p.persistent_numel) << " elements; gathered at once, worst case "
+       << with_commas(p.live_numel) << " elements (" << with_commas(p.live_params) << " padded)";
+  }
+  os << "\n\n";
+  char line[256];
+  std::snprintf(line, sizeof line, "%-12s %-56s %-7s %20s %11s\n", "category", "what", "tier", "bytes/rank", "");
+  os << line;
+  for (const auto& e : p.entries) {
+    std::snprintf(line, sizeof line, "%-12s %-56s %-7s %20s %11s\n", to_string(e.category), e.what.c_str(),
+                  to_string(e.tier), with_commas(e.bytes).c_str(), human(e.bytes).c_str());
+    os << line;
+  }
+  os << "\n";
+  std::snprintf(line, sizeof line, "%-12s %-7s %20s %11s %22s %11s\n", "total", "tier", "bytes/rank", "",
+                "bytes/node", "");
+  os << line;
+  for (MemoryTier t : {MemoryTier::device, MemoryTier::host, MemoryTier::nvme}) {
+    std::snprintf(line, sizeof line, "%-12s %-7s %20s %11s %22s %11s\n", "", to_string(t),
+                  with_commas(p.rank_bytes(t)).c_str(), human(p.rank_bytes(t)).c_str(),
+                  with_commas(p.node_bytes(t)).c_str(), human(p.node_bytes(t)).c_str());
+    os << line;
+  }
+  if (p.device_is_host) {
+    int64_t host = p.node_bytes(MemoryTier::device) + p.node_bytes(MemoryTier::host);
+    os << "zero3.device is cpu: the device tier is host memory; host memory per node " << with_commas(host) << " ("
+       << human(host) << ")\n";
+  }
+  return os.str();
+}
+
+}  // namespace zero3

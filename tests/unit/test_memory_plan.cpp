@@ -1,0 +1,354 @@
+// The memory plan: exact bytes for a crafted model under each stage and offload combination, and the
+// Llama unit lists against the published parameter counts.
+#include <gtest/gtest.h>
+
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+
+#include "zero3/error.hpp"
+#include "zero3/memory_plan.hpp"
+
+namespace zero3 {
+namespace {
+
+// Units of 30, 7, 28 and 101 elements. On 4 ranks their slices are 8, 2, 7 and 26 elements (padded units
+// 32, 8, 28, 104): 43 owned elements per rank, 172 padded in all.
+ModelDesc crafted() {
+  ModelDesc m;
+  m.name = "crafted";
+  m.units = {{"a", {{10, 3}}}, {"b", {{7}}}, {"c", {{5, 5}, {3}}}, {"d", {{101}}}};
+  return m;
+}
+
+Config bf16_config(int stage) {
+  Config c;
+  c.bf16.enabled = true;
+  c.zero.stage = stage;
+  c.zero.reduce_bucket_size = 40;
+  c.zero.prefetch_bucket_size = 40;
+  c.zero.param_persistence_threshold = 10;  // unit b (7 elements) stays gathered
+  return c;
+}
+
+int64_t bytes(const MemoryPlan& p, MemoryCategory cat, MemoryTier tier) {
+  int64_t total = 0;
+  for (const auto& e : p.entries) total += (e.category == cat && e.tier == tier) ? e.bytes : 0;
+  return total;
+}
+
+MemoryPlanOptions four_ranks() {
+  MemoryPlanOptions o;
+  o.world_size = 4;
+  o.ranks_per_node = 2;
+  return o;
+}
+
+// Every stage has one open backward scope's fp32 buffer for the largest unit (d: 104 padded elements).
+constexpr int64_t kScope = 104 * 4;
+// Reducer buckets, fp32: all-reduce 2 x min(40, 166); reduce-scatter 2 x (C * 4 + C), C = min(40 / 4, 43).
+constexpr int64_t kAllReduce = 2 * 40 * 4;
+constexpr int64_t kScatter = 2 * (10 * 4 + 10) * 4;
+
+TEST(MemoryPlan, Padding) {
+  MemoryPlan p = plan_memory(crafted(), bf16_config(0), four_ranks());
+  EXPECT_EQ(p.total_params, 166);
+  EXPECT_EQ(p.padded_params, 172);
+  EXPECT_EQ(p.shard_params, 43);
+  EXPECT_EQ(p.largest_unit, 104);
+  EXPECT_EQ(p.nodes, 2);
+}
+
+TEST(MemoryPlan, Stage0) {
+  MemoryPlan p = plan_memory(crafted(), bf16_config(0), four_ranks());
+  EXPECT_EQ(bytes(p, MemoryCategory::params, MemoryTier::device), 172 * 2);
+  EXPECT_EQ(bytes(p, MemoryCategory::master, MemoryTier::device), 172 * 4);
+  EXPECT_EQ(bytes(p, MemoryCategory::grads, MemoryTier::device), kScope + 172 * 4);
+  EXPECT_EQ(bytes(p, MemoryCategory::optimizer_state, MemoryTier::device), 172 * 8);
+  EXPECT_EQ(bytes(p, MemoryCategory::buffers, MemoryTier::device), kAllReduce);
+  EXPECT_EQ(p.rank_bytes(MemoryTier::device), 3832);
+  EXPECT_EQ(p.rank_bytes(MemoryTier::host), 0);
+  EXPECT_EQ(p.node_bytes(MemoryTier::device), 2 * 3832);
+}
+
+TEST(MemoryPlan, Stage1) {
+  MemoryPlan p = plan_memory(crafted(), bf16_config(1), four_ranks());
+  EXPECT_EQ(bytes(p, MemoryCategory::params, MemoryTier::device), 344);
+  EXPECT_EQ(bytes(p, MemoryCategory::master, MemoryTier::device), 43 * 4);
+  EXPECT_EQ(bytes(p, MemoryCategory::grads, MemoryTier::device), kScope + 172 * 4);
+  EXPECT_EQ(bytes(p, MemoryCategory::optimizer_state, MemoryTier::device), 43 * 8);
+  EXPECT_EQ(p.rank_bytes(), 344 + 172 + 1104 + 344 + kAllReduce);
+}
+
+TEST(MemoryPlan, Stage2) {
+  MemoryPlan p = plan_memory(crafted(), bf16_config(2), four_ranks());
+  EXPECT_EQ(bytes(p, MemoryCategory::params, MemoryTier::device), 344);
+  EXPECT_EQ(bytes(p, MemoryCategory::master, MemoryTier::device), 172);
+  EXPECT_EQ(bytes(p, MemoryCategory::grads, MemoryTier::device), kScope + 43 * 4);
+  EXPECT_EQ(bytes(p, MemoryCategory::optimizer_state, MemoryTier::device), 344);
+  EXPECT_EQ(bytes(p, MemoryCategory::buffers, MemoryTier::device), kScatter);
+  EXPECT_EQ(p.rank_bytes(), 1848);
+}
+
+TEST(MemoryPlan, Stage3) {
+  MemoryPlan p = plan_memory(crafted(), bf16_config(3), four_ranks());
+  EXPECT_EQ(p.persistent_numel, 7);
+  EXPECT_EQ(p.persistent_params, 8);
+  // Forward a (prefetches c: 28 <= 40), b (persistent), c, d; every closing unit is kept for its backward
+  // use (stage3_max_reuse_distance is 1e9), so a, c and d are gathered together when d is entered.
+  EXPECT_EQ(p.live_numel, 30 + 28 + 101);
+  EXPECT_EQ(p.live_params, 32 + 28 + 104);
+  // Slices of all units (43), the persistent unit b (8), the gathered worst case (164).
+  EXPECT_EQ(bytes(p, MemoryCategory::params, MemoryTier::device), (43 + 8 + 164) * 2);
+  EXPECT_EQ(bytes(p, MemoryCategory::master, MemoryTier::device), 172);
+  EXPECT_EQ(bytes(p, MemoryCategory::grads, MemoryTier::device), kScope + 172);
+  EXPECT_EQ(bytes(p, MemoryCategory::optimizer_state, MemoryTier::device), 344);
+  EXPECT_EQ(p.rank_bytes(MemoryTier::device), 430 + 172 + 588 + 344 + kScatter);
+  EXPECT_EQ(p.rank_bytes(MemoryCategory::params), 430);
+}
+
+TEST(MemoryPlan, Stage3Schedule) {
+  Config c = bf16_config(3);
+  c.zero.max_reuse_distance = 0;
+  // a + prefetched c are released on exit; d (distance 0 to its backward use) prefetches c again.
+  MemoryPlan p = plan_memory(crafted(), c, four_ranks());
+  EXPECT_EQ(p.live_numel, 101 + 28);
+  EXPECT_EQ(p.live_params, 104 + 28);
+  c.zero.prefetch_bucket_size = 0;  // no prefetch, no reuse: one unit at a time
+  EXPECT_EQ(plan_memory(crafted(), c, four_ranks()).live_numel, 101);
+
+  c = bf16_config(3);
+  c.zero.max_live_parameters = 120;  // entering d evicts the kept a and c; c is not prefetched beside d
+  p = plan_memory(crafted(), c, four_ranks());
+  EXPECT_EQ(p.live_numel, 101);
+  EXPECT_EQ(p.live_params, 104);
+  c.zero.max_live_parameters = 10;  // the entered unit is gathered whatever the cap
+  EXPECT_EQ(plan_memory(crafted(), c, four_ranks()).live_params, 104);
+  c.zero.max_live_parameters = 1'000'000;
+  c.zero.prefetch_bucket_size = 1000;
+  c.zero.model_persistence_threshold = 0;  // nothing may persist: b is gathered too
+  p = plan_memory(crafted(), c, four_ranks());
+  EXPECT_EQ(p.persistent_params, 0);
+  EXPECT_EQ(p.live_numel, 166);
+  EXPECT_EQ(p.live_params, 172);
+}
+
+TEST(MemoryPlan, Stage3OffloadOptimizerCpu) {
+  Config c = bf16_config(3);
+  c.zero.offload_optimizer.device = OffloadDevice::cpu;
+  MemoryPlan p = plan_memory(crafted(), c, four_ranks());
+  EXPECT_EQ(bytes(p, MemoryCategory::master, MemoryTier::host), 172);
+  EXPECT_EQ(bytes(p, MemoryCategory::optimizer_state, MemoryTier::host), 344);
+  EXPECT_EQ(bytes(p, MemoryCategory::grads, MemoryTier::host), 172);
+  EXPECT_EQ(bytes(p, MemoryCategory::grads, MemoryTier::device), kScope);
+  EXPECT_EQ(p.rank_bytes(MemoryTier::host), 688);
+  EXPECT_EQ(p.rank_bytes(MemoryTier::device), 430 + kScope + kScatter);
+  EXPECT_EQ(p.node_bytes(MemoryTier::host), 2 * 688);
+}
+
+TEST(MemoryPlan, Stage3OffloadBothCpu) {
+  Config c = bf16_config(3);
+  c.zero.offload_optimizer.device = OffloadDevice::cpu;
+  c.zero.offload_param.device = OffloadDevice::cpu;
+  MemoryPlan p = plan_memory(crafted(), c, four_ranks());
+  EXPECT_EQ(bytes(p, MemoryCategory::params, MemoryTier::host), 86);
+  EXPECT_EQ(bytes(p, MemoryCategory::params, MemoryTier::device), 16 + 328);
+  EXPECT_EQ(p.rank_bytes(MemoryTier::host), 774);
+  EXPECT_EQ(p.rank_bytes(MemoryTier::device), 344 + kScope + kScatter);
+}
+
+TEST(MemoryPlan, Stage3OffloadBothNvme) {
+  Config c = bf16_config(3);
+  c.zero.offload_optimizer.device = OffloadDevice::nvme;
+  c.zero.offload_param.device = OffloadDevice::nvme;
+  c.zero.offload_param.buffer_count = 5;
+  c.zero.offload_param.buffer_size = 10;
+  c.zero.offload_optimizer.buffer_count = 4;
+  MemoryPlanOptions o = four_ranks();
+  o.activation_bytes = 1000;
+  MemoryPlan p = plan_memory(crafted(), c, o);
+  EXPECT_EQ(p.rank_bytes(MemoryTier::nvme), 86 + 172 + 344);
+  // Host: fp32 accumulator slices, 5 x 10 bf16 parameter staging buffers, 4 x 43 fp32 optimizer buffers
+  // (sub_group_size is larger than the owned elements).
+  EXPECT_EQ(bytes(p, MemoryCategory::buffers, MemoryTier::host), 100 + 688);
+  EXPECT_EQ(p.rank_bytes(MemoryTier::host), 172 + 100 + 688);
+  EXPECT_EQ(p.rank_bytes(MemoryTier::device), 16 + 328 + kScope + kScatter + 1000);
+  c.zero.sub_group_size = 10;
+  EXPECT_EQ(bytes(plan_memory(crafted(), c, o), MemoryCategory::buffers, MemoryTier::host), 100 + 4 * 10 * 4);
+}
+
+TEST(MemoryPlan, Stage1And2OffloadOptimizer) {
+  Config c = bf16_config(2);
+  c.zero.offload_optimizer.device = OffloadDevice::cpu;
+  MemoryPlan p = plan_memory(crafted(), c, four_ranks());
+  EXPECT_EQ(p.rank_bytes(MemoryTier::host), 172 + 172 + 344);
+  EXPECT_EQ(p.rank_bytes(MemoryTier::device), 344 + kScope + kScatter);
+  c.zero.stage = 1;
+  p = plan_memory(crafted(), c, four_ranks());
+  EXPECT_EQ(p.rank_bytes(MemoryTier::host), 172 + 172 + 344);  // master, gradient slices, m and v
+  EXPECT_EQ(p.rank_bytes(MemoryTier::device), 344 + kScope + 688 + kAllReduce);
+}
+
+TEST(MemoryPlan, Fp32HasNoSeparateMaster) {
+  Config c = bf16_config(3);
+  c.bf16.enabled = false;
+  MemoryPlan p = plan_memory(crafted(), c, four_ranks());
+  EXPECT_EQ(p.rank_bytes(MemoryCategory::master), 0);
+  EXPECT_EQ(p.rank_bytes(MemoryCategory::params), (43 + 8 + 164) * 4);
+  EXPECT_EQ(p.rank_bytes(MemoryCategory::grads), kScope + 172);
+  c.zero.stage = 1;
+  p = plan_memory(crafted(), c, four_ranks());
+  EXPECT_EQ(p.rank_bytes(MemoryCategory::master), 0);
+  EXPECT_EQ(p.rank_bytes(MemoryCategory::params), 172 * 4);
+}
+
+TEST(MemoryPlan, SixteenBitAccumulation) {
+  Config c = bf16_config(3);
+  c.grad_accum_dtype = DType::bf16;
+  MemoryPlan p = plan_memory(crafted(), c, four_ranks());
+  EXPECT_EQ(p.rank_bytes(MemoryCategory::grads), 104 * 2 + 43 * 2);
+  // bf16 buckets (communication_data_type follows the accumulator), and the fp32 step tile of the largest
+  // slice (26 elements).
+  EXPECT_EQ(p.rank_bytes(MemoryCategory::buffers), 2 * (40 + 10) * 2 + 26 * 4);
+  c.communication_data_type = DType::f32;
+  EXPECT_EQ(plan_memory(crafted(), c, four_ranks()).rank_bytes(MemoryCategory::buffers), kScatter + 26 * 4);
+}
+
+TEST(MemoryPlan, RefusesWhatCannotRun) {
+  Config c = bf16_config(2);
+  c.zero.offload_param.device = OffloadDevice::cpu;
+  EXPECT_THROW(plan_memory(crafted(), c, four_ranks()), ConfigError);
+  c = bf16_config(0);
+  c.zero.offload_optimizer.device = OffloadDevice::cpu;
+  EXPECT_THROW(plan_memory(crafted(), c, four_ranks()), ConfigError);
+  c = bf16_config(3);
+  c.zero.prefetch_bucket_size.reset();  // "auto" left unresolved
+  EXPECT_THROW(plan_memory(crafted(), c, four_ranks()), ConfigError);
+  c = bf16_config(1);
+  c.zero.reduce_bucket_size.reset();
+  EXPECT_THROW(plan_memory(crafted(), c, four_ranks()), ConfigError);
+  MemoryPlanOptions o;
+  o.world_size = 0;
+  EXPECT_THROW(plan_memory(crafted(), bf16_config(3), o), InvalidArgument);
+  EXPECT_THROW(plan_memory(ModelDesc{}, bf16_config(3), four_ranks()), InvalidArgument);
+}
+
+TEST(MemoryPlan, TableNamesEveryEntry) {
+  Config c = bf16_config(3);
+  c.zero.offload_optimizer.device = OffloadDevice::cpu;
+  MemoryPlan p = plan_memory(crafted(), c, four_ranks());
+  std::string table = format_memory_plan(p);
+  EXPECT_NE(table.find("ZeRO stage 3, bf16, world size 4 (2 nodes x 2 ranks)"), std::string::npos) << table;
+  for (const auto& e : p.entries) EXPECT_NE(table.find(e.what), std::string::npos) << e.what;
+  EXPECT_NE(table.find("1,376"), std::string::npos) << table;  // host bytes per node
+}
+
+std::string source_dir() {
+  const char* d = std::getenv("ZERO3_SOURCE_DIR");
+  return d ? d : ".";
+}
+
+TEST(MemoryPlan, Llama3_8B) {
+  int64_t hidden = 0;
+  ModelDesc m = load_model_desc(source_dir() + "/configs/models/llama-3-8b.json", &hidden);
+  EXPECT_EQ(hidden, 4096);
+  EXPECT_EQ(m.numel(), 8'030'261'248);
+  ASSERT_EQ(m.units.size(), 34u);
+  EXPECT_EQ(m.units[0].numel(), 128256LL * 4096);
+  EXPECT_EQ(m.units[1].numel(), 218'112'000);
+  EXPECT_EQ(m.units[33].numel(), 128256LL * 4096 + 4096);
+
+  // The seed's setting: stage 3, bf16, CPU offload of both, 16 ranks on 4 nodes.
+  Config c;
+  c.bf16.enabled = true;
+  c.zero.stage = 3;
+  c.zero.reduce_bucket_size = 16'777'216;  // 4096^2
+  c.zero.prefetch_bucket_size = 15'099'494;  // 0.9 * 4096^2
+  c.zero.param_persistence_threshold = 40'960;
+  c.zero.offload_param.device = OffloadDevice::cpu;
+  c.zero.offload_optimizer.device = OffloadDevice::cpu;
+  MemoryPlanOptions o;
+  o.world_size = 16;
+  o.ranks_per_node = 4;
+  MemoryPlan p = plan_memory(m, c, o);
+  EXPECT_EQ(p.shard_params, 501'891'328);  // every unit divides by 16
+  EXPECT_EQ(p.persistent_params, 0);
+  // No unit fits the prefetch bucket, the layers are too far from their backward use to be kept (the head
+  // in between is 1.05e9 elements), so the worst moment is the head (final norm + lm_head) alone.
+  EXPECT_EQ(p.live_numel, 128256LL * 4096 + 4096);
+  EXPECT_EQ(bytes(p, MemoryCategory::optimizer_state, MemoryTier::host), 8LL * 501'891'328);
+  // Host per rank: bf16 slices 2, fp32 master 4, fp32 grads 4, m and v 8 bytes per owned parameter.
+  EXPECT_EQ(p.rank_bytes(MemoryTier::host), 18LL * 501'891'328);
+  EXPECT_EQ(p.node_bytes(MemoryTier::host), 4 * 18LL * 501'891'328);
+}
+
+TEST(MemoryPlan, LlamaTinyAndTied) {
+  ModelDesc m = load_model_desc(source_dir() + "/configs/models/llama-3-tiny.json");
+  // embed 256x64; per layer q 64x64, k and v 32x64, o 64x64, gate and up 176x64, down 64x176, 2 norms of 64.
+  EXPECT_EQ(m.numel(), 16384 + 2 * 46208 + 64 + 16384);
+  LlamaDims d{.hidden_size = 64, .intermediate_size = 176, .num_hidden_layers = 2, .num_attention_heads = 4,
+              .num_key_value_heads = 2, .head_dim = 0, .vocab_size = 256, .tie_word_embeddings = true};
+  ModelDesc tied = llama_model_desc(d);
+  EXPECT_EQ(tied.numel(), 16384 + 2 * 46208 + 64);
+  EXPECT_EQ(tied.units.back().params.size(), 1u);
+  d.num_key_value_heads = 3;
+  EXPECT_THROW(llama_model_desc(d), InvalidArgument);
+}
+
+TEST(MemoryPlan, ParseUnitList) {
+  int64_t hidden = -1;
+  ModelDesc m = parse_model_desc(R"({"name": "mlp", "hidden_size": 8,
+      "units": [{"name": "in", "params": [[8, 4], [8]]}, {"params": [[3]]}]})",
+                                 "mlp.json", &hidden);
+  EXPECT_EQ(m.name, "mlp");
+  EXPECT_EQ(hidden, 8);
+  ASSERT_EQ(m.units.size(), 2u);
+  EXPECT_EQ(m.units[0].numel(), 40);
+  EXPECT_EQ(m.units[1].name, "unit.1");
+  try {
+    parse_model_desc(R"({"units": [{"name": "x", "params": [[4, 0]]}]})", "bad.json");
+    FAIL() << "a zero dimension was accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("bad.json: units[0].params[0]"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(parse_model_desc(R"({"units": [{"name": "x", "parms": [[4]]}]})", "typo.json"), ConfigError);
+  EXPECT_THROW(parse_model_desc(R"({"hidden_size": 64})", "llama.json"), ConfigError);  // no intermediate_size
+  EXPECT_THROW(parse_model_desc("{", "broken.json"), ConfigError);
+  EXPECT_THROW(load_model_desc("/nonexistent/model.json"), ConfigError);
+}
+
+// `zero3 plan` end to end: the seed's DeepSpeed config ("auto" buckets and batch sizes) and the published
+// Llama-3-8B config, 16 ranks on 4 nodes.
+TEST(MemoryPlan, PlanCommand) {
+  const char* bin = std::getenv("ZERO3_BIN_DIR");
+  if (!bin) GTEST_SKIP() << "ZERO3_BIN_DIR is not set (run through ctest)";
+  std::string src = source_dir();
+  std::string cmd = std::string(bin) + "/zero3 plan --model " + src + "/configs/models/llama-3-8b.json --config " + src +
+                    "/configs/llama-3-8b-stage3.json --world-size 16 --ranks-per-node 4 2>/dev/null";
+  FILE* f = popen(cmd.c_str(), "r");
+  ASSERT_NE(f, nullptr);
+  std::string out;
+  char buf[4096];
+  while (size_t n = fread(buf, 1, sizeof buf, f)) out.append(buf, n);
+  int status = pclose(f);
+  ASSERT_EQ(status, 0) << out;
+  EXPECT_NE(out.find("ZeRO stage 3, bf16, world size 16 (4 nodes x 4 ranks)"), std::string::npos) << out;
+  EXPECT_NE(out.find("8,030,261,248"), std::string::npos) << out;
+  // Host per rank: 18 bytes for each of the 501,891,328 owned parameters; per node, 4 ranks.
+  EXPECT_NE(out.find("9,034,043,904"), std::string::npos) << out;
+  EXPECT_NE(out.find("36,136,175,616"), std::string::npos) << out;
+  // reduce_bucket_size "auto" = 4096^2: two buckets of 16,777,216 in + 1,048,576 out fp32 elements.
+  EXPECT_NE(out.find("142,606,336"), std::string::npos) << out;
+  std::string bad = std::string(bin) + "/zero3 plan --model " + src + "/configs/models/llama-3-8b.json 2>/dev/null";
+  FILE* g = popen(bad.c_str(), "r");
+  ASSERT_NE(g, nullptr);
+  while (fread(buf, 1, sizeof buf, g)) {
+  }
+  int bad_status = pclose(g);
+  EXPECT_TRUE(WIFEXITED(bad_status) && WEXITSTATUS(bad_status) == 2);  // usage error: no --config
+}
+
+}  // namespace
+}  // namespace zero3
