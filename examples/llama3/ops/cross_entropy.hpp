@@ -1,0 +1,62 @@
+// Cross-entropy over the vocabulary with an ignore index, fused with the LM head and chunked over rows.
+//
+// For a row of logits x (vocab) and target y:  loss = log(sum_j exp(x_j - max)) - (x_y - max), the value
+// torch.nn.functional.cross_entropy gives; its gradient is softmax(x) - onehot(y). Rows whose target is
+// kIgnoreIndex (-100) contribute neither loss nor gradient.
+//
+// lm_head_cross_entropy never holds the (tokens, vocab) logits of the whole batch: it computes the logits of
+// `chunk_rows` rows, turns them into loss and dlogits in place, and immediately adds that chunk's share to dW
+// and writes the chunk's dx, so the peak is chunk_rows * vocab elements (a few hundred rows at vocab 128256).
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#include "zero3/host_device.hpp"
+
+namespace llama3 {
+
+inline constexpr int32_t kIgnoreIndex = -100;
+
+// Returns the row's loss (0 for an ignored row) and, when write_grad, replaces the row by
+// grad_scale * (softmax - onehot) (zeros for an ignored row).
+template <typename T>
+ZERO3_HOST_DEVICE T cross_entropy_row(T* x, int64_t vocab, int32_t target, T grad_scale, bool write_grad) {
+  if (target == kIgnoreIndex) {
+    if (write_grad)
+      for (int64_t j = 0; j < vocab; ++j) x[j] = T(0);
+    return T(0);
+  }
+  T mx = x[0];
+  for (int64_t j = 1; j < vocab; ++j) mx = x[j] > mx ? x[j] : mx;
+  T sum = T(0);
+  for (int64_t j = 0; j < vocab; ++j) sum += std::exp(x[j] - mx);
+  T loss = std::log(sum) - (x[target] - mx);
+  if (write_grad) {
+    T inv = grad_scale / sum;
+    for (int64_t j = 0; j < vocab; ++j) x[j] = std::exp(x[j] - mx) * inv;
+    x[target] -= grad_scale;
+  }
+  return loss;
+}
+
+struct CrossEntropyResult {
+  double loss_sum = 0;  // sum of the per-row losses of the non-ignored rows (accumulated in double)
+  int64_t count = 0;    // non-ignored rows
+};
+
+// x (n, hidden): the normalised final hidden states; w (vocab, hidden): lm_head.weight; targets (n).
+// With dx != nullptr, also backward with dloss/dlogits = grad_scale * (softmax - onehot): dx (n, hidden) is
+// overwritten, dw (vocab, hidden) accumulated (nullptr skips it). chunk_rows <= 0 picks a chunk of about
+// 16 Mi logits. Throws zero3::InvalidArgument for a target outside [0, vocab) other than kIgnoreIndex.
+template <typename T>
+CrossEntropyResult lm_head_cross_entropy(const T* x, const T* w, const int32_t* targets, int64_t n, int64_t hidden,
+                                         int64_t vocab, T grad_scale, T* dx, T* dw, int64_t chunk_rows);
+
+// Rows with a target other than kIgnoreIndex; throws like lm_head_cross_entropy for an invalid one.
+int64_t count_targets(const int32_t* targets, int64_t n, int64_t vocab);
+
+// The chunk lm_head_cross_entropy uses for chunk_rows <= 0.
+int64_t default_loss_chunk_rows(int64_t vocab);
+
+}  // namespace llama3
