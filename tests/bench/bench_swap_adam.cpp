@@ -2,7 +2,7 @@
 // parameters live in a swap file in tiles of `tile` parameters ([p | m | v], 12 B per parameter); each
 // step streams every tile through the swapper (read ahead, Adam with a bf16 copy, write behind).
 //
-//   bench_swap_adam DIR [params=67108864] [tile=8388608] [buffer_count=4] [steps=3] [engine=auto]
+//   bench_swap_adam [DIR=. [params=67108864] [tile=8388608] [buffer_count=4] [steps=3] [engine=auto]]
 //
 // Bounds measured in the same run: the I/O alone (the same passes with an empty compute) and the compute
 // alone (cpu_adam_step over the same tiles in memory). A fully overlapped step takes max(I/O, compute);
@@ -32,11 +32,7 @@ double seconds_since(Clock::time_point t0) { return std::chrono::duration<double
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc < 2) {
-    std::fprintf(stderr, "usage: bench_swap_adam DIR [params] [tile] [buffer_count] [steps] [engine]\n");
-    return 2;
-  }
-  std::string dir = argv[1];
+  std::string dir = argc > 1 ? argv[1] : ".";
   size_t params = argc > 2 ? std::strtoull(argv[2], nullptr, 10) : size_t{1} << 26;
   size_t tile_params = argc > 3 ? std::strtoull(argv[3], nullptr, 10) : size_t{1} << 23;
   size_t buffer_count = argc > 4 ? std::strtoull(argv[4], nullptr, 10) : 4;
