@@ -15,9 +15,8 @@ std::unique_ptr<Communicator> connect(const CommOptions& requested) {
   log::set_rank(launch.rank);
   std::string backend = options.backend == "auto" ? comm::resolve_backend(options, launch) : options.backend;
   options.backend = backend;
-  log::info_rank0("launcher ", launch.launcher, ": ", launch.world_size, " ranks, ",
-                  launch.world_size / std::max(1, launch.local_world_size), " nodes x ", launch.local_world_size,
-                  " local; backend ", backend);
+  log::info_rank0("launcher ", launch.launcher, ": ", launch.world_size, " rank(s), ", launch.local_world_size,
+                  " on this node; backend ", backend);
 
   std::shared_ptr<Store> store;
   if (backend != "local") {

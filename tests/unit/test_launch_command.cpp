@@ -6,11 +6,14 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <string>
 #include <thread>
 #include <vector>
+
+#include "zero3/comm.hpp"
 
 namespace {
 
@@ -162,6 +165,27 @@ TEST(ZeroLaunch, UsageErrors) {
   auto r = launch({"-n", "1", "--", "/nonexistent/program"});
   EXPECT_EQ(r.status, 127);
   EXPECT_TRUE(contains(r.err, "cannot execute")) << r.err;
+}
+
+// Drives tests/dist/test_collectives_failure: rank 1 of 3 exits in the middle of an all_reduce. The others
+// must report a CommError and finish their test, well before their 20 s timeout.
+TEST(ZeroLaunchFailure, ADyingRankFailsTheOthersWithinTheTimeout) {
+  auto backends = zero3::available_backends();
+  if (std::find(backends.begin(), backends.end(), "gloo") == backends.end()) GTEST_SKIP() << "no gloo in this build";
+  std::string program = std::string(std::getenv("ZERO3_BIN_DIR") ? std::getenv("ZERO3_BIN_DIR") : ".") +
+                        "/test_collectives_failure";
+  if (::access(program.c_str(), X_OK) != 0) GTEST_SKIP() << program << " is not built";
+  auto r = launch({"-n", "3", "--keep-going", "--", program}, {"DIST_TEST_DYING_RANK=1"});
+  EXPECT_EQ(r.status, 42) << r.out << r.err;
+  EXPECT_LT(r.took, 20s) << "the surviving ranks waited for their timeout instead of seeing the failure";
+  EXPECT_TRUE(contains(r.out, "[rank 1] rank 1 leaves in the middle of all_reduce")) << r.out;
+  for (int rank : {0, 2}) {
+    std::string p = "[rank " + std::to_string(rank) + "] ";
+    EXPECT_TRUE(contains(r.out, p + "rank " + std::to_string(rank) + " saw after")) << r.out;
+    EXPECT_TRUE(contains(r.out, p + "[  PASSED  ] 1 test")) << r.out;
+  }
+  EXPECT_TRUE(contains(r.err, "rank 1 (pid")) << r.err;
+  EXPECT_TRUE(contains(r.err, "exited with status 42")) << r.err;
 }
 
 }  // namespace

@@ -266,7 +266,13 @@ void Server::read_from(Client& c) {
       return;
     }
     if (errno == EINTR) continue;
-    if (errno != EAGAIN && errno != EWOULDBLOCK) drop(c, std::string("receive failed: ") + std::strerror(errno), false);
+    if (errno == EAGAIN || errno == EWOULDBLOCK) return;
+    // A reset is an end of stream like any other: process() judges what was left half-sent.
+    if (errno == ECONNRESET) {
+      c.eof = true;
+      return;
+    }
+    drop(c, std::string("receive failed: ") + std::strerror(errno), false);
     return;
   }
 }

@@ -1,0 +1,397 @@
+// The Gloo communicator: CPU buffers, TCP between processes (Debian's libgloo).
+//
+// Each communicator owns one worker thread that runs its collectives one after another in issue order;
+// the issuing thread only checks arguments and queues. A Work completes from the worker with success or
+// the stored error. Once a collective fails (a peer died, a timeout) gloo has closed the connections, so the
+// communicator is marked broken and every later call fails at once, naming the first error.
+//
+// 16-bit reductions convert to f32, reduce in f32 and convert back once. reduce_scatter is a ring over
+// gloo's unbound buffers that sends f32 partial sums: (N-1)/N of the input crosses each link, like NCCL's,
+// but in f32 for bf16/f16 inputs, so twice the bytes of the input type.
+#include <gloo/allgather.h>
+#include <gloo/allreduce.h>
+#include <gloo/barrier.h>
+#include <gloo/broadcast.h>
+#include <gloo/common/error.h>
+#include <gloo/math.h>
+#include <gloo/rendezvous/context.h>
+#include <gloo/transport/tcp/device.h>
+#include <gloo/types.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <condition_variable>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <functional>
+#include <mutex>
+#include <thread>
+
+#include "comm/collective_args.hpp"
+#include "comm/gloo/gloo_store.hpp"
+#include "comm/registry.hpp"
+#include "comm/work.hpp"
+#include "zero3/error.hpp"
+#include "zero3/log.hpp"
+
+namespace zero3::comm {
+namespace {
+
+// Gloo's own collectives use slot prefixes 0x01..0x08.
+constexpr uint8_t kReduceScatterSlotPrefix = 0x40;
+
+void to_f32(const void* src, DType dtype, float* dst, size_t n) {
+  switch (dtype) {
+    case DType::f32: std::memcpy(dst, src, n * 4); return;
+    case DType::bf16: {
+      auto* s = static_cast<const uint16_t*>(src);
+      for (size_t i = 0; i < n; ++i) dst[i] = bf16_to_f32(s[i]);
+      return;
+    }
+    case DType::f16: {
+      auto* s = static_cast<const uint16_t*>(src);
+      for (size_t i = 0; i < n; ++i) dst[i] = f16_to_f32(s[i]);
+      return;
+    }
+  }
+}
+
+void from_f32(const float* src, DType dtype, void* dst, size_t n) {
+  switch (dtype) {
+    case DType::f32: std::memmove(dst, src, n * 4); return;
+    case DType::bf16: {
+      auto* d = static_cast<uint16_t*>(dst);
+      for (size_t i = 0; i < n; ++i) d[i] = f32_to_bf16(src[i]);
+      return;
+    }
+    case DType::f16: {
+      auto* d = static_cast<uint16_t*>(dst);
+      for (size_t i = 0; i < n; ++i) d[i] = f32_to_f16(src[i]);
+      return;
+    }
+  }
+}
+
+// acc += src (converted to f32).
+void accumulate(float* acc, const void* src, DType dtype, size_t n) {
+  switch (dtype) {
+    case DType::f32: {
+      auto* s = static_cast<const float*>(src);
+      for (size_t i = 0; i < n; ++i) acc[i] += s[i];
+      return;
+    }
+    case DType::bf16: {
+      auto* s = static_cast<const uint16_t*>(src);
+      for (size_t i = 0; i < n; ++i) acc[i] += bf16_to_f32(s[i]);
+      return;
+    }
+    case DType::f16: {
+      auto* s = static_cast<const uint16_t*>(src);
+      for (size_t i = 0; i < n; ++i) acc[i] += f16_to_f32(s[i]);
+      return;
+    }
+  }
+}
+
+void scale(float* x, size_t n, float by) {
+  for (size_t i = 0; i < n; ++i) x[i] /= by;
+}
+
+std::string machine_hostname() {
+  char name[256] = {};
+  if (::gethostname(name, sizeof(name) - 1) != 0) return "localhost";
+  return name;
+}
+
+bool is_loopback(const std::string& host) {
+  return host == "localhost" || host.rfind("127.", 0) == 0 || host == "::1";
+}
+
+// One TCP device (gloo's event loop thread) per process and address: communicators and their splits share it.
+std::shared_ptr<::gloo::transport::Device> make_device(const LaunchInfo& launch) {
+  ::gloo::transport::tcp::attr attr;
+  std::string where;
+  if (const char* ifname = std::getenv("GLOO_SOCKET_IFNAME"); ifname && *ifname) {
+    attr.iface = ifname;
+    where = std::string("interface ") + ifname + " (GLOO_SOCKET_IFNAME)";
+  } else if (is_loopback(launch.master_addr) && launch.local_world_size == launch.world_size) {
+    attr.hostname = "127.0.0.1";
+    where = "127.0.0.1 (single node, loopback master address)";
+  } else {
+    attr.hostname = machine_hostname();
+    where = "host name " + attr.hostname + " (set GLOO_SOCKET_IFNAME to pick an interface)";
+  }
+  try {
+    auto device = ::gloo::transport::tcp::CreateDevice(attr);
+    log::debug("gloo: listening on ", where);
+    return device;
+  } catch (const std::exception& e) {
+    throw CommError("gloo cannot open a TCP device on " + where + ": " + e.what());
+  }
+}
+
+class GlooCommunicator final : public Communicator {
+ public:
+  GlooCommunicator(std::shared_ptr<::gloo::transport::Device> device, std::shared_ptr<Store> store, std::string prefix,
+                   int rank, int size, std::chrono::milliseconds timeout)
+      : device_(std::move(device)), store_(std::move(store)), prefix_(std::move(prefix)), rank_(rank), size_(size),
+        timeout_(timeout) {
+    try {
+      context_ = std::make_shared<::gloo::rendezvous::Context>(rank, size);
+      context_->setTimeout(timeout);
+      GlooStore rendezvous(make_prefix_store(store_, prefix_));
+      context_->connectFullMesh(rendezvous, device_);
+    } catch (const TimeoutError& e) {
+      throw TimeoutError("gloo rendezvous of rank " + std::to_string(rank) + " of " + std::to_string(size) +
+                         " (store prefix " + prefix_ + ") timed out: " + e.what());
+    } catch (const std::exception& e) {
+      throw CommError("gloo rendezvous of rank " + std::to_string(rank) + " of " + std::to_string(size) +
+                      " (store prefix " + prefix_ + ") failed: " + e.what());
+    }
+    worker_ = std::thread([this] { work_loop(); });
+  }
+
+  ~GlooCommunicator() override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    if (worker_.joinable()) worker_.join();
+  }
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  const char* backend() const override { return "gloo"; }
+  std::chrono::milliseconds timeout() const override { return timeout_; }
+
+  WorkPtr all_gather_into(void* out, const void* in, size_t count, DType dtype, Stream) override {
+    std::string what = "gloo " + describe_collective("all_gather_into", count, dtype, rank_, size_);
+    require_buffer(out, "out", count, what);
+    require_buffer(in, "in", count, what);
+    size_t bytes = count * dtype_size(dtype);
+    char* own = static_cast<char*>(out) + static_cast<size_t>(rank_) * bytes;
+    bool in_place = in == own;
+    require_no_partial_overlap(out, bytes * static_cast<size_t>(size_), in, bytes, own, what);
+    if (count == 0) return completed_work();
+    return enqueue(what, [=, this](uint32_t tag) {
+      if (size_ == 1) {
+        if (!in_place) std::memcpy(out, in, bytes);
+        return;
+      }
+      ::gloo::AllgatherOptions opts(context_);
+      if (!in_place) opts.setInput(static_cast<char*>(const_cast<void*>(in)), bytes);
+      opts.setOutput(static_cast<char*>(out), bytes * static_cast<size_t>(size_));
+      opts.setTag(tag);
+      opts.setTimeout(timeout_);
+      ::gloo::allgather(opts);
+    });
+  }
+
+  WorkPtr reduce_scatter(void* out, const void* in, size_t count, DType dtype, ReduceOp op, Stream) override {
+    std::string what = "gloo " + describe_collective("reduce_scatter", count, dtype, rank_, size_, reduce_op_name(op));
+    require_buffer(out, "out", count, what);
+    require_buffer(in, "in", count, what);
+    require_sum_or_avg(op, what);
+    size_t bytes = count * dtype_size(dtype);
+    const char* own = static_cast<const char*>(in) + static_cast<size_t>(rank_) * bytes;
+    require_no_partial_overlap(in, bytes * static_cast<size_t>(size_), out, bytes, own, what);
+    if (count == 0) return completed_work();
+    return enqueue(what, [=, this](uint32_t tag) { ring_reduce_scatter(out, in, count, dtype, op, tag); });
+  }
+
+  WorkPtr all_reduce(void* buf, size_t count, DType dtype, ReduceOp op, Stream) override {
+    std::string what = "gloo " + describe_collective("all_reduce", count, dtype, rank_, size_, reduce_op_name(op));
+    require_buffer(buf, "buf", count, what);
+    if (count == 0) return completed_work();
+    return enqueue(what, [=, this](uint32_t tag) {
+      if (size_ == 1) return;
+      std::vector<float> staged;
+      float* data = static_cast<float*>(buf);
+      if (dtype != DType::f32) {
+        staged.resize(count);
+        to_f32(buf, dtype, staged.data(), count);
+        data = staged.data();
+      }
+      ::gloo::AllreduceOptions opts(context_);
+      opts.setOutput(data, count);
+      if (op == ReduceOp::max) {
+        opts.setReduceFunction(static_cast<void (*)(void*, const void*, const void*, size_t)>(&::gloo::max<float>));
+      } else {
+        opts.setReduceFunction(static_cast<void (*)(void*, const void*, const void*, size_t)>(&::gloo::sum<float>));
+      }
+      opts.setTag(tag);
+      opts.setTimeout(timeout_);
+      ::gloo::allreduce(opts);
+      if (op == ReduceOp::avg) scale(data, count, static_cast<float>(size_));
+      if (dtype != DType::f32) from_f32(data, dtype, buf, count);
+    });
+  }
+
+  WorkPtr broadcast(void* buf, size_t count, DType dtype, int root, Stream) override {
+    std::string what = "gloo " + describe_collective("broadcast", count, dtype, rank_, size_, nullptr, root);
+    require_buffer(buf, "buf", count, what);
+    require_root(root, size_, what);
+    if (count == 0) return completed_work();
+    size_t bytes = count * dtype_size(dtype);
+    return enqueue(what, [=, this](uint32_t tag) {
+      if (size_ == 1) return;
+      ::gloo::BroadcastOptions opts(context_);
+      opts.setOutput(static_cast<char*>(buf), bytes);
+      opts.setRoot(root);
+      opts.setTag(tag);
+      opts.setTimeout(timeout_);
+      ::gloo::broadcast(opts);
+    });
+  }
+
+  void barrier() override {
+    std::string what = "gloo barrier on rank " + std::to_string(rank_) + " of " + std::to_string(size_);
+    enqueue(what, [this](uint32_t tag) {
+      if (size_ == 1) return;
+      ::gloo::BarrierOptions opts(context_);
+      opts.setTag(tag);
+      opts.setTimeout(timeout_);
+      ::gloo::barrier(opts);
+    })->wait();
+  }
+
+  std::unique_ptr<Communicator> split(int color, int key) override {
+    int n = ++splits_;
+    // Everyone's (color, key), in rank order, through an all-gather on this communicator.
+    std::vector<int32_t> all(2 * static_cast<size_t>(size_));
+    int32_t mine[2] = {color, key};
+    all_gather_into(all.data(), mine, 2, DType::f32, nullptr)->wait();  // 8 bytes per rank; the type is moot
+    if (color < 0) return nullptr;
+    std::vector<std::pair<int, int>> members;  // (key, rank)
+    for (int r = 0; r < size_; ++r) {
+      if (all[2 * static_cast<size_t>(r)] == color) members.push_back({all[2 * static_cast<size_t>(r) + 1], r});
+    }
+    std::sort(members.begin(), members.end());
+    int new_rank = static_cast<int>(std::find(members.begin(), members.end(), std::make_pair(key, rank_)) - members.begin());
+    std::string prefix = prefix_ + "/split" + std::to_string(n) + "/color" + std::to_string(color);
+    log::debug("gloo split ", n, ": color ", color, " has ", members.size(), " ranks, this is rank ", new_rank);
+    return std::make_unique<GlooCommunicator>(device_, store_, prefix, new_rank, static_cast<int>(members.size()),
+                                              timeout_);
+  }
+
+ private:
+  struct Task {
+    std::function<void(uint32_t)> body;
+    std::shared_ptr<AsyncWork> work;
+  };
+
+  WorkPtr enqueue(const std::string& what, std::function<void(uint32_t)> body) {
+    auto work = std::make_shared<AsyncWork>(what, timeout_);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      queue_.push_back({std::move(body), work});
+    }
+    cv_.notify_one();
+    return work;
+  }
+
+  void work_loop() {
+    uint32_t tag = 0;
+    while (true) {
+      Task task;
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+        if (queue_.empty()) return;  // stop_ and nothing left
+        task = std::move(queue_.front());
+        queue_.pop_front();
+      }
+      const std::string& what = task.work->description();
+      if (!broken_.empty()) {
+        task.work->fail(std::make_exception_ptr(
+            CommError(what + ": this communicator failed earlier and cannot be used again (" + broken_ + ")")));
+        continue;
+      }
+      try {
+        task.body(++tag);
+        task.work->complete();
+      } catch (const std::exception& e) {
+        std::string msg = e.what();
+        // gloo reports its own timeouts as IoException "Timed out waiting ...".
+        bool timed_out = dynamic_cast<const TimeoutError*>(&e) || msg.find("Timed out") != std::string::npos ||
+                         msg.find("timed out") != std::string::npos;
+        broken_ = msg;
+        if (timed_out) {
+          task.work->fail(std::make_exception_ptr(
+              TimeoutError(what + " timed out after " + std::to_string(timeout_.count()) + " ms (" + msg +
+                           "); a rank may have stopped, died, or issued collectives in a different order")));
+        } else {
+          task.work->fail(std::make_exception_ptr(
+              CommError(what + " failed: " + msg + "; a peer rank may have exited or crashed")));
+        }
+      }
+    }
+  }
+
+  // Ring reduce-scatter. At step s rank r sends the partial sum of chunk (r-s-1) to its right neighbour and
+  // receives the partial sum of chunk (r-s-2) from its left one, adding its own input; after size-1 steps it
+  // holds chunk r summed over all ranks. Two chunk-sized f32 buffers alternate between sending and receiving.
+  void ring_reduce_scatter(void* out, const void* in, size_t count, DType dtype, ReduceOp op, uint32_t tag) {
+    const int n = size_, r = rank_;
+    const size_t esize = dtype_size(dtype);
+    auto chunk = [&](int c) { return static_cast<const char*>(in) + static_cast<size_t>(c) * count * esize; };
+    std::vector<float> buf[2] = {std::vector<float>(count), std::vector<float>(count)};
+    int cur = 0;  // the buffer being sent
+    to_f32(chunk(n == 1 ? r : (r - 1 + n) % n), dtype, buf[cur].data(), count);
+    if (n > 1) {
+      std::unique_ptr<::gloo::transport::UnboundBuffer> ub[2] = {
+          context_->createUnboundBuffer(buf[0].data(), count * sizeof(float)),
+          context_->createUnboundBuffer(buf[1].data(), count * sizeof(float))};
+      const auto slot = ::gloo::Slot::build(kReduceScatterSlotPrefix, tag);
+      const int right = (r + 1) % n, left = (r - 1 + n) % n;
+      for (int s = 0; s < n - 1; ++s) {
+        int next = 1 - cur;
+        ub[next]->recv(left, slot);
+        ub[cur]->send(right, slot);
+        ub[next]->waitRecv(timeout_);
+        ub[cur]->waitSend(timeout_);
+        accumulate(buf[next].data(), chunk((r - s - 2 + 2 * n) % n), dtype, count);
+        cur = next;
+      }
+    }
+    if (op == ReduceOp::avg) scale(buf[cur].data(), count, static_cast<float>(n));
+    from_f32(buf[cur].data(), dtype, out, count);
+  }
+
+  std::shared_ptr<::gloo::transport::Device> device_;
+  std::shared_ptr<Store> store_;  // the job's store, unprefixed by this communicator
+  std::string prefix_;
+  int rank_, size_;
+  std::chrono::milliseconds timeout_;
+  std::shared_ptr<::gloo::rendezvous::Context> context_;
+  int splits_ = 0;  // issuing thread only
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Task> queue_;
+  bool stop_ = false;
+  std::string broken_;  // worker thread only
+  std::thread worker_;
+};
+
+std::unique_ptr<Communicator> make_gloo(const CommOptions& options, const LaunchInfo& launch,
+                                        std::shared_ptr<Store> store) {
+  if (!store) {
+    throw CommError("backend gloo needs a store to rendezvous (rank " + std::to_string(launch.rank) + " of " +
+                    std::to_string(launch.world_size) + "); use connect() or pass make_tcp_store(...)");
+  }
+  // Every communicator built on this store gets its own key space. Each rank counts its own constructions,
+  // and all ranks construct in the same order, so the counts agree without talking.
+  int64_t instance = store->add("gloo/instances/" + std::to_string(launch.rank), 1);
+  std::string prefix = "gloo/" + std::to_string(instance);
+  auto device = make_device(launch);
+  return std::make_unique<GlooCommunicator>(std::move(device), std::move(store), prefix, launch.rank,
+                                            launch.world_size, options.timeout);
+}
+
+const BackendRegistrar kGlooBackend("gloo", &make_gloo);
+
+}  // namespace
+}  // namespace zero3::comm
