@@ -135,6 +135,7 @@ class QueuedEngine final : public AioEngine {
       }
     }
     auto state = std::make_shared<IoRequestState>();
+    state->engine = this;
     state->op = op;
     state->path = file.path();
     state->offset = offset;
@@ -170,13 +171,14 @@ class QueuedEngine final : public AioEngine {
   void wait(const IoTicket& ticket) override {
     if (!ticket.valid()) throw InvalidArgument(std::string(name()) + ": wait on an empty ticket");
     IoRequestState* s = ticket.state().get();
+    if (s->engine != this) throw InvalidArgument(std::string(name()) + ": wait on a ticket of another engine");
     std::unique_lock lk(mu_);
     done_cv_.wait(lk, [&] { return s->done; });
     if (!s->error.empty()) throw IoError(s->error);
   }
 
   bool ready(const IoTicket& ticket) const override {
-    if (!ticket.valid()) return false;
+    if (!ticket.valid() || ticket.state()->engine != this) return false;
     std::lock_guard lk(mu_);
     return ticket.state()->done;
   }

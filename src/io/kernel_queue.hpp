@@ -26,6 +26,7 @@ struct IoPiece {
 };
 
 struct IoRequestState {
+  const void* engine = nullptr;  // the engine that owns the request; a ticket is waited on there only
   IoOp op = IoOp::read;
   std::string path;
   uint64_t offset = 0;

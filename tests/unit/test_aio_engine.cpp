@@ -236,6 +236,18 @@ TEST_P(AioEngineTest, KernelErrorsCarryErrnoText) {
   EXPECT_NE(msg.find(std::strerror(EBADF)), std::string::npos) << msg;
 }
 
+TEST_P(AioEngineTest, TicketsBelongToTheirEngine) {
+  IoFile file = IoFile::open((dir_ / "owner.bin").string(), IoFile::Mode::read_write, false, true);
+  std::vector<std::byte> buf(100);
+  IoTicket t = engine_->submit_write(file, buf.data(), buf.size(), 0);
+  auto other = make_aio_engine(small_config(), AioEngineKind::psync);
+  EXPECT_THROW(other->wait(t), InvalidArgument);
+  EXPECT_FALSE(other->ready(t));
+  EXPECT_THROW(engine_->wait(IoTicket{}), InvalidArgument);
+  engine_->wait(t);
+  EXPECT_TRUE(engine_->ready(t));
+}
+
 TEST_P(AioEngineTest, MisalignedDirectTransferIsRejected) {
   IoFile file = IoFile::open((dir_ / "align.bin").string(), IoFile::Mode::read_write, true, true);
   AlignedBuffer buf(8192);
