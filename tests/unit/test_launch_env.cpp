@@ -20,7 +20,7 @@ const char* const kLauncherVars[] = {
     "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE", "OMPI_COMM_WORLD_NODE_RANK", "SLURM_PROCID",
     "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NODEID", "SLURM_NTASKS_PER_NODE", "SLURM_STEP_TASKS_PER_NODE",
     "SLURM_TASKS_PER_NODE", "SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_LAUNCH_NODE_IPADDR",
-    "SLURM_JOB_ID"};
+    "SLURM_JOB_ID", "OMPI_MCA_ess_base_jobid", "PMIX_NAMESPACE", "OMPI_MCA_orte_num_nodes"};
 
 // Clears every launcher variable for the test (the test itself may run under one: ctest under Slurm, or
 // `zero3 launch`), sets the given ones, and restores the original environment afterwards.
@@ -182,6 +182,28 @@ TEST_F(LaunchEnv, OpenMpiSingleNode) {
   EXPECT_EQ(info.local_rank, 2);
   EXPECT_EQ(info.master_addr, "127.0.0.1");
   EXPECT_EQ(info.store_port, 29500);
+}
+
+TEST_F(LaunchEnv, OpenMpiPortFromTheJobId) {
+  // What mpirun -np 2 (Open MPI 4) sets, trimmed.
+  set({{"OMPI_COMM_WORLD_RANK", "1"}, {"OMPI_COMM_WORLD_SIZE", "2"}, {"OMPI_COMM_WORLD_LOCAL_RANK", "1"},
+       {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"}, {"OMPI_MCA_ess_base_jobid", "1910243329"},
+       {"OMPI_MCA_orte_num_nodes", "1"}});
+  LaunchInfo a = detect_launch();
+  EXPECT_GE(a.store_port, 20000);
+  EXPECT_LT(a.store_port, 30000);
+  EXPECT_EQ(a.store_port_origin, "derived from the Open MPI job id");
+  set({{"OMPI_COMM_WORLD_RANK", "0"}, {"OMPI_COMM_WORLD_LOCAL_RANK", "0"}});
+  EXPECT_EQ(detect_launch().store_port, a.store_port);  // every rank agrees
+  set({{"OMPI_MCA_ess_base_jobid", "1910243330"}});
+  EXPECT_NE(detect_launch().store_port, a.store_port);  // another mpirun, another port
+  // Open MPI 5 names the job through PMIx.
+  ::unsetenv("OMPI_MCA_ess_base_jobid");
+  set({{"PMIX_NAMESPACE", "prterun-vm-1234@1"}});
+  EXPECT_GE(detect_launch().store_port, 20000);
+  // Two nodes with one rank each still need to be told where rank 0 is.
+  set({{"OMPI_COMM_WORLD_LOCAL_SIZE", "1"}, {"OMPI_COMM_WORLD_LOCAL_RANK", "0"}, {"OMPI_MCA_orte_num_nodes", "2"}});
+  EXPECT_NE(error_of([] { detect_launch(); }).find("MASTER_ADDR"), std::string::npos);
 }
 
 TEST_F(LaunchEnv, OpenMpiSeveralNodesNeedsMasterAddr) {

@@ -13,6 +13,12 @@ namespace {
 
 constexpr int kDefaultMasterPort = 29500;
 
+uint64_t fnv1a(const std::string& text) {
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : text) h = (h ^ c) * 1099511628211ull;
+  return h;
+}
+
 int parse_int(const std::string& text, const char* variable, int min_value) {
   size_t pos = 0;
   long long value = 0;
@@ -135,10 +141,16 @@ LaunchInfo from_openmpi(const Reader& r) {
   // Open MPI numbers nodes nowhere in the environment; with its default by-slot mapping node n holds ranks
   // [n*local_size, (n+1)*local_size).
   info.node_rank = info.rank / info.local_world_size;
-  info.master_port = port_of(r, "MASTER_PORT");
+  if (r.has("MASTER_PORT")) {
+    info.master_port = port_of(r, "MASTER_PORT");
+  } else if (auto job = r.str("OMPI_MCA_ess_base_jobid") ? r.str("OMPI_MCA_ess_base_jobid") : r.str("PMIX_NAMESPACE")) {
+    // Every rank of one mpirun sees the same job id, and concurrent mpiruns on a node get different ports.
+    info.master_port = 20000 + static_cast<int>(fnv1a(*job) % 10000);
+  }
+  int nodes = r.opt_int("OMPI_MCA_orte_num_nodes", 1).value_or(1);
   if (auto addr = r.str("MASTER_ADDR")) {
     info.master_addr = *addr;
-  } else if (info.local_world_size == info.world_size) {
+  } else if (info.local_world_size == info.world_size && nodes == 1) {
     info.master_addr = "127.0.0.1";
   } else {
     throw CommError("openmpi launch over several nodes (OMPI_COMM_WORLD_SIZE=" + std::to_string(info.world_size) +
@@ -206,6 +218,9 @@ void choose_store_port(const Reader& r, LaunchInfo& info) {
   info.store_port = info.master_port;
   info.store_port_origin = info.launcher == "kubeflow" ? "PET_MASTER_PORT" : "MASTER_PORT";
   if (info.launcher == "slurm" && !r.has("MASTER_PORT")) info.store_port_origin = "derived from SLURM_JOB_ID";
+  if (info.launcher == "openmpi" && !r.has("MASTER_PORT")) {
+    info.store_port_origin = info.master_port == kDefaultMasterPort ? "default" : "derived from the Open MPI job id";
+  }
   if (info.launcher == "single") info.store_port_origin = "default";
 }
 
