@@ -1,6 +1,10 @@
 #include "ops/gemm.hpp"
 
+#include <omp.h>
+
+#include <algorithm>
 #include <climits>
+#include <mutex>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -67,19 +71,20 @@ void gemm_loop(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, T al
   }
 }
 
-template <typename T>
-void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, T alpha, const T* a, int64_t lda, const T* b,
-          int64_t ldb, T beta, T* c, int64_t ldc) {
 #if ZERO3_HAVE_BLAS
-  check_dims(m, n, k, lda, ldb, ldc);
-  if (m == 0 || n == 0) return;
-  if (k == 0) {
-    // BLAS scales C by beta here too, but some builds read C even when beta is 0; keep the contract exact.
-    for (int64_t i = 0; i < m; ++i)
-      for (int64_t j = 0; j < n; ++j) c[i * ldc + j] = beta == T(0) ? T(0) : beta * c[i * ldc + j];
-    return;
-  }
-  // BLAS wants the leading dimension of each stored matrix to be at least its row length.
+namespace {
+
+// One threading runtime, not two: OpenBLAS's own (pthreads) workers and OpenMP's spin-waiting workers on the
+// same cores slowed a tiny-model step about 60x on 2 cores. So OpenBLAS runs single-threaded and gemm splits
+// C into row (or column) blocks over OpenMP threads, each block one cblas call.
+void single_threaded_blas() {
+  static std::once_flag once;
+  std::call_once(once, [] { openblas_set_num_threads(1); });
+}
+
+template <typename T>
+void blas_call(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, T alpha, const T* a, int64_t lda,
+               const T* b, int64_t ldb, T beta, T* c, int64_t ldc) {
   const CBLAS_TRANSPOSE ta = trans_a ? CblasTrans : CblasNoTrans;
   const CBLAS_TRANSPOSE tb = trans_b ? CblasTrans : CblasNoTrans;
   if constexpr (std::is_same_v<T, float>) {
@@ -88,6 +93,46 @@ void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, T alpha, 
   } else {
     cblas_dgemm(CblasRowMajor, ta, tb, static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), alpha, a,
                 static_cast<int>(lda), b, static_cast<int>(ldb), beta, c, static_cast<int>(ldc));
+  }
+}
+
+}  // namespace
+#endif
+
+template <typename T>
+void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, T alpha, const T* a, int64_t lda, const T* b,
+          int64_t ldb, T beta, T* c, int64_t ldc) {
+#if ZERO3_HAVE_BLAS
+  check_dims(m, n, k, lda, ldb, ldc);
+  if (m == 0 || n == 0) return;
+  if (k == 0) {
+    // Some BLAS builds read C even when beta is 0; keep the contract exact.
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t j = 0; j < n; ++j) c[i * ldc + j] = beta == T(0) ? T(0) : beta * c[i * ldc + j];
+    return;
+  }
+  single_threaded_blas();
+  const int threads = omp_in_parallel() ? 1 : omp_get_max_threads();
+  if (threads <= 1 || m * n * k < 8 * kParallelMinWork) {
+    blas_call(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    return;
+  }
+  // Split the longer side of C into one block per thread (a multiple of 16 wide, so kernels stay aligned).
+  const bool by_rows = m >= n;
+  const int64_t extent = by_rows ? m : n;
+  int64_t block = (extent + threads - 1) / threads;
+  block = (block + 15) / 16 * 16;
+  const int64_t blocks = (extent + block - 1) / block;
+#pragma omp parallel for schedule(static) num_threads(threads)
+  for (int64_t blk = 0; blk < blocks; ++blk) {
+    const int64_t lo = blk * block, len = std::min(block, extent - lo);
+    if (by_rows) {
+      const T* ab = trans_a ? a + lo : a + lo * lda;
+      blas_call(trans_a, trans_b, len, n, k, alpha, ab, lda, b, ldb, beta, c + lo * ldc, ldc);
+    } else {
+      const T* bb = trans_b ? b + lo * ldb : b + lo;
+      blas_call(trans_a, trans_b, m, len, k, alpha, a, lda, bb, ldb, beta, c + lo, ldc);
+    }
   }
 #else
   gemm_loop(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);

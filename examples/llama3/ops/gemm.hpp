@@ -4,7 +4,10 @@
 //
 // lda, ldb, ldc are row strides in elements of A, B, C as stored (A stored (m, k), or (k, m) when trans_a).
 // With OpenBLAS (ZERO3_HAVE_BLAS) this is cblas_sgemm / cblas_dgemm; otherwise gemm_loop. beta == 0 ignores
-// what C held (NaN included). Blocking; the caller's thread, OpenBLAS's threads or OpenMP's do the work.
+// what C held (NaN included). Blocking. Threads: OpenMP's only. The first call sets OpenBLAS to one thread
+// for the whole process (openblas_set_num_threads(1)) and large products are split into blocks of C over
+// OpenMP threads, because OpenBLAS's own workers and OpenMP's spin-waiting ones fight over the same cores.
+// Called inside an OpenMP parallel region, it runs on the calling thread.
 #pragma once
 
 #include <cstdint>
