@@ -162,7 +162,7 @@ Config equivalence_config(int stage) {
   c.scheduler.warmup_max_lr = 2e-2;
   c.scheduler.warmup_num_steps = 4;
   c.scheduler.warmup_type = "linear";
-  c.zero.reduce_bucket_size = 100;
+  c.zero.reduce_bucket_size = 400;
   c.zero.param_persistence_threshold = 40;
   c.zero.prefetch_bucket_size = 1000;
   c.zero3.seed = 1234;

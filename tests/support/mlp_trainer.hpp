@@ -35,7 +35,7 @@ double mlp_micro_step(Engine& engine, const MlpUnits& units, const MlpDims& dims
                       bool plant = false, float plant_value = 0.0f);
 
 // The configuration of the equivalence runs: `stage`, AdamW (lr 2e-2, weight decay 0.01), 2 micro-steps per
-// optimizer step, gradient clipping at 0.5, a linear WarmupLR over 4 steps, reduce buckets of 100 elements
+// optimizer step, gradient clipping at 0.5, a linear WarmupLR over 4 steps, reduce buckets of 400 elements
 // (several per step, units split across buckets), stage-3 persistence for units of up to 40 elements.
 Config equivalence_config(int stage);
 
