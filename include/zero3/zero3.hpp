@@ -10,3 +10,4 @@
 #include "zero3/store.hpp"
 #include "zero3/device.hpp"
 #include "zero3/engine.hpp"
+#include "zero3/memory_plan.hpp"
