@@ -70,7 +70,8 @@ struct LlamaDims {
 
 // Llama's units: "embed" (vocab x hidden), one "layer.<i>" per decoder layer (q, k, v, o projections,
 // gate, up, down, input and post-attention RMSNorm weights), "head" (final norm, and lm_head unless the
-// embeddings are tied). Shapes are PyTorch's (out_features, in_features). Throws InvalidArgument for a non-positive dimension or heads that do not divide.
+// embeddings are tied). Shapes are PyTorch's (out_features, in_features). Throws InvalidArgument for a non-positive
+// dimension or heads that do not divide.
 ModelDesc llama_model_desc(const LlamaDims& dims, const std::string& name = "llama");
 
 // Reads a model description from JSON text: either a Hugging Face Llama config.json (has "hidden_size")
@@ -106,8 +107,8 @@ struct MemoryPlan {
   DType compute_dtype = DType::f32;
   int64_t world_size = 1;
   int64_t ranks_per_node = 1;
-  int64_t nodes = 1;              // ceil(world_size / ranks_per_node)
-  bool device_is_host = false;    // zero3.device == "cpu"
+  int64_t nodes = 1;            // ceil(world_size / ranks_per_node)
+  bool device_is_host = false;  // zero3.device == "cpu"
 
   int64_t total_params = 0;       // elements, unpadded
   int64_t padded_params = 0;      // sum of Pp_u

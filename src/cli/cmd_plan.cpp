@@ -47,14 +47,21 @@ std::optional<int64_t> parse_bytes(const std::string& s) {
     return std::nullopt;
   }
   std::string suffix = s.substr(pos);
-  if (suffix.ends_with("iB")) suffix.resize(suffix.size() - 2);
-  else if (suffix.size() > 1 && suffix.ends_with("B")) suffix.resize(suffix.size() - 1);
+  if (suffix.ends_with("iB"))
+    suffix.resize(suffix.size() - 2);
+  else if (suffix.size() > 1 && suffix.ends_with("B"))
+    suffix.resize(suffix.size() - 1);
   int shift = 0;
-  if (suffix == "K" || suffix == "k") shift = 10;
-  else if (suffix == "M" || suffix == "m") shift = 20;
-  else if (suffix == "G" || suffix == "g") shift = 30;
-  else if (suffix == "T" || suffix == "t") shift = 40;
-  else if (!suffix.empty() && suffix != "B") return std::nullopt;
+  if (suffix == "K" || suffix == "k")
+    shift = 10;
+  else if (suffix == "M" || suffix == "m")
+    shift = 20;
+  else if (suffix == "G" || suffix == "g")
+    shift = 30;
+  else if (suffix == "T" || suffix == "t")
+    shift = 40;
+  else if (!suffix.empty() && suffix != "B")
+    return std::nullopt;
   if (v < 0) return std::nullopt;
   return static_cast<int64_t>(v) << shift;
 }
@@ -91,7 +98,8 @@ int run_plan(const Args& args) {
     } else if (a == "--world-size") {
       if (!positive(world_size)) return usage_error("--world-size: expected a positive integer, got '" + v + "'");
     } else if (a == "--ranks-per-node") {
-      if (!positive(ranks_per_node)) return usage_error("--ranks-per-node: expected a positive integer, got '" + v + "'");
+      if (!positive(ranks_per_node))
+        return usage_error("--ranks-per-node: expected a positive integer, got '" + v + "'");
     } else if (a == "--hidden-size") {
       if (!positive(hidden_size)) return usage_error("--hidden-size: expected a positive integer, got '" + v + "'");
     } else if (a == "--micro-batch") {
@@ -105,10 +113,14 @@ int run_plan(const Args& args) {
       if (!b) return usage_error("--activation-bytes: expected a byte count such as 2G, got '" + v + "'");
       options.activation_bytes = *b;
     } else if (a == "--precision") {
-      if (v == "bf16") inputs.precision = DType::bf16;
-      else if (v == "fp16") inputs.precision = DType::f16;
-      else if (v == "fp32") inputs.precision = DType::f32;
-      else return usage_error("--precision: expected bf16, fp16 or fp32, got '" + v + "'");
+      if (v == "bf16")
+        inputs.precision = DType::bf16;
+      else if (v == "fp16")
+        inputs.precision = DType::f16;
+      else if (v == "fp32")
+        inputs.precision = DType::f32;
+      else
+        return usage_error("--precision: expected bf16, fp16 or fp32, got '" + v + "'");
     } else {
       return usage_error("unknown argument '" + a + "'");
     }
@@ -125,8 +137,10 @@ int run_plan(const Args& args) {
   // the user did not give resolves to 1 rather than stopping the plan.
   if (!config.train_micro_batch_size_per_gpu && !inputs.micro_batch) inputs.micro_batch = 1;
   if (!config.gradient_accumulation_steps && !config.train_batch_size && !inputs.grad_accum) inputs.grad_accum = 1;
-  if (hidden_size) inputs.hidden_size = *hidden_size;
-  else if (model_hidden > 0) inputs.hidden_size = model_hidden;
+  if (hidden_size)
+    inputs.hidden_size = *hidden_size;
+  else if (model_hidden > 0)
+    inputs.hidden_size = model_hidden;
   resolve(config, inputs);
 
   options.world_size = *world_size;

@@ -67,9 +67,9 @@ enum class FillKind : uint8_t { zeros, ones, constant, normal, uniform };
 // What to fill with. Only the fields of `kind` are read. Build one with the named constructors.
 struct FillSpec {
   FillKind kind = FillKind::zeros;
-  double value = 0.0;                 // constant
-  double mean = 0.0, stddev = 1.0;    // normal(mean, stddev)
-  double low = 0.0, high = 1.0;       // uniform on [low, high) (high itself may appear after rounding to float)
+  double value = 0.0;               // constant
+  double mean = 0.0, stddev = 1.0;  // normal(mean, stddev)
+  double low = 0.0, high = 1.0;     // uniform on [low, high) (high itself may appear after rounding to float)
 
   static constexpr FillSpec zeros() { return FillSpec{}; }
   static constexpr FillSpec ones() {

@@ -11,8 +11,8 @@ namespace zero3 {
 
 LossScaler::LossScaler(const Fp16Config& fp16) {
   if (!fp16.enabled) return;  // bf16 / fp32: a static scale of 1
-  ZERO3_REQUIRE(fp16.loss_scale >= 0 && std::isfinite(fp16.loss_scale), ConfigError, "fp16.loss_scale: ",
-                fp16.loss_scale, " must be 0 (dynamic) or a positive finite scale");
+  ZERO3_REQUIRE(fp16.loss_scale >= 0 && std::isfinite(fp16.loss_scale), ConfigError,
+                "fp16.loss_scale: ", fp16.loss_scale, " must be 0 (dynamic) or a positive finite scale");
   if (fp16.loss_scale > 0) {
     state_.cur_scale = fp16.loss_scale;
     return;
@@ -21,8 +21,7 @@ LossScaler::LossScaler(const Fp16Config& fp16) {
                 "fp16.initial_scale_power: ", fp16.initial_scale_power, " must be in [0, 1023]");
   ZERO3_REQUIRE(fp16.loss_scale_window >= 1, ConfigError, "fp16.loss_scale_window: ", fp16.loss_scale_window,
                 " must be a positive integer");
-  ZERO3_REQUIRE(fp16.hysteresis >= 1, ConfigError, "fp16.hysteresis: ", fp16.hysteresis,
-                " must be a positive integer");
+  ZERO3_REQUIRE(fp16.hysteresis >= 1, ConfigError, "fp16.hysteresis: ", fp16.hysteresis, " must be a positive integer");
   ZERO3_REQUIRE(fp16.min_loss_scale > 0 && std::isfinite(fp16.min_loss_scale), ConfigError,
                 "fp16.min_loss_scale: ", fp16.min_loss_scale, " must be a positive finite number");
   dynamic_ = true;

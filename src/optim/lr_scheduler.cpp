@@ -146,14 +146,13 @@ class OneCycleLr final : public LrScheduler {
         min_mom_(s.cycle_min_mom),
         max_mom_(s.cycle_max_mom),
         decay_mom_rate_(s.decay_mom_rate) {
-    ZERO3_REQUIRE(s.cycle_first_step_size > 0, ConfigError, kParams, "cycle_first_step_size: ",
-                  s.cycle_first_step_size, " is not a positive integer");
+    ZERO3_REQUIRE(s.cycle_first_step_size > 0, ConfigError, kParams, "cycle_first_step_size: ", s.cycle_first_step_size,
+                  " is not a positive integer");
     ZERO3_REQUIRE(second_ >= 0, ConfigError, kParams, "cycle_second_step_size: ", second_, " is negative");
     ZERO3_REQUIRE(first_stairs_ >= 0 && second_stairs_ >= 0, ConfigError, kParams,
-                  "cycle_first_stair_count / cycle_second_stair_count: negative (", first_stairs_, ", ",
-                  second_stairs_, ")");
-    ZERO3_REQUIRE(s.decay_step_size >= 0, ConfigError, kParams, "decay_step_size: ", s.decay_step_size,
-                  " is negative");
+                  "cycle_first_stair_count / cycle_second_stair_count: negative (", first_stairs_, ", ", second_stairs_,
+                  ")");
+    ZERO3_REQUIRE(s.decay_step_size >= 0, ConfigError, kParams, "decay_step_size: ", s.decay_step_size, " is negative");
     total_ = first_ + second_;
     step_ratio_ = first_ / total_;
     // DeepSpeed skips a decay when its step size or its rate is zero.
@@ -205,7 +204,7 @@ class OneCycleLr final : public LrScheduler {
       // Quantised from the integer position in the cycle, not from `factor`, as DeepSpeed does.
       double in_cycle = std::fmod(batch, total_);
       double position = in_cycle <= first_ ? in_cycle * static_cast<double>(stairs) / first_
-                                            : (total_ - in_cycle) * static_cast<double>(stairs) / second_;
+                                           : (total_ - in_cycle) * static_cast<double>(stairs) / second_;
       factor = std::floor(position) / static_cast<double>(stairs);
     }
     return factor;

@@ -28,8 +28,8 @@ int64_t ModelDesc::numel() const {
 }
 
 ModelDesc llama_model_desc(const LlamaDims& d, const std::string& name) {
-  ZERO3_REQUIRE(d.hidden_size > 0 && d.intermediate_size > 0 && d.num_hidden_layers > 0 &&
-                    d.num_attention_heads > 0 && d.vocab_size > 0 && d.num_key_value_heads >= 0 && d.head_dim >= 0,
+  ZERO3_REQUIRE(d.hidden_size > 0 && d.intermediate_size > 0 && d.num_hidden_layers > 0 && d.num_attention_heads > 0 &&
+                    d.vocab_size > 0 && d.num_key_value_heads >= 0 && d.head_dim >= 0,
                 InvalidArgument, "llama_model_desc: dimensions must be positive (hidden_size ", d.hidden_size,
                 ", intermediate_size ", d.intermediate_size, ", num_hidden_layers ", d.num_hidden_layers,
                 ", num_attention_heads ", d.num_attention_heads, ", num_key_value_heads ", d.num_key_value_heads,
@@ -51,9 +51,15 @@ ModelDesc llama_model_desc(const LlamaDims& d, const std::string& name) {
   m.units.push_back({"embed", {{d.vocab_size, h}}});
   for (int64_t i = 0; i < d.num_hidden_layers; ++i) {
     m.units.push_back({"layer." + std::to_string(i),
-                       {{q, h}, {kv, h}, {kv, h}, {h, q},  // q, k, v, o projections
-                        {ffn, h}, {ffn, h}, {h, ffn},      // gate, up, down
-                        {h}, {h}}});                       // input and post-attention RMSNorm
+                       {{q, h},
+                        {kv, h},
+                        {kv, h},
+                        {h, q},  // q, k, v, o projections
+                        {ffn, h},
+                        {ffn, h},
+                        {h, ffn},  // gate, up, down
+                        {h},
+                        {h}}});  // input and post-attention RMSNorm
   }
   UnitDesc head{"head", {{h}}};
   if (!d.tie_word_embeddings) head.params.push_back({d.vocab_size, h});
@@ -176,21 +182,30 @@ ModelDesc load_model_desc(const std::string& path, int64_t* hidden_size_out) {
 
 const char* to_string(MemoryTier tier) {
   switch (tier) {
-    case MemoryTier::device: return "device";
-    case MemoryTier::host: return "host";
-    case MemoryTier::nvme: return "nvme";
+    case MemoryTier::device:
+      return "device";
+    case MemoryTier::host:
+      return "host";
+    case MemoryTier::nvme:
+      return "nvme";
   }
   return "?";
 }
 
 const char* to_string(MemoryCategory category) {
   switch (category) {
-    case MemoryCategory::params: return "params";
-    case MemoryCategory::master: return "master";
-    case MemoryCategory::grads: return "grads";
-    case MemoryCategory::optimizer_state: return "optimizer";
-    case MemoryCategory::buffers: return "buffers";
-    case MemoryCategory::activations: return "activations";
+    case MemoryCategory::params:
+      return "params";
+    case MemoryCategory::master:
+      return "master";
+    case MemoryCategory::grads:
+      return "grads";
+    case MemoryCategory::optimizer_state:
+      return "optimizer";
+    case MemoryCategory::buffers:
+      return "buffers";
+    case MemoryCategory::activations:
+      return "activations";
   }
   return "?";
 }
@@ -217,9 +232,12 @@ namespace {
 
 MemoryTier tier_of(OffloadDevice device) {
   switch (device) {
-    case OffloadDevice::none: return MemoryTier::device;
-    case OffloadDevice::cpu: return MemoryTier::host;
-    case OffloadDevice::nvme: return MemoryTier::nvme;
+    case OffloadDevice::none:
+      return MemoryTier::device;
+    case OffloadDevice::cpu:
+      return MemoryTier::host;
+    case OffloadDevice::nvme:
+      return MemoryTier::nvme;
   }
   return MemoryTier::device;
 }
@@ -339,16 +357,16 @@ MemoryPlan plan_memory(const ModelDesc& model, const Config& config, const Memor
   ZERO3_REQUIRE(z.stage >= 0 && z.stage <= 3, ConfigError, "zero_optimization.stage: ", z.stage,
                 " is not 0, 1, 2 or 3");
   ZERO3_REQUIRE(z.offload_param.device == OffloadDevice::none || z.stage == 3, ConfigError,
-                "zero_optimization.offload_param.device: offloading parameters needs stage 3 (stage is ", z.stage,
-                ")");
+                "zero_optimization.offload_param.device: offloading parameters needs stage 3 (stage is ", z.stage, ")");
   ZERO3_REQUIRE(z.offload_optimizer.device == OffloadDevice::none || z.stage >= 1, ConfigError,
                 "zero_optimization.offload_optimizer.device: offloading the optimizer needs stage 1, 2 or 3 "
                 "(stage is 0)");
   ZERO3_REQUIRE(z.reduce_bucket_size.has_value(), ConfigError,
                 "zero_optimization.reduce_bucket_size: still \"auto\"; pass --hidden-size to zero3 plan (or "
                 "hidden_size to resolve())");
-  ZERO3_REQUIRE(*z.reduce_bucket_size >= 1, ConfigError, "zero_optimization.reduce_bucket_size: ",
-                *z.reduce_bucket_size, " is not a positive number of elements");
+  ZERO3_REQUIRE(*z.reduce_bucket_size >= 1, ConfigError,
+                "zero_optimization.reduce_bucket_size: ", *z.reduce_bucket_size,
+                " is not a positive number of elements");
 
   MemoryPlan plan;
   plan.stage = z.stage;
@@ -426,7 +444,8 @@ MemoryPlan plan_memory(const ModelDesc& model, const Config& config, const Memor
   }
 
   // Gradients: the accumulator, and one open backward scope's buffer.
-  add(MemoryCategory::grads, MemoryTier::device, plan.largest_unit * g, "backward scope buffer, largest unit (" + gl + ")");
+  add(MemoryCategory::grads, MemoryTier::device, plan.largest_unit * g,
+      "backward scope buffer, largest unit (" + gl + ")");
   if (z.stage < 2) {
     add(MemoryCategory::grads, MemoryTier::device, full * g, "gradient accumulator, replicated (" + gl + ")");
     if (z.stage == 1 && z.offload_optimizer.device != OffloadDevice::none) {
@@ -468,8 +487,8 @@ MemoryPlan plan_memory(const ModelDesc& model, const Config& config, const Memor
   if (z.offload_optimizer.device == OffloadDevice::nvme) {
     int64_t elems = std::min(z.sub_group_size, plan.shard_params);
     add(MemoryCategory::buffers, MemoryTier::host, z.offload_optimizer.buffer_count * elems * 4,
-        "NVMe staging, optimizer: " + std::to_string(z.offload_optimizer.buffer_count) + " x " +
-            std::to_string(elems) + " (fp32)");
+        "NVMe staging, optimizer: " + std::to_string(z.offload_optimizer.buffer_count) + " x " + std::to_string(elems) +
+            " (fp32)");
   }
 
   add(MemoryCategory::activations, MemoryTier::device, options.activation_bytes, "activations (estimate given)");
@@ -497,8 +516,10 @@ std::string human(int64_t bytes) {
     ++u;
   }
   char buf[32];
-  if (u == 0) std::snprintf(buf, sizeof buf, "%lld B", static_cast<long long>(bytes));
-  else std::snprintf(buf, sizeof buf, "%.2f %s", v, kUnits[u]);
+  if (u == 0)
+    std::snprintf(buf, sizeof buf, "%lld B", static_cast<long long>(bytes));
+  else
+    std::snprintf(buf, sizeof buf, "%.2f %s", v, kUnits[u]);
   return buf;
 }
 
@@ -512,8 +533,9 @@ std::string format_memory_plan(const MemoryPlan& p) {
   os << "parameters: " << with_commas(p.total_params) << " (padded " << with_commas(p.padded_params) << ", "
      << with_commas(p.shard_params) << " owned per rank)";
   if (p.stage == 3) {
-    os << "\nstage 3: persistent units " << with_commas(p.persistent_numel) << " elements; gathered at once, worst case "
-       << with_commas(p.live_numel) << " elements (" << with_commas(p.live_params) << " padded)";
+    os << "\nstage 3: persistent units " << with_commas(p.persistent_numel)
+       << " elements; gathered at once, worst case " << with_commas(p.live_numel) << " elements ("
+       << with_commas(p.live_params) << " padded)";
   }
   os << "\n\n";
   char line[256];
@@ -525,8 +547,8 @@ std::string format_memory_plan(const MemoryPlan& p) {
     os << line;
   }
   os << "\n";
-  std::snprintf(line, sizeof line, "%-12s %-7s %20s %11s %22s %11s\n", "total", "tier", "bytes/rank", "",
-                "bytes/node", "");
+  std::snprintf(line, sizeof line, "%-12s %-7s %20s %11s %22s %11s\n", "total", "tier", "bytes/rank", "", "bytes/node",
+                "");
   os << line;
   for (MemoryTier t : {MemoryTier::device, MemoryTier::host, MemoryTier::nvme}) {
     std::snprintf(line, sizeof line, "%-12s %-7s %20s %11s %22s %11s\n", "", to_string(t),

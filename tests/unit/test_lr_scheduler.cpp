@@ -84,7 +84,7 @@ TEST(LrScheduler, WarmupDecayLr) {
   auto s = make_lr_scheduler(c);
   EXPECT_EQ(s->name(), "WarmupDecayLR");
   EXPECT_NEAR(s->lr_at(5), 0.005, kTol);
-  EXPECT_EQ(s->lr_at(10), 0.01);        // (110 - 10) / (110 - 10)
+  EXPECT_EQ(s->lr_at(10), 0.01);           // (110 - 10) / (110 - 10)
   EXPECT_NEAR(s->lr_at(60), 0.005, kTol);  // (110 - 60) / 100
   EXPECT_NEAR(s->lr_at(109), 0.0001, kTol);
   EXPECT_EQ(s->lr_at(110), 0.0);
@@ -100,9 +100,9 @@ TEST(LrScheduler, WarmupCosineLr) {
   c.scheduler.cos_min_ratio = 0.0001;
   auto s = make_lr_scheduler(c);
   EXPECT_EQ(s->name(), "WarmupCosineLR");
-  EXPECT_EQ(s->lr_at(-1), 0.0);                   // DeepSpeed's lr before the first step
-  EXPECT_NEAR(s->lr_at(0), 0.001, kTol);          // 0.01 * warmup_min_ratio
-  EXPECT_NEAR(s->lr_at(5), 0.0055, kTol);         // 0.01 * (0.1 + 0.5 * 0.9)
+  EXPECT_EQ(s->lr_at(-1), 0.0);            // DeepSpeed's lr before the first step
+  EXPECT_NEAR(s->lr_at(0), 0.001, kTol);   // 0.01 * warmup_min_ratio
+  EXPECT_NEAR(s->lr_at(5), 0.0055, kTol);  // 0.01 * (0.1 + 0.5 * 0.9)
   EXPECT_NEAR(s->lr_at(9), 0.0091, kTol);
   // it 10: progress 1/100: 0.01 * (0.0001 + 0.9999 * (1 + cos(0.01 pi)) / 2)
   EXPECT_NEAR(s->lr_at(10), 0.009997533048548475, kTol);

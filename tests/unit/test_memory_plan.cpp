@@ -264,7 +264,7 @@ TEST(MemoryPlan, Llama3_8B) {
   Config c;
   c.bf16.enabled = true;
   c.zero.stage = 3;
-  c.zero.reduce_bucket_size = 16'777'216;  // 4096^2
+  c.zero.reduce_bucket_size = 16'777'216;    // 4096^2
   c.zero.prefetch_bucket_size = 15'099'494;  // 0.9 * 4096^2
   c.zero.param_persistence_threshold = 40'960;
   c.zero.offload_param.device = OffloadDevice::cpu;
@@ -288,8 +288,14 @@ TEST(MemoryPlan, LlamaTinyAndTied) {
   ModelDesc m = load_model_desc(source_dir() + "/configs/models/llama-3-tiny.json");
   // embed 256x64; per layer q 64x64, k and v 32x64, o 64x64, gate and up 176x64, down 64x176, 2 norms of 64.
   EXPECT_EQ(m.numel(), 16384 + 2 * 46208 + 64 + 16384);
-  LlamaDims d{.hidden_size = 64, .intermediate_size = 176, .num_hidden_layers = 2, .num_attention_heads = 4,
-              .num_key_value_heads = 2, .head_dim = 0, .vocab_size = 256, .tie_word_embeddings = true};
+  LlamaDims d{.hidden_size = 64,
+              .intermediate_size = 176,
+              .num_hidden_layers = 2,
+              .num_attention_heads = 4,
+              .num_key_value_heads = 2,
+              .head_dim = 0,
+              .vocab_size = 256,
+              .tie_word_embeddings = true};
   ModelDesc tied = llama_model_desc(d);
   EXPECT_EQ(tied.numel(), 16384 + 2 * 46208 + 64);
   EXPECT_EQ(tied.units.back().params.size(), 1u);
@@ -325,8 +331,8 @@ TEST(MemoryPlan, PlanCommand) {
   const char* bin = std::getenv("ZERO3_BIN_DIR");
   if (!bin) GTEST_SKIP() << "ZERO3_BIN_DIR is not set (run through ctest)";
   std::string src = source_dir();
-  std::string cmd = std::string(bin) + "/zero3 plan --model " + src + "/configs/models/llama-3-8b.json --config " + src +
-                    "/configs/llama-3-8b-stage3.json --world-size 16 --ranks-per-node 4 2>/dev/null";
+  std::string cmd = std::string(bin) + "/zero3 plan --model " + src + "/configs/models/llama-3-8b.json --config " +
+                    src + "/configs/llama-3-8b-stage3.json --world-size 16 --ranks-per-node 4 2>/dev/null";
   FILE* f = popen(cmd.c_str(), "r");
   ASSERT_NE(f, nullptr);
   std::string out;

@@ -20,18 +20,22 @@ struct Kat {
 
 // Random123 kat_vectors, "philox4x32 10" lines: counter (4 words), key (2 words), result (4 words).
 const Kat kKats[] = {
-    {{0x00000000, 0x00000000, 0x00000000, 0x00000000}, {0x00000000, 0x00000000},
+    {{0x00000000, 0x00000000, 0x00000000, 0x00000000},
+     {0x00000000, 0x00000000},
      {0x6627e8d5, 0xe169c58d, 0xbc57ac4c, 0x9b00dbd8}},
-    {{0xffffffff, 0xffffffff, 0xffffffff, 0xffffffff}, {0xffffffff, 0xffffffff},
+    {{0xffffffff, 0xffffffff, 0xffffffff, 0xffffffff},
+     {0xffffffff, 0xffffffff},
      {0x408f276d, 0x41c83b0e, 0xa20bc7c6, 0x6d5451fd}},
-    {{0x243f6a88, 0x85a308d3, 0x13198a2e, 0x03707344}, {0xa4093822, 0x299f31d0},
+    {{0x243f6a88, 0x85a308d3, 0x13198a2e, 0x03707344},
+     {0xa4093822, 0x299f31d0},
      {0xd16cfe09, 0x94fdcceb, 0x5001e420, 0x24126ea1}},
 };
 
 TEST(Philox, KnownAnswerVectors) {
   for (const Kat& k : kKats) {
     Philox4x32 out = philox4x32_10(Philox4x32{{k.ctr[0], k.ctr[1], k.ctr[2], k.ctr[3]}}, k.key[0], k.key[1]);
-    for (int i = 0; i < 4; ++i) EXPECT_EQ(out.v[i], k.expected[i]) << "word " << i << " of ctr " << std::hex << k.ctr[0];
+    for (int i = 0; i < 4; ++i)
+      EXPECT_EQ(out.v[i], k.expected[i]) << "word " << i << " of ctr " << std::hex << k.ctr[0];
   }
 }
 
@@ -119,7 +123,7 @@ TEST(Philox, StreamsAndSeedsDiffer) {
   EXPECT_EQ(same_ab, 0);
   EXPECT_EQ(same_ac, 0);
   EXPECT_NE(philox_stream_id("a"), philox_stream_id("b"));
-  static_assert(philox_stream_id("") == 0xcbf29ce484222325ull);  // FNV-1a offset basis
+  static_assert(philox_stream_id("") == 0xcbf29ce484222325ull);   // FNV-1a offset basis
   static_assert(philox_stream_id("a") == 0xaf63dc4c8601ec8cull);  // published FNV-1a 64 of "a"
 }
 
