@@ -117,7 +117,8 @@ LaunchInfo from_kubeflow(const Reader& r) {
   if (nproc > 1 && !local_rank) {
     throw CommError("kubeflow launch: PET_NPROC_PER_NODE=" + std::to_string(nproc) +
                     " but this process was started directly, once per pod; start it with `zero3 launch -- "
-                    "PROGRAM` (reads PET_*) or `torchrun --no-python PROGRAM`");
+                    "PROGRAM` (reads PET_*) or `torchrun --no-python PROGRAM`, or set the TrainJob's "
+                    "spec.trainer.numProcPerNode to 1");
   }
   info.local_rank = local_rank.value_or(0);
   require_rank_in_world(info.local_rank, "LOCAL_RANK", nproc, "PET_NPROC_PER_NODE");
