@@ -173,7 +173,7 @@ std::string memlock_text(bool* unlimited) {
 }
 
 double shm_bytes() {
-  struct statvfs s{};
+  struct statvfs s {};
   if (statvfs("/dev/shm", &s) != 0) return -1;
   return static_cast<double>(s.f_blocks) * static_cast<double>(s.f_frsize);
 }
@@ -251,8 +251,8 @@ int report() {
 #endif
   if (ZERO3_HAVE_GLOO) {
     std::string v = ZERO3_GLOO_CMAKE_VERSION;
-    row("Gloo", (v.empty() ? std::string("version unknown") : v) +
-                    " (the CMake package's version; the library exposes none)");
+    row("Gloo",
+        (v.empty() ? std::string("version unknown") : v) + " (the CMake package's version; the library exposes none)");
   } else {
     row("Gloo", "not compiled");
     hints.push_back("Gloo is not compiled in: install libgloo-dev and rebuild for multi-process CPU runs");
@@ -260,7 +260,7 @@ int report() {
   fabric::FabricProbe probe = fabric::probe_fabric();
   if (probe.compiled) {
     row("libfabric library", probe.version_string() + " (loaded), " + std::to_string(probe.build_major) + "." +
-                         std::to_string(probe.build_minor) + " (compiled against)");
+                                 std::to_string(probe.build_minor) + " (compiled against)");
   } else {
     row("libfabric library", "not compiled");
     hints.push_back("libfabric is not compiled in: install libfabric-dev and rebuild to have EFA probed");
@@ -298,11 +298,12 @@ int report() {
     row("providers", fabric::join_providers(probe.providers));
     if (!probe.error.empty()) row("probe error", probe.error);
     row("efa provider", probe.has_provider("efa") ? "present" : "absent");
-    row("EFA devices", probe.efa_devices == 0 ? "0" : std::to_string(probe.efa_devices) + " (" + [&] {
-      std::string s;
-      for (const auto& dmn : probe.efa_domains) s += (s.empty() ? "" : ", ") + dmn;
-      return s;
-    }() + ")");
+    row(
+        "EFA devices", probe.efa_devices == 0 ? "0" : std::to_string(probe.efa_devices) + " (" + [&] {
+          std::string s;
+          for (const auto& dmn : probe.efa_domains) s += (s.empty() ? "" : ", ") + dmn;
+          return s;
+        }() + ")");
     if (probe.efa_devices > 0) row("GPUDirect RDMA", yes_no(probe.efa_hmem) + " (efa provider with FI_HMEM)");
     if (!probe.fi_provider_env.empty()) row("FI_PROVIDER", probe.fi_provider_env);
   }
@@ -312,8 +313,9 @@ int report() {
   } else if (plugin.loaded) {
     row("aws-ofi-nccl plugin", "'" + plugin.net_name + "' from " + plugin.path + " (net interface v" +
                                    std::to_string(plugin.interface_version) + ")" +
-                                   (plugin.set_env.empty() ? "" : "; NCCL needs NCCL_NET_PLUGIN=" + plugin.set_env +
-                                                                      " to load it, which zero3 sets"));
+                                   (plugin.set_env.empty() ? ""
+                                                           : "; NCCL needs NCCL_NET_PLUGIN=" + plugin.set_env +
+                                                                 " to load it, which zero3 sets"));
   } else {
     std::string tried;
     for (const auto& f : plugin.failures) tried += (tried.empty() ? "" : "; ") + f;
@@ -325,8 +327,9 @@ int report() {
   row("zero3.network auto", auto_choice.message);
   row("zero3.network efa", efa_choice.error ? "would stop: " + efa_choice.message : "usable: " + efa_choice.message);
   if (probe.compiled && probe.efa_devices == 0) {
-    hints.push_back("no EFA device: NCCL between nodes would use TCP sockets (fine on one node; on EFA instances "
-                    "attach the EFA interface and use the EFA installer's libfabric)");
+    hints.push_back(
+        "no EFA device: NCCL between nodes would use TCP sockets (fine on one node; on EFA instances "
+        "attach the EFA interface and use the EFA installer's libfabric)");
   } else if (probe.efa_devices > 0 && efa_choice.error) {
     hints.push_back("EFA devices are present but cannot be used; see 'zero3.network efa' above and docs/efa.md");
   }
@@ -368,8 +371,7 @@ int report() {
                     "Memory at /dev/shm (the seed's job uses 64Gi)");
   }
   double huge_total = meminfo("HugePages_Total");  // a count, not bytes (no unit)
-  row("hugepages", std::to_string(static_cast<long long>(huge_total)) + " x " +
-                       bytes_text(meminfo("Hugepagesize")));
+  row("hugepages", std::to_string(static_cast<long long>(huge_total)) + " x " + bytes_text(meminfo("Hugepagesize")));
 
   section("environment");
   for (const auto& k : env::all_knobs()) {

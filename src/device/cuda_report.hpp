@@ -21,12 +21,12 @@ struct CudaDeviceInfo {
 
 struct CudaReport {
   bool compiled = false;
-  int toolkit_version = 0;      // CUDART_VERSION zero3 was compiled with (13000 = 13.0)
-  int runtime_version = 0;      // cudaRuntimeGetVersion
-  int driver_version = 0;       // cudaDriverGetVersion; 0 when no driver is installed
-  std::string cublas_version;   // "13.0.2" (cublasGetProperty), empty if unknown
+  int toolkit_version = 0;     // CUDART_VERSION zero3 was compiled with (13000 = 13.0)
+  int runtime_version = 0;     // cudaRuntimeGetVersion
+  int driver_version = 0;      // cudaDriverGetVersion; 0 when no driver is installed
+  std::string cublas_version;  // "13.0.2" (cublasGetProperty), empty if unknown
   int device_count = 0;
-  std::string no_device;        // CUDA's message when cudaGetDeviceCount failed
+  std::string no_device;  // CUDA's message when cudaGetDeviceCount failed
   std::vector<CudaDeviceInfo> devices;
 };
 

@@ -30,8 +30,8 @@ std::vector<std::string> efa_missing(const FabricProbe& probe, const NetPluginCh
   } else {
     if (!probe.error.empty()) missing.push_back("libfabric: " + probe.error);
     if (probe.efa_devices == 0) {
-      std::string s = "libfabric " + probe.version_string() + " has no usable efa provider (providers found: " +
-                      join_providers(probe.providers) + ")";
+      std::string s = "libfabric " + probe.version_string() +
+                      " has no usable efa provider (providers found: " + join_providers(probe.providers) + ")";
       if (!probe.fi_provider_env.empty()) {
         s += "; FI_PROVIDER=" + probe.fi_provider_env + " limits libfabric to the providers it names";
       } else {
@@ -40,8 +40,8 @@ std::vector<std::string> efa_missing(const FabricProbe& probe, const NetPluginCh
       missing.push_back(s);
     }
     if (!probe.version_at_least(kMinLibfabricMajor, kMinLibfabricMinor)) {
-      missing.push_back("libfabric " + probe.version_string() + " is older than " +
-                        std::to_string(kMinLibfabricMajor) + "." + std::to_string(kMinLibfabricMinor) +
+      missing.push_back("libfabric " + probe.version_string() + " is older than " + std::to_string(kMinLibfabricMajor) +
+                        "." + std::to_string(kMinLibfabricMinor) +
                         ", the minimum of the aws-ofi-nccl plugin (use the EFA installer's libfabric, "
                         "/opt/amazon/efa/lib, ahead of the system one in LD_LIBRARY_PATH)");
     }
@@ -83,18 +83,24 @@ NetworkMode parse_network_mode(const std::string& value) {
 
 const char* network_mode_name(NetworkMode mode) {
   switch (mode) {
-    case NetworkMode::automatic: return "auto";
-    case NetworkMode::efa: return "efa";
-    case NetworkMode::socket: return "socket";
+    case NetworkMode::automatic:
+      return "auto";
+    case NetworkMode::efa:
+      return "efa";
+    case NetworkMode::socket:
+      return "socket";
   }
   return "?";
 }
 
 const char* transport_name(Transport t) {
   switch (t) {
-    case Transport::efa: return "efa";
-    case Transport::socket: return "socket";
-    case Transport::nccl_default: return "nccl-default";
+    case Transport::efa:
+      return "efa";
+    case Transport::socket:
+      return "socket";
+    case Transport::nccl_default:
+      return "nccl-default";
   }
   return "?";
 }
@@ -112,8 +118,7 @@ NetworkDecision decide_network(NetworkMode mode, const FabricProbe& probe, const
       d.message = "NCCL network: TCP sockets (zero3.network = \"socket\")";
       if (probe.efa_devices > 0) {
         d.warn = true;
-        d.message += "; " + plural(probe.efa_devices, "EFA device") + " present and unused. " +
-                     kSocketFallbackCost;
+        d.message += "; " + plural(probe.efa_devices, "EFA device") + " present and unused. " + kSocketFallbackCost;
       }
       return d;
 
@@ -173,8 +178,7 @@ std::optional<NetworkDecision> common_network(NetworkMode mode, const std::vecto
     NetworkDecision d;
     if (one_host) {
       d.warn = true;
-      d.message = "NCCL network: zero3.network is \"efa\" but all " + plural(n, "rank") + " run on host " +
-                  hosts[0] +
+      d.message = "NCCL network: zero3.network is \"efa\" but all " + plural(n, "rank") + " run on host " + hosts[0] +
                   ", where NCCL talks over NVLink, PCIe and shared memory and no network, so EFA is not needed "
                   "here; NCCL keeps its own choice. On several nodes this is an error: " +
                   ranks[failing[0]].message;
@@ -203,8 +207,7 @@ std::optional<NetworkDecision> common_network(NetworkMode mode, const std::vecto
       d.warn = true;
       d.message = "NCCL network: EFA is not used because " + where(first_other) + " cannot use it (" +
                   ranks[first_other].message + "); " + std::to_string(efa) + " of " + std::to_string(n) +
-                  " ranks could. NCCL picks its own transport, TCP sockets on an EFA cluster. " +
-                  kSocketFallbackCost;
+                  " ranks could. NCCL picks its own transport, TCP sockets on an EFA cluster. " + kSocketFallbackCost;
       return d;
     }
   }

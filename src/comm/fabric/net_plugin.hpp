@@ -19,8 +19,8 @@
 namespace zero3::fabric {
 
 struct PluginCandidate {
-  std::string file;      // argument to dlopen
-  bool nccl_tries;       // NCCL itself would try this name with the current NCCL_NET_PLUGIN
+  std::string file;  // argument to dlopen
+  bool nccl_tries;   // NCCL itself would try this name with the current NCCL_NET_PLUGIN
 };
 
 // The names NCCL tries for `env` (the value of NCCL_NET_PLUGIN, nullptr when unset), followed, when it is
@@ -30,14 +30,14 @@ std::vector<PluginCandidate> nccl_net_plugin_candidates(const char* env, bool* d
 // The search for aws-ofi-nccl among the candidates. A library that loads but registers another name (an
 // InfiniBand plugin, say) is recorded in `other` and the search goes on.
 struct NetPluginCheck {
-  bool checked = false;       // a check ran (it is skipped when nothing asks for EFA)
-  bool disabled = false;      // NCCL_NET_PLUGIN=none
-  bool loaded = false;        // an aws-ofi-nccl plugin loaded and exports ncclNetPlugin_vN
-  std::string file;           // the name that loaded
-  std::string path;           // where the dynamic linker found it
-  std::string net_name;       // the name the plugin registers ("Libfabric")
-  int interface_version = 0;  // N of the newest ncclNetPlugin_vN it exports
-  std::string set_env;        // NCCL_NET_PLUGIN value NCCL needs to load `file`; empty when it already would
+  bool checked = false;               // a check ran (it is skipped when nothing asks for EFA)
+  bool disabled = false;              // NCCL_NET_PLUGIN=none
+  bool loaded = false;                // an aws-ofi-nccl plugin loaded and exports ncclNetPlugin_vN
+  std::string file;                   // the name that loaded
+  std::string path;                   // where the dynamic linker found it
+  std::string net_name;               // the name the plugin registers ("Libfabric")
+  int interface_version = 0;          // N of the newest ncclNetPlugin_vN it exports
+  std::string set_env;                // NCCL_NET_PLUGIN value NCCL needs to load `file`; empty when it already would
   std::vector<std::string> failures;  // "<file>: <dlerror>" for every name that did not load
   std::string other;                  // "'IBext' from /path": a network plugin that is not aws-ofi-nccl
 };

@@ -30,8 +30,8 @@ NetworkDecision decide_network_here(NetworkMode mode) {
   return decide_network(mode, probe, plugin);
 }
 
-NetworkDecision negotiate_network(NetworkMode mode, const NetworkDecision& local, const std::string& host,
-                                  Store* store, const std::string& prefix, int rank, int size) {
+NetworkDecision negotiate_network(NetworkMode mode, const NetworkDecision& local, const std::string& host, Store* store,
+                                  const std::string& prefix, int rank, int size) {
   if (size == 1) return agree_network(mode, {local}, {host}, 0);
   if (!store) throw InvalidArgument("negotiate_network: a store is needed for " + std::to_string(size) + " ranks");
   if (host.find('\n') != std::string::npos) throw InvalidArgument("negotiate_network: host name has a newline");

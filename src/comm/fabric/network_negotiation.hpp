@@ -17,8 +17,8 @@ namespace zero3::fabric {
 NetworkDecision decide_network_here(NetworkMode mode);
 
 // The agreed decision of `rank`; `store` may be null only when size == 1.
-NetworkDecision negotiate_network(NetworkMode mode, const NetworkDecision& local, const std::string& host,
-                                  Store* store, const std::string& prefix, int rank, int size);
+NetworkDecision negotiate_network(NetworkMode mode, const NetworkDecision& local, const std::string& host, Store* store,
+                                  const std::string& prefix, int rank, int size);
 
 // gethostname(), or "unknown-host".
 std::string host_name();

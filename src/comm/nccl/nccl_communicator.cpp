@@ -20,18 +20,24 @@ namespace {
 
 ncclDataType_t nccl_dtype(DType t) {
   switch (t) {
-    case DType::f32: return ncclFloat32;
-    case DType::bf16: return ncclBfloat16;
-    case DType::f16: return ncclFloat16;
+    case DType::f32:
+      return ncclFloat32;
+    case DType::bf16:
+      return ncclBfloat16;
+    case DType::f16:
+      return ncclFloat16;
   }
   throw InvalidArgument("nccl: unknown dtype " + std::to_string(static_cast<int>(t)));
 }
 
 ncclRedOp_t nccl_op(ReduceOp op) {
   switch (op) {
-    case ReduceOp::sum: return ncclSum;
-    case ReduceOp::avg: return ncclAvg;
-    case ReduceOp::max: return ncclMax;
+    case ReduceOp::sum:
+      return ncclSum;
+    case ReduceOp::avg:
+      return ncclAvg;
+    case ReduceOp::max:
+      return ncclMax;
   }
   throw InvalidArgument("nccl: unknown reduce op " + std::to_string(static_cast<int>(op)));
 }
@@ -98,14 +104,14 @@ NcclCommunicator::NcclCommunicator(const CommOptions& options, const LaunchInfo&
                 options.timeout.count(), " ms");
   ZERO3_REQUIRE(launch.world_size >= 1 && launch.rank >= 0 && launch.rank < launch.world_size, InvalidArgument,
                 "nccl: rank ", launch.rank, " is not in a world of ", launch.world_size);
-  ZERO3_REQUIRE(store || launch.world_size == 1, InvalidArgument, "nccl: a store is needed to join ",
-                launch.world_size, " ranks");
+  ZERO3_REQUIRE(store || launch.world_size == 1, InvalidArgument, "nccl: a store is needed to join ", launch.world_size,
+                " ranks");
   state_->rank = launch.rank;
   state_->size = launch.world_size;
   state_->timeout = options.timeout;
   state_->device = pick_device(options, launch);
-  state_->name = "nccl communicator (rank " + std::to_string(launch.rank) + " of " +
-                 std::to_string(launch.world_size) + ", device " + std::to_string(state_->device) + ")";
+  state_->name = "nccl communicator (rank " + std::to_string(launch.rank) + " of " + std::to_string(launch.world_size) +
+                 ", device " + std::to_string(state_->device) + ")";
   register_buffers_ = options.register_buffers;
   DeviceGuard guard(state_->device);
 
@@ -124,8 +130,8 @@ NcclCommunicator::NcclCommunicator(const CommOptions& options, const LaunchInfo&
     setenv("NCCL_NET_PLUGIN", network_.set_plugin.c_str(), 0);
   }
   net_name_ = network_.net_name;
-  if (const char* env_net = std::getenv("NCCL_NET"); env_net && !net_name_.empty() &&
-                                                    strcasecmp(env_net, net_name_.c_str()) != 0) {
+  if (const char* env_net = std::getenv("NCCL_NET");
+      env_net && !net_name_.empty() && strcasecmp(env_net, net_name_.c_str()) != 0) {
     log::warn_rank0("NCCL_NET=", env_net, " is overridden: zero3.network = \"", fabric::network_mode_name(mode),
                     "\" pins NCCL's network to '", net_name_, "'");
   }
@@ -189,8 +195,8 @@ NcclCommunicator::NcclCommunicator(Adopt, ncclComm_t comm, const NcclCommunicato
   try {
     ZERO3_NCCL_CHECK(ncclCommUserRank(comm, &state_->rank));
     ZERO3_NCCL_CHECK(ncclCommCount(comm, &state_->size));
-    state_->name = "nccl communicator split from " + parent.state_->name + " (rank " +
-                   std::to_string(state_->rank) + " of " + std::to_string(state_->size) + ")";
+    state_->name = "nccl communicator split from " + parent.state_->name + " (rank " + std::to_string(state_->rank) +
+                   " of " + std::to_string(state_->size) + ")";
     DeviceGuard guard(state_->device);
     start();
   } catch (...) {
@@ -228,9 +234,8 @@ ncclResult_t NcclCommunicator::settle_locked(ncclComm_t comm, ncclResult_t first
 }
 
 void NcclCommunicator::fail_locked(const std::string& what, ncclResult_t r) {
-  std::string reason = r == ncclInProgress
-                           ? what + " was still being enqueued after " + seconds(state_->timeout) + " s"
-                           : what + " failed: " + detail::nccl_error_detail(r, state_->comm);
+  std::string reason = r == ncclInProgress ? what + " was still being enqueued after " + seconds(state_->timeout) + " s"
+                                           : what + " failed: " + detail::nccl_error_detail(r, state_->comm);
   if (watchdog_) {
     watchdog_->abort_locked(reason);
   } else if (state_->comm) {
@@ -277,9 +282,8 @@ WorkPtr NcclCommunicator::all_gather_into(void* out, const void* in, size_t coun
   const size_t bytes = count * dtype_size(dtype);
   require_no_partial_overlap(out, bytes * size(), in, bytes, static_cast<char*>(out) + bytes * rank(), what);
   if (count == 0) return completed_work();
-  return launch(what, stream, [&](ncclComm_t c, cudaStream_t s) {
-    return ncclAllGather(in, out, count, nccl_dtype(dtype), c, s);
-  });
+  return launch(what, stream,
+                [&](ncclComm_t c, cudaStream_t s) { return ncclAllGather(in, out, count, nccl_dtype(dtype), c, s); });
 }
 
 WorkPtr NcclCommunicator::reduce_scatter(void* out, const void* in, size_t count, DType dtype, ReduceOp op,

@@ -12,13 +12,13 @@ constexpr auto kPollInterval = std::chrono::microseconds(50);
 
 }  // namespace
 
-NcclWork::NcclWork(std::string description, cudaEvent_t event)
-    : description_(std::move(description)), event_(event) {}
+NcclWork::NcclWork(std::string description, cudaEvent_t event) : description_(std::move(description)), event_(event) {}
 
 NcclWork::~NcclWork() {
   if (event_) {
     cudaError_t e = cudaEventDestroy(event_);
-    if (e != cudaSuccess) {
+    // At process exit the runtime may already be gone; the event went with it.
+    if (e != cudaSuccess && e != cudaErrorCudartUnloading) {
       log::warn("destroying the event of ", description_, ": ", cudaGetErrorString(e));
       cudaGetLastError();
     }

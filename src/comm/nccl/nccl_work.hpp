@@ -33,8 +33,8 @@ class NcclWork final : public Work {
 
   // For the watchdog and the communicator.
   enum class State { running, done, failed };
-  State poll();                          // checks the event without blocking
-  void fail(std::exception_ptr error);   // no effect once the Work is done
+  State poll();                         // checks the event without blocking
+  void fail(std::exception_ptr error);  // no effect once the Work is done
   const std::string& description() const { return description_; }
   std::chrono::steady_clock::time_point issued() const { return issued_; }
 
