@@ -1,0 +1,110 @@
+// The memory plan against the engine it describes: the same model and config, planned from shapes and then
+// trained for a few steps on 1-3 ranks, must give the engine's measured bytes per category and its measured
+// peak of gathered elements (stage 3) exactly.
+// zero3-test-ranks: 1 2 3
+#include <gtest/gtest.h>
+
+#include "support/engine_world.hpp"
+#include "support/mlp_trainer.hpp"
+#include "zero3/engine.hpp"
+#include "zero3/memory_plan.hpp"
+
+using namespace zero3;
+using namespace zero3::testing;
+
+namespace {
+
+// Units of 30, 7 (persistent at stage 3), 28 and 101 elements: no world size in 2..3 divides them all.
+const std::vector<std::pair<std::string, std::vector<ParamSpec>>>& units() {
+  static const std::vector<std::pair<std::string, std::vector<ParamSpec>>> u = {
+      {"a", {{"w", {10, 3}, ParamInit::normal(0.1)}}},
+      {"b", {{"g", {7}, ParamInit::ones()}}},
+      {"c", {{"w", {5, 5}, ParamInit::normal(0.1)}, {"bias", {3}, ParamInit::zeros()}}},
+      {"d", {{"w", {101}, ParamInit::uniform(-0.1, 0.1)}}},
+  };
+  return u;
+}
+
+ModelDesc describe() {
+  ModelDesc m;
+  m.name = "plan-check";
+  for (const auto& [name, params] : units()) {
+    UnitDesc u{name, {}};
+    for (const auto& p : params) u.params.push_back(p.shape);
+    m.units.push_back(std::move(u));
+  }
+  return m;
+}
+
+Config plan_config(int stage, bool bf16, int64_t reuse) {
+  Config c = equivalence_config(stage);
+  c.bf16.enabled = bf16;
+  c.zero.param_persistence_threshold = 10;
+  c.zero.prefetch_bucket_size = 40;
+  c.zero.reduce_bucket_size = 60;
+  c.zero.max_reuse_distance = reuse;
+  return c;
+}
+
+int64_t planned(const MemoryPlan& p, MemoryCategory cat, const std::string& leave_out = "") {
+  int64_t total = 0;
+  for (const auto& e : p.entries) {
+    if (e.category == cat && (leave_out.empty() || e.what.find(leave_out) == std::string::npos)) total += e.bytes;
+  }
+  return total;
+}
+
+void check(int stage, bool bf16, int64_t reuse) {
+  SCOPED_TRACE("stage " + std::to_string(stage) + (bf16 ? " bf16" : " fp32") + " reuse " + std::to_string(reuse));
+  auto comm = engine_world();
+  Config config = plan_config(stage, bf16, reuse);
+  MemoryPlanOptions o;
+  o.world_size = comm->size();
+  MemoryPlan plan = plan_memory(describe(), config, o);
+
+  Engine e(config, comm, cpu_device());
+  std::vector<UnitId> ids;
+  for (const auto& [name, params] : units()) ids.push_back(e.add_unit(name, params));
+  e.materialize();
+  for (int micro = 0; micro < 6; ++micro) {
+    for (UnitId u : ids) {
+      auto s = e.forward_scope(u);
+    }
+    for (auto it = ids.rbegin(); it != ids.rend(); ++it) {
+      auto s = e.backward_scope(*it);
+      TensorView g = s.flat_grads();
+      for (int64_t i = 0; i < g.numel; ++i) g.as<float>()[i] = 1e-3f * static_cast<float>(i % 5);
+    }
+    e.step();
+  }
+  MemoryStats m = e.memory();
+  // Between micro-steps the gathered units and the backward scope's buffer are gone: what is left is the
+  // plan without those two transient entries (the persistent units stay gathered).
+  const int64_t c = bf16 ? 2 : 4;
+  EXPECT_EQ(m.gathered, plan.persistent_params * c);
+  EXPECT_EQ(m.params, planned(plan, MemoryCategory::params, "worst case"));
+  EXPECT_EQ(m.master, planned(plan, MemoryCategory::master));
+  EXPECT_EQ(m.grads, planned(plan, MemoryCategory::grads, "backward scope"));
+  EXPECT_EQ(m.optimizer_state, planned(plan, MemoryCategory::optimizer_state));
+  EXPECT_EQ(m.buffers, planned(plan, MemoryCategory::buffers));
+  if (stage == 3) {
+    ScheduleStats s = e.schedule_stats();
+    EXPECT_EQ(s.persistent_numel, plan.persistent_numel);
+    EXPECT_EQ(s.peak_live_numel, plan.live_numel);
+    EXPECT_EQ(m.peak_gathered, (plan.live_params + plan.persistent_params) * c);
+  }
+}
+
+TEST(MemoryPlanEngine, EveryStage) {
+  for (int stage = 0; stage <= 3; ++stage) {
+    check(stage, /*bf16=*/true, 1'000'000'000);
+    check(stage, /*bf16=*/false, 1'000'000'000);
+  }
+}
+
+TEST(MemoryPlanEngine, Stage3Schedules) {
+  check(3, true, 0);
+  check(3, true, 60);
+}
+
+}  // namespace
