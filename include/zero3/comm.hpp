@@ -124,9 +124,9 @@ struct CommOptions {
   // of one, else gloo.
   std::string backend = "auto";
   std::chrono::milliseconds timeout = std::chrono::seconds(600);
-  int device = -1;               // CUDA device for nccl; -1 = local_rank
-  std::string network = "auto";  // nccl: auto | efa | socket (see docs/launch.md)
-  bool register_buffers = false; // nccl: user-buffer registration
+  int device = -1;                // CUDA device for nccl; -1 = local_rank
+  std::string network = "auto";   // nccl: auto | efa | socket (see docs/launch.md)
+  bool register_buffers = false;  // nccl: user-buffer registration
 };
 
 // Joins the job: detects the launcher, sets the log's rank prefix, rendezvouses through zero3's TCP store on

@@ -158,7 +158,8 @@ LaunchOptions parse(const Args& args) {
   o.nnodes = nnodes.value_or(1);
   o.node_rank = node_rank.value_or(0);
   if (o.node_rank >= o.nnodes) {
-    throw UsageError("node rank " + std::to_string(o.node_rank) + " is not below the node count " + std::to_string(o.nnodes));
+    throw UsageError("node rank " + std::to_string(o.node_rank) + " is not below the node count " +
+                     std::to_string(o.nnodes));
   }
   o.master_addr = addr.value_or("127.0.0.1");
   if (port) {
@@ -190,8 +191,8 @@ int free_port() {
 
 // One output stream of one rank: bytes in, prefixed whole lines out.
 struct Stream {
-  int fd = -1;      // read end, -1 once closed
-  int out_fd = 1;   // where its lines go
+  int fd = -1;     // read end, -1 once closed
+  int out_fd = 1;  // where its lines go
   std::string pending;
 };
 
@@ -199,7 +200,7 @@ struct Rank {
   int rank = 0;
   pid_t pid = -1;
   bool running = false;
-  int status = 0;  // exit code, or 128+signal
+  int status = 0;   // exit code, or 128+signal
   std::string how;  // "exited with status 3", "was killed by signal 9 (Killed)"
   Stream out, err;
 };
@@ -356,8 +357,8 @@ void Launcher::reap() {
       size_t others = 0;
       for (auto& x : ranks_) others += x.running;
       if (first && !stopping_ && !o_.keep_going && others > 0) {
-        note("rank " + std::to_string(r.rank) + " (pid " + std::to_string(pid) + ") " + r.how + "; stopping the other " +
-             std::to_string(others) + " rank(s)");
+        note("rank " + std::to_string(r.rank) + " (pid " + std::to_string(pid) + ") " + r.how +
+             "; stopping the other " + std::to_string(others) + " rank(s)");
         begin_stop(SIGTERM);
       } else if (!stopping_) {
         note("rank " + std::to_string(r.rank) + " (pid " + std::to_string(pid) + ") " + r.how);
@@ -383,8 +384,8 @@ int Launcher::run() {
   for (char** e = environ; *e; ++e) {
     std::string kv = *e;
     std::string name = kv.substr(0, kv.find('='));
-    static const char* kOurs[] = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK",
-                                  "MASTER_ADDR", "MASTER_PORT", "ZERO3_LAUNCHER"};
+    static const char* kOurs[] = {"RANK",       "WORLD_SIZE",  "LOCAL_RANK",  "LOCAL_WORLD_SIZE",
+                                  "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT", "ZERO3_LAUNCHER"};
     bool ours = false;
     for (const char* n : kOurs) ours |= name == n;
     if (!ours) base_env.push_back(kv);
@@ -485,7 +486,8 @@ int Launcher::run() {
     const Rank& r = ranks_[*first_failure_];
     std::string others;
     for (const auto& x : ranks_) {
-      if (&x != &r && x.status != 0) others += (others.empty() ? "" : ", ") + ("rank " + std::to_string(x.rank) + " " + x.how);
+      if (&x != &r && x.status != 0)
+        others += (others.empty() ? "" : ", ") + ("rank " + std::to_string(x.rank) + " " + x.how);
     }
     note("failed: rank " + std::to_string(r.rank) + " " + r.how + (others.empty() ? "" : "; then " + others));
     return r.status;

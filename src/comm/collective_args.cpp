@@ -8,8 +8,8 @@ namespace zero3::comm {
 
 std::string describe_collective(const char* collective, size_t count, DType dtype, int rank, int size,
                                 const char* op_name, int root) {
-  std::string s = std::string(collective) + "(count=" + std::to_string(count) + ", dtype=" +
-                  std::string(dtype_name(dtype));
+  std::string s =
+      std::string(collective) + "(count=" + std::to_string(count) + ", dtype=" + std::string(dtype_name(dtype));
   if (op_name) s += std::string(", op=") + op_name;
   if (root >= 0) s += ", root=" + std::to_string(root);
   s += ") on rank " + std::to_string(rank) + " of " + std::to_string(size);
@@ -35,13 +35,14 @@ void require_root(int root, int size, const std::string& what) {
   }
 }
 
-void require_no_partial_overlap(const void* a, size_t a_bytes, const void* b, size_t b_bytes,
-                                const void* allowed_alias, const std::string& what) {
+void require_no_partial_overlap(const void* a, size_t a_bytes, const void* b, size_t b_bytes, const void* allowed_alias,
+                                const std::string& what) {
   if (a_bytes == 0 || b_bytes == 0 || b == allowed_alias) return;
   auto a0 = reinterpret_cast<uintptr_t>(a), b0 = reinterpret_cast<uintptr_t>(b);
   if (a0 < b0 + b_bytes && b0 < a0 + a_bytes) {
-    throw InvalidArgument(what + ": input and output buffers overlap; the only aliasing allowed is the in-place "
-                                 "layout (the rank's own slice of the larger buffer)");
+    throw InvalidArgument(what +
+                          ": input and output buffers overlap; the only aliasing allowed is the in-place "
+                          "layout (the rank's own slice of the larger buffer)");
   }
 }
 

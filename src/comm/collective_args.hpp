@@ -25,7 +25,7 @@ void require_root(int root, int size, const std::string& what);
 
 // Throws InvalidArgument when [a, a+a_bytes) and [b, b+b_bytes) overlap other than in the allowed in-place
 // layout (b == allowed_alias).
-void require_no_partial_overlap(const void* a, size_t a_bytes, const void* b, size_t b_bytes,
-                                const void* allowed_alias, const std::string& what);
+void require_no_partial_overlap(const void* a, size_t a_bytes, const void* b, size_t b_bytes, const void* allowed_alias,
+                                const std::string& what);
 
 }  // namespace zero3::comm

@@ -68,8 +68,7 @@ class LocalCommunicator final : public Communicator {
   std::chrono::milliseconds timeout_;
 };
 
-std::unique_ptr<Communicator> make_local(const CommOptions& options, const LaunchInfo& launch,
-                                         std::shared_ptr<Store>) {
+std::unique_ptr<Communicator> make_local(const CommOptions& options, const LaunchInfo& launch, std::shared_ptr<Store>) {
   if (launch.world_size != 1) {
     throw CommError("backend \"local\" serves a world of one process, but the launcher reports world size " +
                     std::to_string(launch.world_size) + " (" + launch.launcher +

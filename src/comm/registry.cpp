@@ -55,9 +55,9 @@ std::string resolve_backend(const CommOptions& options, const LaunchInfo& launch
   // A single host process needs no transport: "local" avoids opening a port nobody will connect to.
   if (launch.world_size == 1 && find_backend("local")) return "local";
   if (find_backend("gloo")) return "gloo";
-  throw CommError("backend \"auto\": no communicator backend can serve a world of " +
-                  std::to_string(launch.world_size) + " ranks in this build (available: " +
-                  joined(registered_backends()) + "); build with Gloo (libgloo-dev) or NCCL");
+  throw CommError(
+      "backend \"auto\": no communicator backend can serve a world of " + std::to_string(launch.world_size) +
+      " ranks in this build (available: " + joined(registered_backends()) + "); build with Gloo (libgloo-dev) or NCCL");
 }
 
 }  // namespace zero3::comm

@@ -39,8 +39,8 @@ const BackendEntry* find_backend(const std::string& name);
 std::vector<std::string> registered_backends();
 
 // The backend "auto" resolves to for this job: nccl if registered and usable (a CUDA device), else local when
-// the world has one rank (no port to open), else gloo. Throws CommError when none fits (a multi-rank job in a build without
-// Gloo or NCCL).
+// the world has one rank (no port to open), else gloo. Throws CommError when none fits (a multi-rank job in a build
+// without Gloo or NCCL).
 std::string resolve_backend(const CommOptions& options, const LaunchInfo& launch);
 
 struct BackendRegistrar {

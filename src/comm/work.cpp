@@ -23,9 +23,12 @@ WorkPtr completed_work() {
 
 const char* reduce_op_name(ReduceOp op) {
   switch (op) {
-    case ReduceOp::sum: return "sum";
-    case ReduceOp::avg: return "avg";
-    case ReduceOp::max: return "max";
+    case ReduceOp::sum:
+      return "sum";
+    case ReduceOp::avg:
+      return "avg";
+    case ReduceOp::max:
+      return "max";
   }
   return "?";
 }

@@ -49,8 +49,10 @@ struct Options {
 };
 
 [[noreturn]] void usage(const char* why) {
-  std::fprintf(stderr, "bench_collectives: %s\nusage: bench_collectives [--ranks 2,4] [--dtype f32|bf16|f16] "
-               "[--min-bytes N] [--max-bytes N] [--backend gloo]\n", why);
+  std::fprintf(stderr,
+               "bench_collectives: %s\nusage: bench_collectives [--ranks 2,4] [--dtype f32|bf16|f16] "
+               "[--min-bytes N] [--max-bytes N] [--backend gloo]\n",
+               why);
   std::exit(2);
 }
 
@@ -143,7 +145,8 @@ double link_bound(Communicator& comm, Store& store, const LaunchInfo& launch) {
   auto right_v = store.get("bench/link/" + std::to_string((r + 1) % n));
   std::string right(right_v.begin(), right_v.end());
   auto deadline = Clock::now() + std::chrono::seconds(60);
-  bootstrap::Fd out = bootstrap::connect_once(right.substr(0, right.find(' ')), std::atoi(right.substr(right.find(' ') + 1).c_str()), deadline);
+  bootstrap::Fd out = bootstrap::connect_once(right.substr(0, right.find(' ')),
+                                              std::atoi(right.substr(right.find(' ') + 1).c_str()), deadline);
   bootstrap::Fd in(::accept(lfd, nullptr, nullptr));
   ::close(lfd);
   // Blocking sockets from here on.
@@ -180,12 +183,19 @@ const char* op_name(Op op) {
 }
 
 // Mean seconds per operation on the slowest rank.
-double time_op(Communicator& comm, Op op, size_t count, DType dtype, std::vector<uint8_t>& big, std::vector<uint8_t>& small) {
+double time_op(Communicator& comm, Op op, size_t count, DType dtype, std::vector<uint8_t>& big,
+               std::vector<uint8_t>& small) {
   auto once = [&] {
     switch (op) {
-      case Op::all_gather: comm.all_gather_into(big.data(), small.data(), count, dtype)->wait(); break;
-      case Op::reduce_scatter: comm.reduce_scatter(small.data(), big.data(), count, dtype, ReduceOp::sum)->wait(); break;
-      case Op::all_reduce: comm.all_reduce(big.data(), count * static_cast<size_t>(comm.size()), dtype, ReduceOp::sum)->wait(); break;
+      case Op::all_gather:
+        comm.all_gather_into(big.data(), small.data(), count, dtype)->wait();
+        break;
+      case Op::reduce_scatter:
+        comm.reduce_scatter(small.data(), big.data(), count, dtype, ReduceOp::sum)->wait();
+        break;
+      case Op::all_reduce:
+        comm.all_reduce(big.data(), count * static_cast<size_t>(comm.size()), dtype, ReduceOp::sum)->wait();
+        break;
     }
   };
   once();
@@ -218,8 +228,9 @@ int bench(const Options& o) {
     std::printf("# zero3 bench_collectives: backend %s, %d ranks, dtype %s, %u CPU cores\n", comm->backend(), n,
                 std::string(dtype_name(o.dtype)).c_str(), cores);
     if (n > 1) {
-      std::printf("# link bound: TCP ring, every rank sending 64 MiB to its right neighbour at once: %.2f GB/s per link\n",
-                  link);
+      std::printf(
+          "# link bound: TCP ring, every rank sending 64 MiB to its right neighbour at once: %.2f GB/s per link\n",
+          link);
     }
     std::printf("#\n# %12s %12s %-15s %12s %11s %11s %10s\n", "size_B", "count", "op", "time_us", "algbw_GB/s",
                 "busbw_GB/s", "busbw/link");
@@ -243,8 +254,10 @@ int bench(const Options& o) {
     std::fflush(stdout);
   }
   if (root && n > 1) {
-    std::printf("# peak busbw: all_gather %.3f GB/s (%.2f of link), reduce_scatter %.3f GB/s (%.2f), all_reduce %.3f GB/s (%.2f)\n",
-                best[0], best[0] / link, best[1], best[1] / link, best[2], best[2] / link);
+    std::printf(
+        "# peak busbw: all_gather %.3f GB/s (%.2f of link), reduce_scatter %.3f GB/s (%.2f), all_reduce %.3f GB/s "
+        "(%.2f)\n",
+        best[0], best[0] / link, best[1], best[1] / link, best[2], best[2] / link);
   }
   comm.reset();
   return 0;

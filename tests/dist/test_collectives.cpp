@@ -41,8 +41,8 @@ class WorldEnvironment : public ::testing::Environment {
     g_world = new World;
     g_world->launch = detect_launch();
     log::set_rank(g_world->launch.rank);
-    g_world->store = make_tcp_store(g_world->launch.master_addr, g_world->launch.store_port,
-                                    g_world->launch.rank == 0, 60s);
+    g_world->store =
+        make_tcp_store(g_world->launch.master_addr, g_world->launch.store_port, g_world->launch.rank == 0, 60s);
     CommOptions options;
     options.backend = test_backend();
     options.timeout = 60s;
@@ -148,16 +148,19 @@ TEST_F(Collectives, AllReduceSumAvgMax) {
       auto mine = [&](size_t i) { return (rank_ + 1) * k(i); };
       auto buf = make(dtype, count, mine);
       comm_->all_reduce(buf.data(), count, dtype, ReduceOp::sum)->wait();
-      expect_values(buf, dtype, count, [&](size_t i) { return k(i) * tri; }, label("all_reduce sum", dtype, count));
+      expect_values(
+          buf, dtype, count, [&](size_t i) { return k(i) * tri; }, label("all_reduce sum", dtype, count));
 
       buf = make(dtype, count, mine);
       comm_->all_reduce(buf.data(), count, dtype, ReduceOp::avg)->wait();
-      expect_values(buf, dtype, count, [&](size_t i) { return k(i) * tri / size_; }, label("all_reduce avg", dtype, count));
+      expect_values(
+          buf, dtype, count, [&](size_t i) { return k(i) * tri / size_; }, label("all_reduce avg", dtype, count));
 
       buf = make(dtype, count, mine);
       comm_->all_reduce(buf.data(), count, dtype, ReduceOp::max)->wait();
-      expect_values(buf, dtype, count, [&](size_t i) { return k(i) >= 0 ? k(i) * size_ : k(i); },
-                    label("all_reduce max", dtype, count));
+      expect_values(
+          buf, dtype, count, [&](size_t i) { return k(i) >= 0 ? k(i) * size_ : k(i); },
+          label("all_reduce max", dtype, count));
     }
   }
 }
@@ -170,7 +173,8 @@ TEST_F(Collectives, SixteenBitSumsAccumulateInF32) {
     comm_->all_reduce(buf.data(), 3, dtype, ReduceOp::sum)->wait();
     float exact = static_cast<float>(big + size_ - 1);
     double want = dtype == DType::bf16 ? bf16_to_f32(f32_to_bf16(exact)) : f16_to_f32(f32_to_f16(exact));
-    expect_values(buf, dtype, 3, [&](size_t) { return want; }, label("f32 accumulation", dtype, 3));
+    expect_values(
+        buf, dtype, 3, [&](size_t) { return want; }, label("f32 accumulation", dtype, 3));
   }
 }
 
@@ -189,11 +193,11 @@ TEST_F(Collectives, ReduceScatter) {
           comm_->reduce_scatter(dst, in.data(), count, dtype, op)->wait();
           std::vector<uint8_t> got(static_cast<uint8_t*>(dst), static_cast<uint8_t*>(dst) + count * esize);
           const size_t base = static_cast<size_t>(rank_) * count;
-          expect_values(got, dtype, count,
-                        [&](size_t j) { return k(base + j) * (op == ReduceOp::sum ? tri : tri / size_); },
-                        label(op == ReduceOp::sum ? (in_place ? "reduce_scatter sum in place" : "reduce_scatter sum")
-                                                  : (in_place ? "reduce_scatter avg in place" : "reduce_scatter avg"),
-                              dtype, count));
+          expect_values(
+              got, dtype, count, [&](size_t j) { return k(base + j) * (op == ReduceOp::sum ? tri : tri / size_); },
+              label(op == ReduceOp::sum ? (in_place ? "reduce_scatter sum in place" : "reduce_scatter sum")
+                                        : (in_place ? "reduce_scatter avg in place" : "reduce_scatter avg"),
+                    dtype, count));
         }
       }
     }

@@ -91,7 +91,8 @@ TEST(ZeroLaunch, SetsTheVariablesAndPrefixesEveryLine) {
   EXPECT_EQ(r.status, 0) << r.err;
   for (int rank = 0; rank < 3; ++rank) {
     std::string p = "[rank " + std::to_string(rank) + "] ";
-    EXPECT_TRUE(contains(r.out, p + std::to_string(rank) + "/3 " + std::to_string(rank) + "/3 0 127.0.0.1 zero3-launch\n"))
+    EXPECT_TRUE(
+        contains(r.out, p + std::to_string(rank) + "/3 " + std::to_string(rank) + "/3 0 127.0.0.1 zero3-launch\n"))
         << r.out;
     EXPECT_TRUE(contains(r.out, p + "no-newline\n")) << r.out;
     EXPECT_TRUE(contains(r.err, p + "to-stderr\n")) << r.err;
@@ -141,8 +142,8 @@ TEST(ZeroLaunch, ForwardsSigterm) {
 }
 
 TEST(ZeroLaunch, KeepGoingLetsTheOthersFinish) {
-  auto r = launch({"-n", "2", "--keep-going", "--", "sh", "-c",
-                   "if [ $RANK = 1 ]; then exit 3; fi; sleep 0.5; echo finished"});
+  auto r = launch(
+      {"-n", "2", "--keep-going", "--", "sh", "-c", "if [ $RANK = 1 ]; then exit 3; fi; sleep 0.5; echo finished"});
   EXPECT_EQ(r.status, 3);
   EXPECT_TRUE(contains(r.out, "[rank 0] finished\n")) << r.out;
 }
@@ -172,8 +173,8 @@ TEST(ZeroLaunch, UsageErrors) {
 TEST(ZeroLaunchFailure, ADyingRankFailsTheOthersWithinTheTimeout) {
   auto backends = zero3::available_backends();
   if (std::find(backends.begin(), backends.end(), "gloo") == backends.end()) GTEST_SKIP() << "no gloo in this build";
-  std::string program = std::string(std::getenv("ZERO3_BIN_DIR") ? std::getenv("ZERO3_BIN_DIR") : ".") +
-                        "/test_collectives_failure";
+  std::string program =
+      std::string(std::getenv("ZERO3_BIN_DIR") ? std::getenv("ZERO3_BIN_DIR") : ".") + "/test_collectives_failure";
   if (::access(program.c_str(), X_OK) != 0) GTEST_SKIP() << program << " is not built";
   auto r = launch({"-n", "3", "--keep-going", "--", program}, {"DIST_TEST_DYING_RANK=1"});
   EXPECT_EQ(r.status, 42) << r.out << r.err;

@@ -12,15 +12,43 @@
 namespace zero3 {
 namespace {
 
-const char* const kLauncherVars[] = {
-    "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT",
-    "TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS", "ZERO3_LAUNCHER",
-    "ZERO3_STORE_PORT", "ZERO3_STORE_PORT_OFFSET", "PET_NNODES", "PET_NPROC_PER_NODE", "PET_NODE_RANK",
-    "PET_MASTER_ADDR", "PET_MASTER_PORT", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
-    "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE", "OMPI_COMM_WORLD_NODE_RANK", "SLURM_PROCID",
-    "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NODEID", "SLURM_NTASKS_PER_NODE", "SLURM_STEP_TASKS_PER_NODE",
-    "SLURM_TASKS_PER_NODE", "SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_LAUNCH_NODE_IPADDR",
-    "SLURM_JOB_ID", "OMPI_MCA_ess_base_jobid", "PMIX_NAMESPACE", "OMPI_MCA_orte_num_nodes"};
+const char* const kLauncherVars[] = {"RANK",
+                                     "WORLD_SIZE",
+                                     "LOCAL_RANK",
+                                     "LOCAL_WORLD_SIZE",
+                                     "GROUP_RANK",
+                                     "MASTER_ADDR",
+                                     "MASTER_PORT",
+                                     "TORCHELASTIC_RUN_ID",
+                                     "TORCHELASTIC_RESTART_COUNT",
+                                     "TORCHELASTIC_MAX_RESTARTS",
+                                     "ZERO3_LAUNCHER",
+                                     "ZERO3_STORE_PORT",
+                                     "ZERO3_STORE_PORT_OFFSET",
+                                     "PET_NNODES",
+                                     "PET_NPROC_PER_NODE",
+                                     "PET_NODE_RANK",
+                                     "PET_MASTER_ADDR",
+                                     "PET_MASTER_PORT",
+                                     "OMPI_COMM_WORLD_RANK",
+                                     "OMPI_COMM_WORLD_SIZE",
+                                     "OMPI_COMM_WORLD_LOCAL_RANK",
+                                     "OMPI_COMM_WORLD_LOCAL_SIZE",
+                                     "OMPI_COMM_WORLD_NODE_RANK",
+                                     "SLURM_PROCID",
+                                     "SLURM_NTASKS",
+                                     "SLURM_LOCALID",
+                                     "SLURM_NODEID",
+                                     "SLURM_NTASKS_PER_NODE",
+                                     "SLURM_STEP_TASKS_PER_NODE",
+                                     "SLURM_TASKS_PER_NODE",
+                                     "SLURM_STEP_NODELIST",
+                                     "SLURM_JOB_NODELIST",
+                                     "SLURM_LAUNCH_NODE_IPADDR",
+                                     "SLURM_JOB_ID",
+                                     "OMPI_MCA_ess_base_jobid",
+                                     "PMIX_NAMESPACE",
+                                     "OMPI_MCA_orte_num_nodes"};
 
 // Clears every launcher variable for the test (the test itself may run under one: ctest under Slurm, or
 // `zero3 launch`), sets the given ones, and restores the original environment afterwards.
@@ -64,8 +92,14 @@ TEST_F(LaunchEnv, SingleProcess) {
 
 TEST_F(LaunchEnv, Torchrun) {
   // torchrun --nnodes 2 --nproc-per-node 4, second node, third process.
-  set({{"RANK", "6"}, {"WORLD_SIZE", "8"}, {"LOCAL_RANK", "2"}, {"LOCAL_WORLD_SIZE", "4"}, {"GROUP_RANK", "1"},
-       {"MASTER_ADDR", "10.0.0.5"}, {"MASTER_PORT", "29400"}, {"TORCHELASTIC_RUN_ID", "job1"},
+  set({{"RANK", "6"},
+       {"WORLD_SIZE", "8"},
+       {"LOCAL_RANK", "2"},
+       {"LOCAL_WORLD_SIZE", "4"},
+       {"GROUP_RANK", "1"},
+       {"MASTER_ADDR", "10.0.0.5"},
+       {"MASTER_PORT", "29400"},
+       {"TORCHELASTIC_RUN_ID", "job1"},
        {"TORCHELASTIC_RESTART_COUNT", "0"}});
   LaunchInfo info = detect_launch();
   EXPECT_EQ(info.launcher, "torchrun");
@@ -82,7 +116,10 @@ TEST_F(LaunchEnv, Torchrun) {
 }
 
 TEST_F(LaunchEnv, TorchrunPortOffsetAndOverride) {
-  set({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_PORT", "29400"}, {"TORCHELASTIC_RUN_ID", "x"},
+  set({{"RANK", "0"},
+       {"WORLD_SIZE", "2"},
+       {"MASTER_PORT", "29400"},
+       {"TORCHELASTIC_RUN_ID", "x"},
        {"ZERO3_STORE_PORT_OFFSET", "7"}});
   EXPECT_EQ(detect_launch().store_port, 29407);
   set({{"ZERO3_STORE_PORT", "31000"}});
@@ -107,8 +144,13 @@ TEST_F(LaunchEnv, TorchrunStyleVariablesByHand) {
 }
 
 TEST_F(LaunchEnv, Zero3Launch) {
-  set({{"RANK", "1"}, {"WORLD_SIZE", "4"}, {"LOCAL_RANK", "1"}, {"LOCAL_WORLD_SIZE", "4"},
-       {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", "40000"}, {"ZERO3_LAUNCHER", "zero3-launch"}});
+  set({{"RANK", "1"},
+       {"WORLD_SIZE", "4"},
+       {"LOCAL_RANK", "1"},
+       {"LOCAL_WORLD_SIZE", "4"},
+       {"MASTER_ADDR", "127.0.0.1"},
+       {"MASTER_PORT", "40000"},
+       {"ZERO3_LAUNCHER", "zero3-launch"}});
   LaunchInfo info = detect_launch();
   EXPECT_EQ(info.launcher, "zero3-launch");
   EXPECT_EQ(info.store_port, 40000);
@@ -130,8 +172,11 @@ TEST_F(LaunchEnv, TorchrunVariablesAreChecked) {
 
 TEST_F(LaunchEnv, KubeflowOneProcessPerPod) {
   // What the Trainer's torch plugin puts in a pod of a TrainJob with numNodes 4, numProcPerNode 1.
-  set({{"PET_NNODES", "4"}, {"PET_NPROC_PER_NODE", "1"}, {"PET_NODE_RANK", "3"},
-       {"PET_MASTER_ADDR", "llama-node-0-0.llama"}, {"PET_MASTER_PORT", "29500"}});
+  set({{"PET_NNODES", "4"},
+       {"PET_NPROC_PER_NODE", "1"},
+       {"PET_NODE_RANK", "3"},
+       {"PET_MASTER_ADDR", "llama-node-0-0.llama"},
+       {"PET_MASTER_PORT", "29500"}});
   LaunchInfo info = detect_launch();
   EXPECT_EQ(info.launcher, "kubeflow");
   EXPECT_EQ(info.rank, 3);
@@ -143,7 +188,10 @@ TEST_F(LaunchEnv, KubeflowOneProcessPerPod) {
 }
 
 TEST_F(LaunchEnv, KubeflowSeveralProcessesNeedALauncher) {
-  set({{"PET_NNODES", "4"}, {"PET_NPROC_PER_NODE", "4"}, {"PET_NODE_RANK", "1"}, {"PET_MASTER_ADDR", "m"},
+  set({{"PET_NNODES", "4"},
+       {"PET_NPROC_PER_NODE", "4"},
+       {"PET_NODE_RANK", "1"},
+       {"PET_MASTER_ADDR", "m"},
        {"PET_MASTER_PORT", "29500"}});
   std::string err = error_of([] { detect_launch(); });
   EXPECT_NE(err.find("zero3 launch"), std::string::npos) << err;
@@ -162,9 +210,18 @@ TEST_F(LaunchEnv, KubeflowSeveralProcessesNeedALauncher) {
 }
 
 TEST_F(LaunchEnv, TorchrunInsideKubeflowTakesPrecedence) {
-  set({{"PET_NNODES", "2"}, {"PET_NPROC_PER_NODE", "4"}, {"PET_NODE_RANK", "1"}, {"PET_MASTER_ADDR", "m"},
-       {"PET_MASTER_PORT", "29500"}, {"RANK", "5"}, {"WORLD_SIZE", "8"}, {"LOCAL_RANK", "1"},
-       {"LOCAL_WORLD_SIZE", "4"}, {"GROUP_RANK", "1"}, {"MASTER_ADDR", "m"}, {"MASTER_PORT", "29500"},
+  set({{"PET_NNODES", "2"},
+       {"PET_NPROC_PER_NODE", "4"},
+       {"PET_NODE_RANK", "1"},
+       {"PET_MASTER_ADDR", "m"},
+       {"PET_MASTER_PORT", "29500"},
+       {"RANK", "5"},
+       {"WORLD_SIZE", "8"},
+       {"LOCAL_RANK", "1"},
+       {"LOCAL_WORLD_SIZE", "4"},
+       {"GROUP_RANK", "1"},
+       {"MASTER_ADDR", "m"},
+       {"MASTER_PORT", "29500"},
        {"TORCHELASTIC_RUN_ID", "r"}});
   LaunchInfo info = detect_launch();
   EXPECT_EQ(info.launcher, "torchrun");
@@ -173,7 +230,9 @@ TEST_F(LaunchEnv, TorchrunInsideKubeflowTakesPrecedence) {
 }
 
 TEST_F(LaunchEnv, OpenMpiSingleNode) {
-  set({{"OMPI_COMM_WORLD_RANK", "2"}, {"OMPI_COMM_WORLD_SIZE", "4"}, {"OMPI_COMM_WORLD_LOCAL_RANK", "2"},
+  set({{"OMPI_COMM_WORLD_RANK", "2"},
+       {"OMPI_COMM_WORLD_SIZE", "4"},
+       {"OMPI_COMM_WORLD_LOCAL_RANK", "2"},
        {"OMPI_COMM_WORLD_LOCAL_SIZE", "4"}});
   LaunchInfo info = detect_launch();
   EXPECT_EQ(info.launcher, "openmpi");
@@ -186,8 +245,11 @@ TEST_F(LaunchEnv, OpenMpiSingleNode) {
 
 TEST_F(LaunchEnv, OpenMpiPortFromTheJobId) {
   // What mpirun -np 2 (Open MPI 4) sets, trimmed.
-  set({{"OMPI_COMM_WORLD_RANK", "1"}, {"OMPI_COMM_WORLD_SIZE", "2"}, {"OMPI_COMM_WORLD_LOCAL_RANK", "1"},
-       {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"}, {"OMPI_MCA_ess_base_jobid", "1910243329"},
+  set({{"OMPI_COMM_WORLD_RANK", "1"},
+       {"OMPI_COMM_WORLD_SIZE", "2"},
+       {"OMPI_COMM_WORLD_LOCAL_RANK", "1"},
+       {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"},
+       {"OMPI_MCA_ess_base_jobid", "1910243329"},
        {"OMPI_MCA_orte_num_nodes", "1"}});
   LaunchInfo a = detect_launch();
   EXPECT_GE(a.store_port, 20000);
@@ -207,7 +269,9 @@ TEST_F(LaunchEnv, OpenMpiPortFromTheJobId) {
 }
 
 TEST_F(LaunchEnv, OpenMpiSeveralNodesNeedsMasterAddr) {
-  set({{"OMPI_COMM_WORLD_RANK", "5"}, {"OMPI_COMM_WORLD_SIZE", "8"}, {"OMPI_COMM_WORLD_LOCAL_RANK", "1"},
+  set({{"OMPI_COMM_WORLD_RANK", "5"},
+       {"OMPI_COMM_WORLD_SIZE", "8"},
+       {"OMPI_COMM_WORLD_LOCAL_RANK", "1"},
        {"OMPI_COMM_WORLD_LOCAL_SIZE", "4"}});
   std::string err = error_of([] { detect_launch(); });
   EXPECT_NE(err.find("MASTER_ADDR"), std::string::npos) << err;
@@ -221,9 +285,14 @@ TEST_F(LaunchEnv, OpenMpiSeveralNodesNeedsMasterAddr) {
 
 TEST_F(LaunchEnv, Slurm) {
   // srun -N 3 -n 10 with the default block distribution: 4, 3, 3 tasks; task 8 is on the third node.
-  set({{"SLURM_PROCID", "8"}, {"SLURM_NTASKS", "10"}, {"SLURM_LOCALID", "1"}, {"SLURM_NODEID", "2"},
-       {"SLURM_STEP_TASKS_PER_NODE", "4,3(x2)"}, {"SLURM_STEP_NODELIST", "gpu[07-09]"},
-       {"SLURM_JOB_NODELIST", "gpu[07-09],cpu1"}, {"SLURM_JOB_ID", "123456"},
+  set({{"SLURM_PROCID", "8"},
+       {"SLURM_NTASKS", "10"},
+       {"SLURM_LOCALID", "1"},
+       {"SLURM_NODEID", "2"},
+       {"SLURM_STEP_TASKS_PER_NODE", "4,3(x2)"},
+       {"SLURM_STEP_NODELIST", "gpu[07-09]"},
+       {"SLURM_JOB_NODELIST", "gpu[07-09],cpu1"},
+       {"SLURM_JOB_ID", "123456"},
        {"SLURM_LAUNCH_NODE_IPADDR", "10.1.1.1"}});
   LaunchInfo info = detect_launch();
   EXPECT_EQ(info.launcher, "slurm");
@@ -241,7 +310,9 @@ TEST_F(LaunchEnv, Slurm) {
 }
 
 TEST_F(LaunchEnv, SlurmFallbacks) {
-  set({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "2"}, {"SLURM_NTASKS_PER_NODE", "2"},
+  set({{"SLURM_PROCID", "0"},
+       {"SLURM_NTASKS", "2"},
+       {"SLURM_NTASKS_PER_NODE", "2"},
        {"SLURM_LAUNCH_NODE_IPADDR", "10.1.1.1"}});
   LaunchInfo info = detect_launch();
   EXPECT_EQ(info.local_world_size, 2);

@@ -88,8 +88,8 @@ LaunchInfo from_torchrun_vars(const Reader& r) {
   info.local_rank = r.opt_int("LOCAL_RANK").value_or(info.rank % info.local_world_size);
   require_rank_in_world(info.local_rank, "LOCAL_RANK", info.local_world_size, "LOCAL_WORLD_SIZE");
   if (info.local_world_size > info.world_size) {
-    throw CommError("LOCAL_WORLD_SIZE=" + std::to_string(info.local_world_size) + " exceeds WORLD_SIZE=" +
-                    std::to_string(info.world_size));
+    throw CommError("LOCAL_WORLD_SIZE=" + std::to_string(info.local_world_size) +
+                    " exceeds WORLD_SIZE=" + std::to_string(info.world_size));
   }
   info.node_rank = r.opt_int("GROUP_RANK").value_or(info.rank / info.local_world_size);
   info.master_addr = r.str("MASTER_ADDR").value_or("127.0.0.1");
@@ -200,7 +200,8 @@ LaunchInfo from_slurm(const Reader& r) {
 
 void choose_store_port(const Reader& r, LaunchInfo& info) {
   if (auto explicit_port = r.opt_int("ZERO3_STORE_PORT", 0); explicit_port && *explicit_port > 0) {
-    if (*explicit_port > 65535) throw CommError("ZERO3_STORE_PORT=" + std::to_string(*explicit_port) + " is not a TCP port");
+    if (*explicit_port > 65535)
+      throw CommError("ZERO3_STORE_PORT=" + std::to_string(*explicit_port) + " is not a TCP port");
     info.store_port = *explicit_port;
     info.store_port_origin = "ZERO3_STORE_PORT";
     return;

@@ -8,7 +8,8 @@ namespace {
 
 class PrefixStore final : public Store {
  public:
-  PrefixStore(std::shared_ptr<Store> base, std::string prefix) : base_(std::move(base)), prefix_(std::move(prefix) + "/") {}
+  PrefixStore(std::shared_ptr<Store> base, std::string prefix)
+      : base_(std::move(base)), prefix_(std::move(prefix) + "/") {}
 
   void set(const std::string& key, const std::vector<uint8_t>& value) override { base_->set(prefix_ + key, value); }
   std::vector<uint8_t> get(const std::string& key) override { return base_->get(prefix_ + key); }

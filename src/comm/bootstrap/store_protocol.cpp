@@ -8,11 +8,16 @@ namespace zero3::bootstrap::protocol {
 
 const char* op_name(Op op) {
   switch (op) {
-    case Op::set: return "set";
-    case Op::get: return "get";
-    case Op::add: return "add";
-    case Op::wait: return "wait";
-    case Op::check: return "check";
+    case Op::set:
+      return "set";
+    case Op::get:
+      return "get";
+    case Op::add:
+      return "add";
+    case Op::wait:
+      return "wait";
+    case Op::check:
+      return "check";
   }
   return "?";
 }
@@ -31,10 +36,13 @@ namespace {
 bool field_count_ok(Op op, size_t n) {
   switch (op) {
     case Op::set:
-    case Op::add: return n == 2;
-    case Op::get: return n == 1;
+    case Op::add:
+      return n == 2;
+    case Op::get:
+      return n == 1;
     case Op::wait:
-    case Op::check: return n >= 1 && n <= kMaxKeysPerRequest;
+    case Op::check:
+      return n >= 1 && n <= kMaxKeysPerRequest;
   }
   return false;
 }
@@ -101,13 +109,15 @@ std::optional<Request> parse_request(const uint8_t* body, size_t size, std::stri
     if (size - pos < 4) return fail("field " + std::to_string(i) + " runs past the frame");
     uint32_t len = get_u32(body + pos);
     pos += 4;
-    if (len > size - pos) return fail("field " + std::to_string(i) + " of " + std::to_string(len) + " bytes runs past the frame");
+    if (len > size - pos)
+      return fail("field " + std::to_string(i) + " of " + std::to_string(len) + " bytes runs past the frame");
     if (i < keys && (len == 0 || len > kMaxKeyBytes)) return fail("key of " + std::to_string(len) + " bytes");
     if (i >= keys && len > kMaxValueBytes) return fail("value of " + std::to_string(len) + " bytes");
     req.fields.emplace_back(reinterpret_cast<const char*>(body + pos), len);
     pos += len;
   }
-  if (req.op == Op::add && req.fields[1].size() != 8) return fail("add delta of " + std::to_string(req.fields[1].size()) + " bytes");
+  if (req.op == Op::add && req.fields[1].size() != 8)
+    return fail("add delta of " + std::to_string(req.fields[1].size()) + " bytes");
   if (pos != size) return fail(std::to_string(size - pos) + " trailing bytes after the last field");
   return req;
 }

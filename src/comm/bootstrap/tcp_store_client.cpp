@@ -33,7 +33,8 @@ struct TcpStoreClient::Reply {
 
 TcpStoreClient::TcpStoreClient(const std::string& host, int port, std::chrono::milliseconds timeout)
     : address_(host + ":" + std::to_string(port)), timeout_(timeout) {
-  if (timeout.count() <= 0) throw InvalidArgument("store timeout must be positive, got " + std::to_string(timeout.count()) + " ms");
+  if (timeout.count() <= 0)
+    throw InvalidArgument("store timeout must be positive, got " + std::to_string(timeout.count()) + " ms");
   auto deadline = Clock::now() + timeout;
   auto backoff = std::chrono::milliseconds(10);
   std::string last_error;
@@ -68,15 +69,15 @@ TcpStoreClient::TcpStoreClient(const std::string& host, int port, std::chrono::m
 TcpStoreClient::Reply TcpStoreClient::request(int op, std::chrono::milliseconds server_wait,
                                               std::vector<std::string> fields) {
   auto the_op = static_cast<proto::Op>(op);
-  std::string what = std::string("store ") + proto::op_name(the_op) + " of " +
-                     (the_op == proto::Op::wait || the_op == proto::Op::check ? "keys " : "key ") +
-                     key_list(the_op == proto::Op::set || the_op == proto::Op::add
-                                  ? std::vector<std::string>{fields[0]}
-                                  : fields) +
-                     " at " + address_;
+  std::string what =
+      std::string("store ") + proto::op_name(the_op) + " of " +
+      (the_op == proto::Op::wait || the_op == proto::Op::check ? "keys " : "key ") +
+      key_list(the_op == proto::Op::set || the_op == proto::Op::add ? std::vector<std::string>{fields[0]} : fields) +
+      " at " + address_;
   proto::Request req;
   req.op = the_op;
-  req.timeout_ms = static_cast<uint32_t>(std::clamp<int64_t>(server_wait.count(), 0, std::numeric_limits<uint32_t>::max()));
+  req.timeout_ms =
+      static_cast<uint32_t>(std::clamp<int64_t>(server_wait.count(), 0, std::numeric_limits<uint32_t>::max()));
   req.fields = std::move(fields);
   std::vector<uint8_t> frame;
   try {
@@ -105,7 +106,8 @@ TcpStoreClient::Reply TcpStoreClient::request(int op, std::chrono::milliseconds 
     // The stream may be out of step now; nothing more can be said on it.
     broken_ = e.what();
     fd_.reset();
-    if (dynamic_cast<const TimeoutError*>(&e)) throw TimeoutError(what + ": the store did not answer (" + e.what() + ")");
+    if (dynamic_cast<const TimeoutError*>(&e))
+      throw TimeoutError(what + ": the store did not answer (" + e.what() + ")");
     throw CommError(what + " failed: " + e.what() + " (has rank 0 exited?)");
   }
 }
@@ -113,7 +115,8 @@ TcpStoreClient::Reply TcpStoreClient::request(int op, std::chrono::milliseconds 
 void TcpStoreClient::set(const std::string& key, const std::vector<uint8_t>& value) {
   auto r = request(static_cast<int>(proto::Op::set), std::chrono::milliseconds(0),
                    {key, std::string(value.begin(), value.end())});
-  if (r.status != proto::Status::ok) throw CommError("store set of key '" + key + "' at " + address_ + " failed: " + r.payload);
+  if (r.status != proto::Status::ok)
+    throw CommError("store set of key '" + key + "' at " + address_ + " failed: " + r.payload);
 }
 
 std::vector<uint8_t> TcpStoreClient::get(const std::string& key) {
@@ -122,14 +125,16 @@ std::vector<uint8_t> TcpStoreClient::get(const std::string& key) {
     throw TimeoutError("store get of key '" + key + "' at " + address_ + " timed out after " +
                        std::to_string(timeout_.count()) + " ms: no rank set it");
   }
-  if (r.status != proto::Status::ok) throw CommError("store get of key '" + key + "' at " + address_ + " failed: " + r.payload);
+  if (r.status != proto::Status::ok)
+    throw CommError("store get of key '" + key + "' at " + address_ + " failed: " + r.payload);
   return std::vector<uint8_t>(r.payload.begin(), r.payload.end());
 }
 
 int64_t TcpStoreClient::add(const std::string& key, int64_t delta) {
   std::vector<uint8_t> bytes;
   proto::put_i64(bytes, delta);
-  auto r = request(static_cast<int>(proto::Op::add), std::chrono::milliseconds(0), {key, std::string(bytes.begin(), bytes.end())});
+  auto r = request(static_cast<int>(proto::Op::add), std::chrono::milliseconds(0),
+                   {key, std::string(bytes.begin(), bytes.end())});
   if (r.status != proto::Status::ok || r.payload.size() != 8) {
     throw CommError("store add to key '" + key + "' at " + address_ + " failed: " + r.payload);
   }
@@ -149,7 +154,8 @@ void TcpStoreClient::wait(const std::vector<std::string>& keys, std::chrono::mil
 bool TcpStoreClient::check(const std::vector<std::string>& keys) {
   if (keys.empty()) return true;
   auto r = request(static_cast<int>(proto::Op::check), std::chrono::milliseconds(0), keys);
-  if (r.status != proto::Status::ok || r.payload.size() != 1) throw CommError("store check at " + address_ + " failed: " + r.payload);
+  if (r.status != proto::Status::ok || r.payload.size() != 1)
+    throw CommError("store check at " + address_ + " failed: " + r.payload);
   return r.payload[0] != 0;
 }
 

@@ -192,8 +192,10 @@ void Server::run(int listen_fd, int wake_fd, const std::atomic<bool>& stopping) 
           if (fds[i].revents & POLLOUT) flush(*c);
           if (fds[i].revents & POLLIN) read_from(*c);
           // The peer hung up while parked in a get/wait: it gave up (timeout) or died.
-          if ((fds[i].revents & (POLLRDHUP | POLLHUP)) && c->waiting) drop(*c, "disconnected while waiting", false);
-          else if ((fds[i].revents & (POLLRDHUP | POLLHUP)) && !(fds[i].revents & POLLIN)) c->eof = true;
+          if ((fds[i].revents & (POLLRDHUP | POLLHUP)) && c->waiting)
+            drop(*c, "disconnected while waiting", false);
+          else if ((fds[i].revents & (POLLRDHUP | POLLHUP)) && !(fds[i].revents & POLLIN))
+            c->eof = true;
         }
       }
     }
@@ -208,8 +210,10 @@ void Server::run(int listen_fd, int wake_fd, const std::atomic<bool>& stopping) 
         reply(c, proto::Status::timeout, missing);
       }
       if (now >= c.read_deadline) {
-        drop(c, c.greeted ? "started a frame and stopped sending for " + std::to_string(options_.frame_timeout.count()) + " ms"
-                          : "sent no greeting within " + std::to_string(options_.handshake_timeout.count()) + " ms",
+        drop(c,
+             c.greeted
+                 ? "started a frame and stopped sending for " + std::to_string(options_.frame_timeout.count()) + " ms"
+                 : "sent no greeting within " + std::to_string(options_.handshake_timeout.count()) + " ms",
              true);
       }
     }
@@ -297,8 +301,9 @@ void Server::process(Client& c) {
     if (avail < 4) break;
     uint32_t len = proto::get_u32(p);
     if (len < proto::kRequestHeaderBytes || len > proto::kMaxFrameBytes) {
-      drop(c, "frame of " + std::to_string(len) + " bytes (allowed " + std::to_string(proto::kRequestHeaderBytes) +
-                  ".." + std::to_string(proto::kMaxFrameBytes) + ")",
+      drop(c,
+           "frame of " + std::to_string(len) + " bytes (allowed " + std::to_string(proto::kRequestHeaderBytes) + ".." +
+               std::to_string(proto::kMaxFrameBytes) + ")",
            true);
       return;
     }
@@ -395,7 +400,8 @@ void Server::handle(Client& c, proto::Request req) {
       size_t new_total = table_bytes_ - old_bytes + key.size() + value.size();
       if ((it == table_.end() && table_.size() >= options_.max_keys) || new_total > options_.max_total_bytes) {
         reply(c, proto::Status::error,
-              "the store is full (" + std::to_string(table_.size()) + " keys, " + std::to_string(table_bytes_) + " bytes)");
+              "the store is full (" + std::to_string(table_.size()) + " keys, " + std::to_string(table_bytes_) +
+                  " bytes)");
         return;
       }
       table_bytes_ = new_total;
@@ -479,8 +485,7 @@ void Server::reap() {
 
 }  // namespace
 
-TcpStoreServer::TcpStoreServer(const std::string& host, int port, TcpStoreServerOptions options)
-    : options_(options) {
+TcpStoreServer::TcpStoreServer(const std::string& host, int port, TcpStoreServerOptions options) : options_(options) {
   if (port < 0 || port > 65535) throw InvalidArgument("store port " + std::to_string(port) + " is not a TCP port");
   listen_fd_ = bind_listen(host, port, &port_);
   wake_fd_.reset(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));

@@ -43,7 +43,9 @@ constexpr uint8_t kReduceScatterSlotPrefix = 0x40;
 
 void to_f32(const void* src, DType dtype, float* dst, size_t n) {
   switch (dtype) {
-    case DType::f32: std::memcpy(dst, src, n * 4); return;
+    case DType::f32:
+      std::memcpy(dst, src, n * 4);
+      return;
     case DType::bf16: {
       auto* s = static_cast<const uint16_t*>(src);
       for (size_t i = 0; i < n; ++i) dst[i] = bf16_to_f32(s[i]);
@@ -59,7 +61,9 @@ void to_f32(const void* src, DType dtype, float* dst, size_t n) {
 
 void from_f32(const float* src, DType dtype, void* dst, size_t n) {
   switch (dtype) {
-    case DType::f32: std::memmove(dst, src, n * 4); return;
+    case DType::f32:
+      std::memmove(dst, src, n * 4);
+      return;
     case DType::bf16: {
       auto* d = static_cast<uint16_t*>(dst);
       for (size_t i = 0; i < n; ++i) d[i] = f32_to_bf16(src[i]);
@@ -104,9 +108,7 @@ std::string machine_hostname() {
   return name;
 }
 
-bool is_loopback(const std::string& host) {
-  return host == "localhost" || host.rfind("127.", 0) == 0 || host == "::1";
-}
+bool is_loopback(const std::string& host) { return host == "localhost" || host.rfind("127.", 0) == 0 || host == "::1"; }
 
 // One TCP device (gloo's event loop thread) per process and address: communicators and their splits share it.
 std::shared_ptr<::gloo::transport::Device> make_device(const LaunchInfo& launch) {
@@ -135,7 +137,11 @@ class GlooCommunicator final : public Communicator {
  public:
   GlooCommunicator(std::shared_ptr<::gloo::transport::Device> device, std::shared_ptr<Store> store, std::string prefix,
                    int rank, int size, std::chrono::milliseconds timeout)
-      : device_(std::move(device)), store_(std::move(store)), prefix_(std::move(prefix)), rank_(rank), size_(size),
+      : device_(std::move(device)),
+        store_(std::move(store)),
+        prefix_(std::move(prefix)),
+        rank_(rank),
+        size_(size),
         timeout_(timeout) {
     try {
       context_ = std::make_shared<::gloo::rendezvous::Context>(rank, size);
@@ -269,7 +275,8 @@ class GlooCommunicator final : public Communicator {
       if (all[2 * static_cast<size_t>(r)] == color) members.push_back({all[2 * static_cast<size_t>(r) + 1], r});
     }
     std::sort(members.begin(), members.end());
-    int new_rank = static_cast<int>(std::find(members.begin(), members.end(), std::make_pair(key, rank_)) - members.begin());
+    int new_rank =
+        static_cast<int>(std::find(members.begin(), members.end(), std::make_pair(key, rank_)) - members.begin());
     std::string prefix = prefix_ + "/split" + std::to_string(n) + "/color" + std::to_string(color);
     log::debug("gloo split ", n, ": color ", color, " has ", members.size(), " ranks, this is rank ", new_rank);
     return std::make_unique<GlooCommunicator>(device_, store_, prefix, new_rank, static_cast<int>(members.size()),
@@ -387,8 +394,8 @@ std::unique_ptr<Communicator> make_gloo(const CommOptions& options, const Launch
   int64_t instance = store->add("gloo/instances/" + std::to_string(launch.rank), 1);
   std::string prefix = "gloo/" + std::to_string(instance);
   auto device = make_device(launch);
-  return std::make_unique<GlooCommunicator>(std::move(device), std::move(store), prefix, launch.rank,
-                                            launch.world_size, options.timeout);
+  return std::make_unique<GlooCommunicator>(std::move(device), std::move(store), prefix, launch.rank, launch.world_size,
+                                            options.timeout);
 }
 
 const BackendRegistrar kGlooBackend("gloo", &make_gloo);
