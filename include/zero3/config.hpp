@@ -1,9 +1,11 @@
 // The training configuration: a DeepSpeed JSON file (ds_config.json) read into typed structs.
 //
-// One struct per JSON section, with DeepSpeed's defaults in the struct. `load_config` reads a file that
-// DeepSpeed accepts, unchanged: integers written as 5e8, "auto", the stage3_* aliases, deprecated keys,
-// // and # comments, trailing commas. What it cannot use it rejects before any work starts, with a
-// ConfigError whose message begins with the key path ("zero_optimization.offload_param.device: ...").
+// One struct per JSON section, with DeepSpeed's defaults in the struct (DeepSpeed 0.18's, the version the
+// seed configs ran with; 0.19 changed gradient_clipping to 1.0 and offload pin_memory to true).
+// `load_config` reads a file that DeepSpeed accepts, unchanged: integers written as 5e8, "auto", the
+// stage3_* aliases, deprecated keys, //, /* */ and # comments, trailing commas. What it cannot use it
+// rejects before any work starts, with a ConfigError whose message begins with the key path
+// ("zero_optimization.offload_param.device: ...").
 // docs/config.md lists every key with what zero3 does with it.
 //
 // "auto" values are resolved by `resolve()` from facts only the training program knows (world size,
@@ -25,16 +27,22 @@ enum class OffloadDevice { none, cpu, nvme };
 // zero_optimization.offload_param / offload_optimizer
 struct OffloadConfig {
   OffloadDevice device = OffloadDevice::none;
-  std::string nvme_path;          // required for nvme
+  std::string nvme_path;  // required for nvme
   bool pin_memory = false;
-  int64_t buffer_count = 5;       // offload_param: 5; offload_optimizer: 4
-  int64_t buffer_size = 100'000'000;  // elements per buffer (offload_param)
+  int64_t buffer_count = 5;            // offload_param: 5; offload_optimizer: 4
+  int64_t buffer_size = 100'000'000;   // elements per buffer (offload_param)
   int64_t max_in_cpu = 1'000'000'000;  // elements kept in CPU memory before going to nvme (offload_param)
-  bool pipeline_read = false;     // offload_optimizer
-  bool pipeline_write = false;    // offload_optimizer
-  double ratio = 1.0;             // offload_optimizer: fraction of the optimizer step run on CPU
-  bool fast_init = false;         // offload_optimizer
+  bool pipeline_read = false;          // offload_optimizer
+  bool pipeline_write = false;         // offload_optimizer
+  double ratio = 1.0;                  // offload_optimizer: fraction of the optimizer step run on CPU
+  bool fast_init = false;              // offload_optimizer
 };
+
+inline OffloadConfig offload_defaults(int64_t buffer_count) {
+  OffloadConfig o;
+  o.buffer_count = buffer_count;
+  return o;
+}
 
 // zero_optimization
 struct ZeroConfig {
@@ -43,21 +51,21 @@ struct ZeroConfig {
   bool overlap_comm = false;  // DeepSpeed turns it on for stage 3 when unset; see `overlap_comm_set`
   bool overlap_comm_set = false;
   bool reduce_scatter = true;
-  std::optional<int64_t> reduce_bucket_size = 500'000'000;        // elements; nullopt while "auto"
+  std::optional<int64_t> reduce_bucket_size = 500'000'000;  // elements; nullopt while "auto"
   bool allgather_partitions = true;
   int64_t allgather_bucket_size = 500'000'000;
   bool round_robin_gradients = false;
-  int64_t sub_group_size = 1'000'000'000;                          // elements per optimizer step tile
-  std::optional<int64_t> prefetch_bucket_size = 50'000'000;       // stage3_prefetch_bucket_size
-  std::optional<int64_t> param_persistence_threshold = 100'000;   // stage3_param_persistence_threshold
-  int64_t model_persistence_threshold = INT64_MAX;                 // stage3_model_persistence_threshold
-  int64_t max_live_parameters = 1'000'000'000;                     // stage3_max_live_parameters
-  int64_t max_reuse_distance = 1'000'000'000;                      // stage3_max_reuse_distance
-  bool gather_16bit_weights_on_model_save = false;  // stage3_gather_16bit_weights_on_model_save
+  int64_t sub_group_size = 1'000'000'000;                        // elements per optimizer step tile
+  std::optional<int64_t> prefetch_bucket_size = 50'000'000;      // stage3_prefetch_bucket_size
+  std::optional<int64_t> param_persistence_threshold = 100'000;  // stage3_param_persistence_threshold
+  int64_t model_persistence_threshold = INT64_MAX;               // stage3_model_persistence_threshold
+  int64_t max_live_parameters = 1'000'000'000;                   // stage3_max_live_parameters
+  int64_t max_reuse_distance = 1'000'000'000;                    // stage3_max_reuse_distance
+  bool gather_16bit_weights_on_model_save = false;               // stage3_gather_16bit_weights_on_model_save
   bool ignore_unused_parameters = true;
   bool load_from_fp32_weights = true;
-  OffloadConfig offload_param{.buffer_count = 5};
-  OffloadConfig offload_optimizer{.buffer_count = 4};
+  OffloadConfig offload_param = offload_defaults(5);
+  OffloadConfig offload_optimizer = offload_defaults(4);
 };
 
 // aio: the asynchronous I/O engine behind NVMe offload.
@@ -85,6 +93,7 @@ struct Bf16Config {
   bool enabled = false;
   bool auto_enabled = false;
   bool immediate_grad_update = false;
+  bool check_grad_overflow = false;  // skip the optimizer step when a gradient holds Inf/NaN
 };
 
 enum class OptimizerType { adam, adamw };
@@ -109,7 +118,7 @@ struct SchedulerConfig {
   double warmup_min_lr = 0.0;
   std::optional<double> warmup_max_lr = 0.001;
   std::optional<int64_t> warmup_num_steps = 1000;
-  std::string warmup_type = "log";  // "log" or "linear"
+  std::string warmup_type = "log";         // "log" or "linear"
   std::optional<int64_t> total_num_steps;  // WarmupDecayLR, WarmupCosineLR
   // WarmupCosineLR
   double warmup_min_ratio = 0.0;
@@ -148,12 +157,12 @@ enum class NetworkTransport { auto_detect, efa, socket };
 
 // The "zero3" section: what DeepSpeed has no key for.
 struct Zero3Section {
-  std::string device = "auto";        // auto | cpu | cuda
-  std::string comm_backend = "auto";  // auto | gloo | nccl
+  std::string device = "auto";                               // auto | cpu | cuda
+  std::string comm_backend = "auto";                         // auto | gloo | nccl
   NetworkTransport network = NetworkTransport::auto_detect;  // "efa" requires EFA and fails without it
-  int64_t comm_timeout_s = 600;       // every collective and store operation
-  uint64_t seed = 1234;               // meta-init RNG seed
-  bool check_schedule_every_step = false;  // debug: compare each step's unit order across ranks
+  int64_t comm_timeout_s = 600;                              // every collective and store operation
+  uint64_t seed = 1234;                                      // meta-init RNG seed
+  bool check_schedule_every_step = false;                    // debug: compare each step's unit order across ranks
   bool nccl_register_buffers = false;
 };
 
@@ -183,6 +192,11 @@ struct Config {
   Zero3Section zero3;
 
   std::vector<std::string> warnings;  // what load/resolve accepted but wants the user to know
+  // Key paths the file gave as "auto" (or left to follow another value), in table order. resolve() fills
+  // their fields; the list stays as a record of what was resolved.
+  std::vector<std::string> auto_keys;
+  bool resolved = false;  // set by resolve()
+  std::string source;     // the file it was read from ("<config>" for text), named in error messages
 
   // The compute dtype the config selects: bf16, f16 or f32.
   DType compute_dtype() const { return bf16.enabled ? DType::bf16 : fp16.enabled ? DType::f16 : DType::f32; }
@@ -199,22 +213,34 @@ struct ResolveInputs {
   std::optional<double> weight_decay;
   std::optional<int64_t> total_steps;
   std::optional<int64_t> warmup_steps;
+  std::optional<double> max_grad_norm;  // gradient_clipping "auto"; Hugging Face's default is 1.0
+  std::optional<double> adam_beta1, adam_beta2, adam_epsilon;  // betas/eps "auto"; default 0.9, 0.999, 1e-8
 };
 
-// Parses DeepSpeed JSON text. `source` names the file in error messages. Throws ConfigError.
+// Parses DeepSpeed JSON text. `source` names the file in error messages. Throws ConfigError. Each warning
+// (deprecated names, ignored keys, unknown top-level keys) goes into Config::warnings and is logged once
+// at warn level on rank 0. Runs the cross-key checks that need no program facts.
 Config parse_config(const std::string& json_text, const std::string& source = "<config>");
 
 // Reads and parses a file. Throws ConfigError (unreadable file included).
 Config load_config(const std::string& path);
 
 // Resolves "auto" and the batch triple, then runs the cross-field checks. Throws ConfigError naming the
-// key and the value to pass when something stays unresolved or inconsistent.
+// key and the value to pass when something stays unresolved or inconsistent. An unset world_size counts
+// as 1. A value the program passes that contradicts an explicit config value (micro batch, gradient
+// accumulation, precision) is an error, as in Hugging Face's integration. Reads ZERO3_SWAP_DIR, which
+// replaces every nvme_path. Logs each resolution at info level.
 void resolve(Config& config, const ResolveInputs& inputs);
 
 // Checks that need the machine: nvme_path exists and is writable. Throws ConfigError.
 void check_runtime_paths(const Config& config);
 
-// The resolved config as DeepSpeed-shaped JSON text (pretty-printed), as `zero3 config check` prints it.
+// The resolved config as DeepSpeed-shaped JSON text (pretty-printed), as `zero3 config check` prints it:
+// every supported key with its value (defaults included; "auto" where still unresolved), under
+// DeepSpeed's documented names. parse_config accepts it back.
 std::string to_json(const Config& config);
+
+// The reference of every key (docs/config.md) as markdown, generated from the key table the reader uses.
+std::string config_reference_markdown();
 
 }  // namespace zero3

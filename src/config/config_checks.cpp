@@ -1,0 +1,57 @@
+#include "config/config_checks.hpp"
+
+#include "config/config_value.hpp"
+#include "zero3/error.hpp"
+
+namespace zero3::config_detail {
+namespace {
+
+[[noreturn]] void fail(const Config& c, const std::string& path, const std::string& message) {
+  throw ConfigError(error_text(path, message, c.source));
+}
+
+const char* device_text(OffloadDevice d) {
+  return d == OffloadDevice::cpu ? "\"cpu\"" : d == OffloadDevice::nvme ? "\"nvme\"" : "\"none\"";
+}
+
+}  // namespace
+
+void check_static(const Config& c) {
+  if (c.fp16.enabled && c.bf16.enabled) {
+    fail(c, "bf16.enabled",
+         "got true together with fp16.enabled true, expected at most one of them: the compute type is either bf16 "
+         "or fp16");
+  }
+  const ZeroConfig& z = c.zero;
+  if (z.offload_param.device != OffloadDevice::none && z.stage != 3) {
+    fail(c, "zero_optimization.offload_param.device",
+         std::string("got ") + device_text(z.offload_param.device) + " with zero_optimization.stage " +
+             std::to_string(z.stage) +
+             ", expected zero_optimization.stage 3: only stage 3 partitions parameters, so only it can offload "
+             "them (or set device \"none\")");
+  }
+  if (z.offload_optimizer.device != OffloadDevice::none && z.stage == 0) {
+    fail(c, "zero_optimization.offload_optimizer.device",
+         std::string("got ") + device_text(z.offload_optimizer.device) +
+             " with zero_optimization.stage 0, expected zero_optimization.stage 1, 2 or 3: optimizer offload moves "
+             "each rank's partition of the optimizer state, and stage 0 does not partition it");
+  }
+  if (z.offload_optimizer.device != OffloadDevice::none && z.offload_optimizer.ratio < 1.0 && z.stage != 3) {
+    fail(c, "zero_optimization.offload_optimizer.ratio",
+         "got " + show(z.offload_optimizer.ratio) + " with zero_optimization.stage " + std::to_string(z.stage) +
+             ", expected 1.0: a partial optimizer offload needs stage 3 (as in DeepSpeed)");
+  }
+  const Zero3Section& s = c.zero3;
+  if (s.comm_backend == "nccl" && s.device == "cpu") {
+    fail(c, "zero3.comm_backend",
+         "got \"nccl\" with zero3.device \"cpu\", expected \"gloo\" or \"auto\": NCCL works between CUDA devices");
+  }
+  if (s.network == NetworkTransport::efa && (s.comm_backend == "gloo" || s.device == "cpu")) {
+    fail(c, "zero3.network",
+         "got \"efa\" with zero3.comm_backend \"" + s.comm_backend + "\" and zero3.device \"" + s.device +
+             "\", expected comm_backend \"nccl\" (or \"auto\" with a CUDA device): EFA is reached through NCCL's "
+             "libfabric plugin");
+  }
+}
+
+}  // namespace zero3::config_detail

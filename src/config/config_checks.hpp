@@ -1,0 +1,12 @@
+// Checks across keys that need no facts from the program (stage vs offload, fp16 vs bf16, backend vs
+// device). parse_config runs them, and resolve() runs them again on the final values. Internal.
+#pragma once
+
+#include "zero3/config.hpp"
+
+namespace zero3::config_detail {
+
+// Throws ConfigError "<key path>: got <value> with <other key> <value>, expected ... (in <source>)".
+void check_static(const Config& c);
+
+}  // namespace zero3::config_detail
