@@ -33,8 +33,8 @@
 // engine averages over micro-steps and ranks, as DeepSpeed's engine.backward() + step() do.
 //
 // Schedule (stage 3). The first micro-step records the order in which units are entered; later micro-steps
-// prefetch along it (stage3_prefetch_bucket_size elements ahead, stage3_max_live_parameters gathered at
-// most), keep units of at most stage3_param_persistence_threshold elements gathered for good, and keep a
+// prefetch along it (the next unit, and more within stage3_prefetch_bucket_size elements ahead; 0 turns
+// prefetch off; never beyond stage3_max_live_parameters gathered elements), keep units of at most stage3_param_persistence_threshold elements gathered for good, and keep a
 // unit whose next use comes within stage3_max_reuse_distance elements. With overlap_comm the gathers and
 // reduce-scatters run on a communication thread while the training thread computes.
 //

@@ -89,10 +89,18 @@ EngineImpl::EngineImpl(const Config& config, std::shared_ptr<Communicator> comm,
                 " is not a ZeRO stage (0, 1, 2 or 3)");
   ZERO3_REQUIRE(!(config_.fp16.enabled && config_.bf16.enabled), ConfigError,
                 "fp16.enabled and bf16.enabled: both are true; choose one compute precision");
-  if (z.offload_optimizer.device != OffloadDevice::none || z.offload_param.device != OffloadDevice::none) {
-    throw Unsupported(
-        "zero_optimization.offload_optimizer / offload_param: the engine in this build does not support offload "
-        "yet; set their \"device\" to \"none\"");
+  // On the cpu device everything already lives in host memory and the optimizer runs on the CPU, which is
+  // what offload to "cpu" asks for; NVMe, and offload from a GPU, need the offload tiers.
+  for (const auto& [key, off] : {std::pair<const char*, const OffloadConfig*>{"offload_optimizer", &z.offload_optimizer},
+                                 {"offload_param", &z.offload_param}}) {
+    if (off->device == OffloadDevice::none) continue;
+    if (off->device == OffloadDevice::cpu && device.type() == DeviceType::cpu) {
+      log::debug("engine: zero_optimization.", key, ".device = cpu on the cpu device: state stays in host memory");
+      continue;
+    }
+    throw Unsupported(log::concat("zero_optimization.", key, ".device = ",
+                                  off->device == OffloadDevice::cpu ? "cpu" : "nvme", " on device ", device.name(),
+                                  ": this build of the engine has no offload tier for it yet"));
   }
   policy_.stage = z.stage;
   policy_.shard_optimizer = z.stage >= 1;

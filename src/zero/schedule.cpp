@@ -49,7 +49,11 @@ std::vector<UnitId> Schedule::plan_prefetch(int64_t ahead_numel, int64_t live_nu
     auto ui = static_cast<size_t>(u.index);
     if (persistent_[ui] || chosen[ui] || !gatherable(u)) continue;
     int64_t n = unit_numel_[ui];
-    if (ahead_numel + n > policy_.prefetch_bucket_numel || live_numel + n > policy_.max_live_numel) break;
+    // The bucket bounds what is fetched beyond the first unit ahead: a unit larger than the bucket (a
+    // transformer layer under "auto", 0.9 * hidden^2) is still fetched while the current one computes.
+    if (policy_.prefetch_bucket_numel <= 0) break;
+    if (ahead_numel > 0 && ahead_numel + n > policy_.prefetch_bucket_numel) break;
+    if (live_numel + n > policy_.max_live_numel) break;
     chosen[ui] = true;
     out.push_back(u);
     ahead_numel += n;

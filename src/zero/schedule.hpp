@@ -6,9 +6,9 @@
 //
 //   trace:    F0 F1 F2 F3 B3 B2 B1 B0
 //   now:            ^ position 2 (F2 just entered)
-//   prefetch: F3, then B3... skipping units already gathered, as long as the elements fetched ahead stay
-//             within stage3_prefetch_bucket_size and the gathered elements within
-//             stage3_max_live_parameters;
+//   prefetch: F3, then B3... skipping units already gathered: the first unit ahead always (when
+//             stage3_prefetch_bucket_size > 0), more while the elements fetched ahead stay within
+//             stage3_prefetch_bucket_size; never beyond stage3_max_live_parameters gathered elements;
 //   release:  when F2's scope closes, F2 is kept if its next use (B2) comes within
 //             stage3_max_reuse_distance elements of other units' gathers.
 //

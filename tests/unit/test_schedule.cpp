@@ -62,6 +62,18 @@ TEST(Schedule, PrefetchStaysWithinTheBucketAndTheLiveCap) {
   capped.finish_micro_step();
   capped.record(F(0));
   EXPECT_EQ(ids(capped.plan_prefetch(0, 100, all_gatherable)), (std::vector<int>{1}));
+  // A unit larger than the bucket is still fetched when nothing is ahead yet; a bucket of 0 turns prefetch off.
+  Schedule small_bucket = make(50, 1000, 0);
+  record_all(small_bucket);
+  small_bucket.finish_micro_step();
+  small_bucket.record(F(0));
+  EXPECT_EQ(ids(small_bucket.plan_prefetch(0, 100, all_gatherable)), (std::vector<int>{1}));
+  EXPECT_TRUE(small_bucket.plan_prefetch(10, 100, all_gatherable).empty());
+  Schedule off = make(0, 1000, 0);
+  record_all(off);
+  off.finish_micro_step();
+  off.record(F(0));
+  EXPECT_TRUE(off.plan_prefetch(0, 100, all_gatherable).empty());
   // Units already gathered are skipped, not counted.
   EXPECT_EQ(ids(s.plan_prefetch(0, 100, [](UnitId u) { return u.index != 1; })), (std::vector<int>{2, 3}));
 }
