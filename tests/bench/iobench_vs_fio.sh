@@ -25,11 +25,16 @@ command -v fio >/dev/null || { echo "fio is not installed (apt-get install fio)"
 fio_file="$dir/zero3-fio-$$.bin"
 trap 'rm -f "$fio_file"' EXIT
 
-# One fio run: one file, one job, the same engine, block size and depth. Prints GB/s.
-fio_once() {  # $1 = write|read
-  fio --name=zero3cmp --filename="$fio_file" --size="$size" --bs="$block" --iodepth="$qd" \
-      --ioengine="$engine" --direct=1 --rw="$1" --numjobs=1 --fallocate=native --output-format=json 2>/dev/null |
-    python3 -c "import json,sys; print(json.load(sys.stdin)['jobs'][0]['$1']['bw_bytes'] / 1e9)"
+# One fio round, the same sequence as one `zero3 iobench --mode both --loops 1` in one process: three jobs
+# run back to back (stonewall) on one fresh file: an untimed layout write, a timed write, a timed read.
+# Prints "WRITE_GBS READ_GBS".
+fio_round() {
+  rm -f "$fio_file"
+  local common=(--filename="$fio_file" --size="$size" --bs="$block" --iodepth="$qd" --ioengine="$engine"
+                --direct=1 --numjobs=1 --fallocate=native)
+  fio --output-format=json "${common[@]}" --name=layout --rw=write \
+      --name=write --stonewall --rw=write --name=read --stonewall --rw=read 2>/dev/null |
+    python3 -c "import json,sys; j=json.load(sys.stdin)['jobs']; print(j[1]['write']['bw_bytes'] / 1e9, j[2]['read']['bw_bytes'] / 1e9)"
 }
 
 max() { python3 -c "print(max($1, $2))"; }
@@ -44,10 +49,9 @@ for ((i = 0; i < loops; i++)); do
           --mode both --loops 1)
   best[zero3-write]=$(max "${best[zero3-write]}" "$(awk '$1 == "write" {print $2}' <<<"$out")")
   best[zero3-read]=$(max "${best[zero3-read]}" "$(awk '$1 == "read" {print $2}' <<<"$out")")
-  rm -f "$fio_file"
-  fio_once write >/dev/null
-  best[fio-write]=$(max "${best[fio-write]}" "$(fio_once write)")
-  best[fio-read]=$(max "${best[fio-read]}" "$(fio_once read)")
+  read -r fw fr <<<"$(fio_round)"
+  best[fio-write]=$(max "${best[fio-write]}" "$fw")
+  best[fio-read]=$(max "${best[fio-read]}" "$fr")
 done
 
 printf '%-6s %12s %12s %8s\n' "" "zero3 GB/s" "fio GB/s" "ratio"
