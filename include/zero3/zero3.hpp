@@ -11,3 +11,4 @@
 #include "zero3/device.hpp"
 #include "zero3/engine.hpp"
 #include "zero3/memory_plan.hpp"
+#include "zero3/safetensors.hpp"
