@@ -11,8 +11,6 @@ build=${BUILD_DIR:-build}
 jobs=${JOBS:-$(nproc)}
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DZERO3_WERROR=ON
 cmake --build "$build" -j "$jobs"
-ctest --test-dir "$build" -LE bench --output-on-failure -j "$jobs" --timeout 600
-
 # The safetensors fuzz target builds with clang (libFuzzer) in its own tree; its test replays the corpus.
 if command -v clang++ >/dev/null; then
   cmake -S . -B "$build-fuzz" -G Ninja -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ \
@@ -20,3 +18,5 @@ if command -v clang++ >/dev/null; then
   cmake --build "$build-fuzz" --target fuzz_safetensors -j "$jobs"
   ctest --test-dir "$build-fuzz" -L fuzz --output-on-failure
 fi
+
+ctest --test-dir "$build" -LE bench --output-on-failure -j "$jobs" --timeout 600
