@@ -37,11 +37,14 @@ namespace comm {
 
 void AsyncWork::wait() {
   std::unique_lock<std::mutex> lock(mu_);
-  // The worker itself enforces the backend timeout; this bound is a second line of defence for a worker
-  // stuck outside the transport. A little slack lets the worker's own, more precise error win the race.
-  auto limit = timeout_ + std::chrono::seconds(5);
+  // The worker enforces the timeout on every transfer it waits for, so it always finishes; this bound only
+  // guards against a worker stuck outside the transport. A large operation may legitimately run longer than
+  // one timeout in total, and the caller may free its buffers once wait() returns or throws, so the bound is
+  // generous: twice the timeout plus half a minute.
+  auto limit = 2 * timeout_ + std::chrono::seconds(30);
   if (!cv_.wait_for(lock, limit, [&] { return done_; })) {
-    throw TimeoutError(description_ + " did not complete within " + std::to_string(timeout_.count()) + " ms");
+    throw TimeoutError(description_ + " did not complete within " + std::to_string(limit.count()) +
+                       " ms; the communicator's worker is stuck and the job must be stopped");
   }
   if (error_) std::rethrow_exception(error_);
 }

@@ -11,8 +11,9 @@
 namespace zero3::comm {
 
 // A Work completed from another thread (a backend's worker) with either success or a stored exception.
-// wait() rethrows the stored exception on every call; if the operation is still running after `timeout`,
-// wait() throws TimeoutError with `description` (collective, count, dtype, rank).
+// wait() rethrows the stored exception on every call. The worker turns a transport timeout into the stored
+// TimeoutError; wait() itself gives up only after twice `timeout` plus 30 s, for a worker that is stuck.
+// `description` names the collective, count, dtype and rank.
 class AsyncWork : public Work {
  public:
   AsyncWork(std::string description, std::chrono::milliseconds timeout)

@@ -40,6 +40,8 @@ namespace {
 
 // Gloo's own collectives use slot prefixes 0x01..0x08.
 constexpr uint8_t kReduceScatterSlotPrefix = 0x40;
+// 1 MiB of f32 per transfer in the reduce-scatter ring, like gloo's own segment size.
+constexpr size_t kSegmentElements = size_t{1} << 18;
 
 void to_f32(const void* src, DType dtype, float* dst, size_t n) {
   switch (dtype) {
@@ -213,12 +215,11 @@ class GlooCommunicator final : public Communicator {
     if (count == 0) return completed_work();
     return enqueue(what, [=, this](uint32_t tag) {
       if (size_ == 1) return;
-      std::vector<float> staged;
       float* data = static_cast<float*>(buf);
       if (dtype != DType::f32) {
-        staged.resize(count);
-        to_f32(buf, dtype, staged.data(), count);
-        data = staged.data();
+        if (scratch_[0].size() < count) scratch_[0].resize(count);
+        data = scratch_[0].data();
+        to_f32(buf, dtype, data, count);
       }
       ::gloo::AllreduceOptions opts(context_);
       opts.setOutput(data, count);
@@ -340,31 +341,70 @@ class GlooCommunicator final : public Communicator {
   // Ring reduce-scatter. At step s rank r sends the partial sum of chunk (r-s-1) to its right neighbour and
   // receives the partial sum of chunk (r-s-2) from its left one, adding its own input; after size-1 steps it
   // holds chunk r summed over all ranks. Two chunk-sized f32 buffers alternate between sending and receiving.
+  // Each step moves its chunk in segments, so adding one segment overlaps receiving the next. For f32 the
+  // first step sends straight from the input and the last one writes the output, saving two passes.
   void ring_reduce_scatter(void* out, const void* in, size_t count, DType dtype, ReduceOp op, uint32_t tag) {
     const int n = size_, r = rank_;
     const size_t esize = dtype_size(dtype);
     auto chunk = [&](int c) { return static_cast<const char*>(in) + static_cast<size_t>(c) * count * esize; };
-    std::vector<float> buf[2] = {std::vector<float>(count), std::vector<float>(count)};
-    int cur = 0;  // the buffer being sent
-    to_f32(chunk(n == 1 ? r : (r - 1 + n) % n), dtype, buf[cur].data(), count);
-    if (n > 1) {
-      std::unique_ptr<::gloo::transport::UnboundBuffer> ub[2] = {
-          context_->createUnboundBuffer(buf[0].data(), count * sizeof(float)),
-          context_->createUnboundBuffer(buf[1].data(), count * sizeof(float))};
-      const auto slot = ::gloo::Slot::build(kReduceScatterSlotPrefix, tag);
-      const int right = (r + 1) % n, left = (r - 1 + n) % n;
-      for (int s = 0; s < n - 1; ++s) {
-        int next = 1 - cur;
-        ub[next]->recv(left, slot);
-        ub[cur]->send(right, slot);
-        ub[next]->waitRecv(timeout_);
-        ub[cur]->waitSend(timeout_);
-        accumulate(buf[next].data(), chunk((r - s - 2 + 2 * n) % n), dtype, count);
-        cur = next;
-      }
+    if (n == 1) {  // sum and avg of one rank
+      if (out != in) std::memmove(out, in, count * esize);
+      return;
     }
-    if (op == ReduceOp::avg) scale(buf[cur].data(), count, static_cast<float>(n));
-    from_f32(buf[cur].data(), dtype, out, count);
+    const bool f32 = dtype == DType::f32;
+    const float divisor = op == ReduceOp::avg ? static_cast<float>(n) : 1.0f;
+    // Scratch kept across calls: fresh multi-megabyte buffers would cost a page fault per 4 KiB every time.
+    for (auto& b : scratch_) {
+      if (b.size() < count) b.resize(count);
+    }
+    float* buf[2] = {scratch_[0].data(), scratch_[1].data()};
+    std::unique_ptr<::gloo::transport::UnboundBuffer> ub[2] = {
+        context_->createUnboundBuffer(buf[0], count * sizeof(float)),
+        context_->createUnboundBuffer(buf[1], count * sizeof(float))};
+    const int first_chunk = (r - 1 + n) % n;
+    std::unique_ptr<::gloo::transport::UnboundBuffer> input;
+    ::gloo::transport::UnboundBuffer* sending = ub[0].get();
+    if (f32) {
+      // gloo only reads a buffer it sends from.
+      input = context_->createUnboundBuffer(const_cast<char*>(chunk(first_chunk)), count * sizeof(float));
+      sending = input.get();
+    } else {
+      to_f32(chunk(first_chunk), dtype, buf[0], count);
+    }
+    const auto slot = ::gloo::Slot::build(kReduceScatterSlotPrefix, tag);
+    const int right = (r + 1) % n, left = (r - 1 + n) % n;
+    const size_t seg = kSegmentElements, segments = (count + seg - 1) / seg;
+    int receiving = 1;
+    for (int s = 0; s < n - 1; ++s) {
+      const bool last = s == n - 2;
+      // Transfers on one pair and slot complete in the order they were posted.
+      for (size_t k = 0; k < segments; ++k) {
+        size_t len = std::min(seg, count - k * seg);
+        ub[receiving]->recv(left, slot, k * seg * sizeof(float), len * sizeof(float));
+        sending->send(right, slot, k * seg * sizeof(float), len * sizeof(float));
+      }
+      const char* mine = chunk((r - s - 2 + 2 * n) % n);
+      float* acc = buf[receiving];
+      for (size_t k = 0; k < segments; ++k) {
+        const size_t off = k * seg, len = std::min(seg, count - off);
+        ub[receiving]->waitRecv(timeout_);
+        if (last && f32) {
+          const float* own = reinterpret_cast<const float*>(mine) + off;
+          float* dst = static_cast<float*>(out) + off;  // may be `own` itself (in place)
+          for (size_t i = 0; i < len; ++i) dst[i] = (acc[off + i] + own[i]) / divisor;
+        } else {
+          accumulate(acc + off, mine + off * esize, dtype, len);
+        }
+      }
+      for (size_t k = 0; k < segments; ++k) sending->waitSend(timeout_);
+      sending = ub[receiving].get();
+      receiving = 1 - receiving;
+    }
+    if (!f32) {
+      float* result = buf[1 - receiving];
+      if (op == ReduceOp::avg) scale(result, count, divisor);
+      from_f32(result, dtype, out, count);
+    }
   }
 
   std::shared_ptr<::gloo::transport::Device> device_;
@@ -373,7 +413,8 @@ class GlooCommunicator final : public Communicator {
   int rank_, size_;
   std::chrono::milliseconds timeout_;
   std::shared_ptr<::gloo::rendezvous::Context> context_;
-  int splits_ = 0;  // issuing thread only
+  int splits_ = 0;                 // issuing thread only
+  std::vector<float> scratch_[2];  // worker thread only
 
   std::mutex mu_;
   std::condition_variable cv_;
