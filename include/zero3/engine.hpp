@@ -109,6 +109,8 @@ struct ScheduleStats {
   int64_t persistent_numel = 0; // elements of units that stay gathered
   int64_t gathered_elements = 0;  // elements received by all-gathers (full unit sizes)
   int64_t reduced_elements = 0;   // gradient elements entering reductions (full unit sizes)
+  double gather_wait_seconds = 0;  // the training thread blocked on all-gathers at scope entry
+  double comm_wait_seconds = 0;    // blocked on any collective (gathers, reduce buckets, step, checks)
   std::vector<UnitId> gather_order;  // units in the order their all-gathers were issued
 };
 

@@ -1,5 +1,7 @@
 #include "zero/comm_queue.hpp"
 
+#include <chrono>
+
 #include "zero3/log.hpp"
 
 namespace zero3::detail {
@@ -84,7 +86,11 @@ void CommQueue::wait(const Ticket& ticket) {
   std::exception_ptr err;
   {
     std::unique_lock<std::mutex> lock(mu_);
-    done_cv_.wait(lock, [&] { return ticket->done; });
+    if (!ticket->done) {
+      auto start = std::chrono::steady_clock::now();
+      done_cv_.wait(lock, [&] { return ticket->done; });
+      blocked_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    }
     err = ticket->error;
   }
   if (err) std::rethrow_exception(err);
@@ -105,6 +111,11 @@ void CommQueue::drain() {
   wait(last);
   std::lock_guard<std::mutex> lock(mu_);
   if (error_) std::rethrow_exception(error_);
+}
+
+double CommQueue::blocked_seconds() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return blocked_seconds_;
 }
 
 std::exception_ptr CommQueue::error() {

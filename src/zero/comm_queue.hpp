@@ -44,6 +44,9 @@ class CommQueue {
   // The error that poisoned the queue, or null.
   std::exception_ptr error();
 
+  // Seconds the calling threads spent blocked in wait() and drain() on unfinished tasks.
+  double blocked_seconds();
+
  private:
   void run(const Ticket& task);
   void worker();
@@ -56,6 +59,7 @@ class CommQueue {
   Ticket last_;
   bool stop_ = false;
   std::exception_ptr error_;
+  double blocked_seconds_ = 0.0;
   std::thread thread_;
 };
 

@@ -169,6 +169,7 @@ MemoryStats Engine::memory() const { return impl_->memory(); }
 ScheduleStats Engine::schedule_stats() const {
   ScheduleStats s = impl_->stats_;
   if (impl_->reducer_) s.reduced_elements = impl_->reducer_->reduced_elements() - impl_->reduced_base_;
+  s.comm_wait_seconds = impl_->queue_->blocked_seconds() - impl_->blocked_base_;
   return s;
 }
 
@@ -180,6 +181,7 @@ void Engine::reset_schedule_stats() {
   impl_->stats_ = fresh;
   impl_->peak_gathered_bytes_ = impl_->gathered_bytes_;
   if (impl_->reducer_) impl_->reduced_base_ = impl_->reducer_->reduced_elements();
+  impl_->blocked_base_ = impl_->queue_->blocked_seconds();
 }
 
 std::vector<ScheduleEvent> Engine::recorded_order() const {

@@ -557,7 +557,9 @@ void EngineImpl::issue_gather(UnitState& u, bool prefetch) {
 
 void EngineImpl::wait_gather(UnitState& u) {
   if (u.gather != GatherState::in_flight) return;
+  double before = queue_->blocked_seconds();
   queue_->wait(u.gather_ticket);
+  stats_.gather_wait_seconds += queue_->blocked_seconds() - before;
   u.gather_ticket = nullptr;
   u.gather = GatherState::gathered;
 }

@@ -140,6 +140,7 @@ class EngineImpl {
   int64_t applied_steps_ = 0;
   int64_t local_micro_steps_ = 0;  // micro-steps run by this engine object (a resumed run checks again)
   int64_t reduced_base_ = 0;       // reducer count at the last reset_schedule_stats()
+  double blocked_base_ = 0;        // queue's blocked time at the last reset_schedule_stats()
 
   std::exception_ptr deferred_error_;  // from a scope destructor; thrown by the next call
   std::exception_ptr fatal_error_;     // a communication failure: thrown by every later call

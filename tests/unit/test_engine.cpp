@@ -183,3 +183,48 @@ TEST_P(EngineEquivalence1, MatchesTheReferenceInFp32) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Stages, EngineEquivalence1, ::testing::Values(0, 1, 2, 3));
+
+// Bytes per category at rest and inside scopes, for the MLP (numel 518 + 37 + 1102 + 210 = 1867) on one rank.
+TEST(Engine, MemoryByCategoryFollowsTheStage) {
+  Fixture f;
+  const int64_t n = 1867;
+  struct Want {
+    int stage;
+    bool bf16;
+    int64_t params, master, grads, optimizer;
+  };
+  const Want wants[] = {
+      {0, false, n * 4, 0, n * 4, n * 8},             // fp32 parameters are the master
+      {2, false, n * 4, 0, n * 4, n * 8},             // one rank: the slice is everything
+      {3, false, n * 4 + 37 * 4, 0, n * 4, n * 8},    // master slices + the persistent "norm" unit gathered
+      {3, true, n * 2 + 37 * 2, n * 4, n * 4, n * 8}, // bf16 slices + fp32 master
+      {1, true, n * 2, n * 4, n * 4, n * 8},          // bf16 full parameters + fp32 master
+  };
+  for (const Want& w : wants) {
+    Config c = equivalence_config(w.stage);
+    c.bf16.enabled = w.bf16;
+    Engine e(c, f.comm, *f.device);
+    MlpUnits units = declare_mlp(e, MlpDims{});
+    e.materialize();
+    MemoryStats m = e.memory();
+    SCOPED_TRACE("stage " + std::to_string(w.stage) + (w.bf16 ? " bf16" : " fp32"));
+    EXPECT_EQ(m.params, w.params);
+    EXPECT_EQ(m.master, w.master);
+    EXPECT_EQ(m.grads, w.grads);
+    EXPECT_EQ(m.optimizer_state, w.optimizer);
+    EXPECT_EQ(m.buffers, 0) << "buckets are allocated at the first reduction";
+    const size_t es = w.bf16 ? 2 : 4;
+    {
+      auto s = e.backward_scope(units.fc2);
+      EXPECT_EQ(e.memory().grads, w.grads + 1102 * 4) << "an open backward scope holds the unit's gradient buffer";
+      if (w.stage == 3) {
+        EXPECT_EQ(e.memory().gathered, static_cast<int64_t>((1102 + 37) * es));
+      }
+    }
+    EXPECT_EQ(e.memory().grads, w.grads);
+    if (w.stage == 3) {
+      EXPECT_EQ(e.memory().gathered, static_cast<int64_t>(37 * es)) << "released on exit (no trace yet)";
+      EXPECT_EQ(e.memory().peak_gathered, static_cast<int64_t>((1102 + 37) * es));
+    }
+  }
+}
