@@ -1,8 +1,11 @@
 // `zero3 launch`, run as a real process: environment, output prefixes, failure handling, signals.
+#include <arpa/inet.h>
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -187,6 +190,82 @@ TEST(ZeroLaunchFailure, ADyingRankFailsTheOthersWithinTheTimeout) {
   }
   EXPECT_TRUE(contains(r.err, "rank 1 (pid")) << r.err;
   EXPECT_TRUE(contains(r.err, "exited with status 42")) << r.err;
+}
+
+}  // namespace
+
+namespace {
+
+// Starts `program` once per rank with the given per-rank environment and no launcher at all; returns each
+// process's exit status.
+std::vector<int> run_ranks(const std::string& program, const std::vector<std::vector<std::string>>& envs) {
+  std::vector<pid_t> pids;
+  for (const auto& env : envs) {
+    pid_t pid = ::fork();
+    if (pid == 0) {
+      for (const auto& e : env) ::putenv(const_cast<char*>(e.c_str()));
+      int devnull = ::open("/dev/null", O_WRONLY);
+      ::dup2(devnull, 1);
+      ::execl(program.c_str(), program.c_str(), static_cast<char*>(nullptr));
+      ::_exit(126);
+    }
+    pids.push_back(pid);
+  }
+  std::vector<int> status;
+  for (pid_t pid : pids) {
+    int ws = 0;
+    ::waitpid(pid, &ws, 0);
+    status.push_back(WIFEXITED(ws) ? WEXITSTATUS(ws) : 128 + WTERMSIG(ws));
+  }
+  return status;
+}
+
+int free_tcp_port() {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(a);
+  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a));
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  ::close(fd);
+  return ntohs(a.sin_port);
+}
+
+// The same dist program, started without `zero3 launch`: torchrun-style variables set by hand, then the
+// variables torchrun itself sets (its agent owns MASTER_PORT, so zero3's store moves to MASTER_PORT + 1).
+TEST(OtherLaunchers, TorchrunStyleVariablesSetByHand) {
+  auto backends = zero3::available_backends();
+  if (std::find(backends.begin(), backends.end(), "gloo") == backends.end()) GTEST_SKIP() << "no gloo in this build";
+  std::string program =
+      std::string(std::getenv("ZERO3_BIN_DIR") ? std::getenv("ZERO3_BIN_DIR") : ".") + "/test_collectives_connect";
+  if (::access(program.c_str(), X_OK) != 0) GTEST_SKIP() << program << " is not built";
+  for (bool torchrun : {false, true}) {
+    int port = free_tcp_port();
+    std::vector<std::vector<std::string>> envs;
+    for (int rank = 0; rank < 2; ++rank) {
+      std::vector<std::string> env = {"RANK=" + std::to_string(rank), "WORLD_SIZE=2", "MASTER_ADDR=127.0.0.1",
+                                      "MASTER_PORT=" + std::to_string(port), "ZERO3_LAUNCHER="};
+      if (torchrun) {
+        env.insert(env.end(), {"LOCAL_RANK=" + std::to_string(rank), "LOCAL_WORLD_SIZE=2", "GROUP_RANK=0",
+                               "TORCHELASTIC_RUN_ID=by-hand", "TORCHELASTIC_RESTART_COUNT=0"});
+      }
+      envs.push_back(env);
+    }
+    // Under "torchrun", something else holds MASTER_PORT, as torchrun's agent would.
+    int holder = -1;
+    if (torchrun) {
+      holder = ::socket(AF_INET, SOCK_STREAM, 0);
+      sockaddr_in a{};
+      a.sin_family = AF_INET;
+      a.sin_port = htons(static_cast<uint16_t>(port));
+      a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+      ASSERT_EQ(::bind(holder, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
+      ASSERT_EQ(::listen(holder, 4), 0);
+    }
+    EXPECT_EQ(run_ranks(program, envs), (std::vector<int>{0, 0})) << (torchrun ? "torchrun variables" : "by hand");
+    if (holder >= 0) ::close(holder);
+  }
 }
 
 }  // namespace
