@@ -53,7 +53,12 @@ CommQueue::Ticket CommQueue::submit(std::string what, std::function<void()> fn) 
   task->what = std::move(what);
   task->fn = std::move(fn);
   if (!async_) {
+    // Inline, the submitting thread itself is the one blocked for the collective's duration.
+    auto start = std::chrono::steady_clock::now();
     run(task);
+    double spent = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    std::lock_guard<std::mutex> lock(mu_);
+    blocked_seconds_ += spent;
     last_ = task;
     return task;
   }

@@ -44,7 +44,8 @@ class CommQueue {
   // The error that poisoned the queue, or null.
   std::exception_ptr error();
 
-  // Seconds the calling threads spent blocked in wait() and drain() on unfinished tasks.
+  // Seconds the calling threads spent blocked on tasks: in wait() and drain() on unfinished tasks, and,
+  // without a worker thread, running them inside submit().
   double blocked_seconds();
 
  private:
