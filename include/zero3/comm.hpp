@@ -16,7 +16,15 @@
 // Completion and errors. Each call returns a Work. Work::wait() blocks the calling thread until the
 // operation finished, and throws its error: CommError naming the collective, the count, the dtype and the
 // ranks, or TimeoutError when it did not finish within the communicator's timeout. No collective blocks
-// forever: the timeout comes from the config (zero3.comm_timeout_s, default 600 s).
+// forever: the timeout comes from the config (zero3.comm_timeout_s, default 600 s). A rank that dies makes
+// the collectives it takes part in fail on the other ranks, usually at once (its connections close), at
+// the latest at the timeout. After a failed collective the communicator is broken: every later call fails
+// with the first error. Invalid arguments (null buffer with a non-zero count, overlapping buffers other than
+// the in-place layout, a root outside the world, max for reduce_scatter) throw InvalidArgument from the
+// call itself, before anything is sent, so the ranks stay in step.
+//
+// Gloo runs each communicator's operations on a worker thread of its own; the calling thread only queues
+// them. bf16/f16 reductions are done in f32 (one rounding at the end). A count of 0 completes at once.
 //
 // Thread-safety: one thread issues operations on a communicator at a time; Work may be waited on from
 // any thread.
@@ -89,7 +97,9 @@ class Communicator {
   virtual void barrier() = 0;
 
   // A communicator over the ranks that pass the same `color`, ordered by (`key`, rank). Collective over
-  // this communicator: every rank calls it. color < 0 returns nullptr for that rank.
+  // this communicator: every rank calls it, at the same place in its sequence of operations. color < 0
+  // returns nullptr for that rank. The new communicator shares this one's store and timeout and may
+  // outlive it.
   virtual std::unique_ptr<Communicator> split(int color, int key) = 0;
 };
 
