@@ -305,6 +305,7 @@ void Launcher::spawn(Rank& r, const std::vector<std::string>& env_strings) {
     ::signal(SIGTERM, SIG_DFL);
     ::signal(SIGHUP, SIG_DFL);
     ::signal(SIGCHLD, SIG_DFL);
+    ::signal(SIGPIPE, SIG_DFL);
     ::sigprocmask(SIG_SETMASK, &none, nullptr);
     if (devnull >= 0) ::dup2(devnull, 0);
     ::dup2(out[1], 1);
@@ -372,6 +373,8 @@ int Launcher::run() {
   int world = o_.nnodes * o_.nproc;
   if (o_.master_port == 0) o_.master_port = free_port();
 
+  // A closed stdout (`zero3 launch ... | head`) must not kill the launcher and orphan the ranks.
+  ::signal(SIGPIPE, SIG_IGN);
   // Signals arrive through a descriptor, in the same poll as the ranks' output.
   sigset_t mask;
   sigemptyset(&mask);
