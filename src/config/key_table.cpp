@@ -923,8 +923,15 @@ std::vector<KeyEntry> build_table() {
               "PyTorch module buffers; zero3's model has no separate buffers to cast."),
 
       // ----- monitors -----
-      SECTION("tensorboard", "TensorBoard event files with the steps_per_print figures."),
-      KEY_BOOL("tensorboard.enabled", c.tensorboard.enabled, "false", "Write TensorBoard events."),
+      SECTION("tensorboard", "TensorBoard event files. zero3 reads the section but does not write event files yet."),
+      {.path = "tensorboard.enabled",
+       .type = "boolean",
+       .default_json = "false",
+       .status = S::ignored,
+       .doc = "zero3 does not write TensorBoard event files yet (no results change); csv_monitor writes the same "
+              "figures.",
+       .when = When::not_default,
+       .apply = [](ReadContext& ctx, const Value& v) { ctx.config.tensorboard.enabled = v.as_bool(); }},
       KEY_STRING("tensorboard.output_path", c.tensorboard.output_path, "\"\"", "Directory of the event files."),
       KEY_STRING("tensorboard.job_name", c.tensorboard.job_name, "\"DeepSpeedJobName\"",
                  "Subdirectory under output_path."),
@@ -933,16 +940,15 @@ std::vector<KeyEntry> build_table() {
       KEY_STRING("csv_monitor.output_path", c.csv_monitor.output_path, "\"\"", "Directory of the CSV files."),
       KEY_STRING("csv_monitor.job_name", c.csv_monitor.job_name, "\"DeepSpeedJobName\"",
                  "Subdirectory under output_path."),
-      IGNORED("wandb", "object", "", enabled,
-              "Weights & Biases needs its Python client; use csv_monitor or tensorboard."),
-      IGNORED("comet", "object", "", enabled, "Comet needs its Python client; use csv_monitor or tensorboard."),
+      IGNORED("wandb", "object", "", enabled, "Weights & Biases needs its Python client; use csv_monitor."),
+      IGNORED("comet", "object", "", enabled, "Comet needs its Python client; use csv_monitor."),
 
       // ----- DeepSpeed features outside ZeRO -----
       IGNORED("flops_profiler", "object", "", enabled, "DeepSpeed's PyTorch module profiler (no effect on training)."),
       IGNORED("autotuning", "object", "", enabled, "Runs only under DeepSpeed's launcher with --autotuning."),
       IGNORED("activation_checkpointing", "object", "", present,
-              "Configures DeepSpeed's Python checkpointing API; in zero3 recomputation is the model's choice "
-              "(the Llama example's --grad-ckpt), with the same values."),
+              "Configures DeepSpeed's Python checkpointing API; in zero3 recomputing activations is the "
+              "training program's choice (the Llama example has an option for it), with the same values."),
       IGNORED("comms_logger", "object", "", enabled, "DeepSpeed's communication log; use ZERO3_LOG_LEVEL=debug."),
       IGNORED("timers", "object", "", present, "DeepSpeed's throughput timers; see wall_clock_breakdown."),
       IGNORED("eigenvalue", "object", "", enabled, "Hessian eigenvalue estimates for quantization; no effect here."),
