@@ -1,0 +1,178 @@
+// The golden check of tests/golden (transformers' LlamaForCausalLM, float32) through the ZeRO engine at stage 3,
+// on 1, 2 and 3 ranks: the weights enter through the engine's pretrained init (each rank reads only its slices
+// of model.safetensors), the batch's two sequences are split over ranks and micro-batches, and the loss and
+// every parameter's averaged gradient must equal the fixture's.
+//
+// How the gradient is read through the public API: the first optimizer step runs AdamW with beta1 = 0 and no
+// clipping, so each rank's exp_avg (ShardView) after it is exactly (1 - 0) * g = the reduced, averaged gradient
+// of its slice, which the rank compares with the fixture's elements of that slice. The ranks' compared element
+// counts add up to the whole model.
+//
+// Split: with W ranks and G = ceil(2 / W) micro-batches, rank r's micro-batch k is sequence k*W + r, or, past
+// the second sequence (3 ranks), a sequence whose targets are all ignored: it contributes compute and
+// collectives but no loss and no gradient. The loss normalizer is the step's target count / (W x G)
+// (step_loss_normalizer), so the engine's mean over ranks and micro-batches is the mean over the batch's targets.
+//
+// Tolerances are the single-process golden test's (test_golden_hf.cpp): loss 1e-5 relative, each gradient within
+// 1e-4 of its tensor's largest |gradient|; the reduction adds one more order of float additions, far below.
+// zero3-test-ranks: 1 2 3
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <map>
+#include <vector>
+
+#include "engine_model.hpp"
+#include "support/engine_world.hpp"
+#include "zero3/engine.hpp"
+#include "zero3/safetensors.hpp"
+
+using namespace llama3;
+namespace fs = std::filesystem;
+namespace st = zero3::safetensors;
+
+namespace {
+
+fs::path golden_dir() {
+  if (const char* d = std::getenv("LLAMA3_GOLDEN_DIR")) return d;
+  if (const char* s = std::getenv("ZERO3_SOURCE_DIR")) return fs::path(s) / "examples/llama3/tests/golden";
+  return fs::path(LLAMA3_SOURCE_DIR) / "tests/golden";
+}
+
+template <typename T>
+std::vector<T> read_all(const st::SafetensorsReader& r, const std::string& name) {
+  const st::TensorInfo& info = r.tensor(name);
+  std::vector<T> v(static_cast<size_t>(info.numel()));
+  r.read_range(name, 0, info.numel(), v.data());
+  return v;
+}
+
+zero3::Config golden_config(int64_t gas) {
+  zero3::Config c;
+  c.zero.stage = 3;
+  c.train_micro_batch_size_per_gpu = 1;
+  c.gradient_accumulation_steps = gas;
+  c.gradient_clipping = 0.0;
+  c.optimizer.present = true;
+  c.optimizer.type = zero3::OptimizerType::adamw;
+  c.optimizer.lr = 1e-3;
+  c.optimizer.beta1 = 0.0;  // exp_avg after the first step = the gradient
+  c.optimizer.weight_decay = 0.0;
+  c.zero.reduce_bucket_size = 5000;  // units span several buckets
+  c.zero.prefetch_bucket_size = 30000;
+  c.zero.param_persistence_threshold = 100;  // no unit is that small: every unit is gathered and released
+  c.zero3.seed = 1;
+  return c;
+}
+
+struct GoldenCase {
+  bool checkpointing;
+};
+
+class EngineGolden : public ::testing::TestWithParam<GoldenCase> {};
+
+TEST_P(EngineGolden, LossAndGradientsEqualTransformers) {
+  auto comm = zero3::testing::engine_world();
+  const int W = comm->size(), rank = comm->rank();
+  const fs::path dir = golden_dir();
+  const ModelConfig mc = load_model_config((dir / "config.json").string());
+  st::SafetensorsReader batch(dir / "batch.safetensors");
+  const auto ids = read_all<int32_t>(batch, "input_ids");
+  const auto labels = read_all<int32_t>(batch, "labels");
+  const double want_loss = read_all<double>(batch, "loss").at(0);
+  const int64_t S = batch.tensor("input_ids").shape.at(0), T = batch.tensor("input_ids").shape.at(1);
+  // Position t predicts labels[t + 1] (LlamaForCausalLM shifts inside its loss).
+  std::vector<int32_t> targets(ids.size(), kIgnoreIndex);
+  for (int64_t b = 0; b < S; ++b)
+    for (int64_t t = 0; t + 1 < T; ++t) targets[b * T + t] = labels[b * T + t + 1];
+
+  const int64_t G = (S + W - 1) / W;
+  zero3::Engine engine(golden_config(G), comm, zero3::testing::cpu_device());
+  EngineModelOptions opt;
+  opt.init_from = dir / "model.safetensors";
+  opt.activation_checkpointing = GetParam().checkpointing;
+  EngineModel model(engine, mc, opt);
+  engine.materialize();
+
+  // This rank's micro-batches.
+  std::vector<std::vector<int32_t>> mb_ids, mb_targets;
+  int64_t local_count = 0;
+  for (int64_t k = 0; k < G; ++k) {
+    const int64_t seq = k * W + rank;
+    const int64_t src = seq < S ? seq : 0;
+    mb_ids.emplace_back(ids.begin() + src * T, ids.begin() + (src + 1) * T);
+    if (seq < S) {
+      mb_targets.emplace_back(targets.begin() + seq * T, targets.begin() + (seq + 1) * T);
+    } else {
+      mb_targets.emplace_back(static_cast<size_t>(T), kIgnoreIndex);
+    }
+    local_count += count_targets(mb_targets.back().data(), T, mc.vocab_size);
+  }
+  LossOptions lo;
+  lo.normalizer = step_loss_normalizer(*comm, local_count, G);
+  double loss_sum = 0;
+  zero3::StepResult r;
+  for (int64_t k = 0; k < G; ++k) {
+    LossResult l = model.forward_backward(mb_ids[k].data(), mb_targets[k].data(), BatchShape{1, T}, lo);
+    loss_sum += l.loss_sum;
+    r = engine.step();
+  }
+  ASSERT_TRUE(r.boundary);
+  ASSERT_TRUE(r.applied);
+  float sums[2] = {static_cast<float>(loss_sum), static_cast<float>(local_count)};
+  comm->all_reduce(sums, 2, zero3::DType::f32, zero3::ReduceOp::sum)->wait();
+  const double loss = sums[0] / sums[1];
+  EXPECT_NEAR(loss, want_loss, 1e-5 * want_loss);
+
+  // The gradients, slice by slice.
+  st::SafetensorsReader grads(dir / "grads.safetensors");
+  std::map<std::string, std::vector<float>> want;
+  std::map<std::string, double> scale;  // the tensor's largest |gradient|
+  double norm_sq = 0;
+  for (const st::TensorInfo& t : grads.tensors()) {
+    auto& v = want[t.name];
+    v.resize(static_cast<size_t>(t.numel()));
+    grads.read_as_f32(t.name, 0, t.numel(), v.data());
+    double m = 0;
+    for (float x : v) m = std::max(m, std::fabs(static_cast<double>(x))), norm_sq += static_cast<double>(x) * x;
+    scale[t.name] = m;
+  }
+  EXPECT_NEAR(r.grad_norm, std::sqrt(norm_sq), 1e-5 * std::sqrt(norm_sq));
+
+  int64_t compared = 0;
+  double worst = 0;
+  std::string worst_name;
+  for (size_t u = 0; u < model.num_units(); ++u) {
+    const zero3::ShardView shard = engine.local_shard(model.unit(u));
+    for (const zero3::ParamSlice& ps : engine.slice_params(model.unit(u), rank)) {
+      const std::string& name = engine.param(ps.param).local_name;
+      ASSERT_TRUE(want.count(name)) << name;
+      const std::vector<float>& w = want[name];
+      for (int64_t i = ps.param_begin; i < ps.param_end; ++i) {
+        const double got = shard.exp_avg[ps.slice_offset + (i - ps.param_begin)];
+        const double err = std::fabs(got - w[static_cast<size_t>(i)]) / scale[name];
+        if (err > worst) worst = err, worst_name = name + "[" + std::to_string(i) + "]";
+      }
+      compared += ps.param_end - ps.param_begin;
+    }
+  }
+  EXPECT_LE(worst, 1e-4) << "rank " << rank << ": worst gradient " << worst_name;
+  float total = static_cast<float>(compared);
+  comm->all_reduce(&total, 1, zero3::DType::f32, zero3::ReduceOp::sum)->wait();
+  EXPECT_EQ(static_cast<int64_t>(total), mc.num_parameters());
+  std::printf(
+      "[rank %d of %d, checkpointing %s] loss %.9f vs %.9f (rel %.2g); grad norm %.9f vs %.9f; worst "
+      "gradient %.3g (%s)\n",
+      rank, W, GetParam().checkpointing ? "on" : "off", loss, want_loss, std::fabs(loss - want_loss) / want_loss,
+      r.grad_norm, std::sqrt(norm_sq), worst, worst_name.c_str());
+}
+
+INSTANTIATE_TEST_SUITE_P(Stage3, EngineGolden, ::testing::Values(GoldenCase{true}, GoldenCase{false}),
+                         [](const ::testing::TestParamInfo<GoldenCase>& i) {
+                           return i.param.checkpointing ? std::string("checkpointing")
+                                                        : std::string("no_checkpointing");
+                         });
+
+}  // namespace
