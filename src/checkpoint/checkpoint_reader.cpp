@@ -1,0 +1,308 @@
+// load_checkpoint and the engine-free readers. A load verifies everything it will read before it writes any
+// engine state, then fills each rank's slices from the saved files' byte ranges (any saved world size).
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <map>
+#include <set>
+
+#include "checkpoint/checkpoint_dir.hpp"
+#include "checkpoint/manifest.hpp"
+#include "checkpoint/rank_reports.hpp"
+#include "checkpoint/reshard.hpp"
+#include "checkpoint/shard_check.hpp"
+#include "core/check.hpp"
+#include "zero3/checkpoint.hpp"
+#include "zero3/error.hpp"
+#include "zero3/log.hpp"
+#include "zero3/safetensors.hpp"
+
+namespace zero3 {
+namespace {
+
+namespace fs = std::filesystem;
+namespace st = safetensors;
+using Clock = std::chrono::steady_clock;
+using ckpt::RankReport;
+using ckpt::StatePart;
+
+uint64_t fnv1a(const std::string& s) {
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
+  return h;
+}
+
+std::string tags_present(const fs::path& dir) {
+  std::vector<std::string> tags = list_checkpoints(dir);
+  if (tags.empty()) return "no complete checkpoint is there";
+  std::string s = "complete checkpoints there: ";
+  for (size_t i = 0; i < tags.size(); ++i) s += (i ? ", " : "") + tags[i];
+  return s;
+}
+
+fs::path locate_or_throw(const fs::path& dir, const std::string& tag) {
+  std::optional<fs::path> where = ckpt::locate_checkpoint(dir, tag);
+  if (!where) {
+    std::error_code ec;
+    const fs::path p = dir / tag;
+    if (fs::is_directory(p, ec)) {
+      throw CheckpointError("checkpoint " + p.string() + " has no " + ckpt::kManifestName +
+                            " (a save of it did not complete, or it is not a zero3 checkpoint); " + tags_present(dir));
+    }
+    throw CheckpointError("no checkpoint '" + tag + "' in " + dir.string() + "; " + tags_present(dir));
+  }
+  return *where;
+}
+
+std::string shape_text(const std::vector<int64_t>& shape) { return st::shape_string(shape); }
+
+// The first difference between the checkpoint's model and the engine's, or "".
+std::string model_difference(const CheckpointInfo& info, const Engine& engine) {
+  const size_t n = std::min(info.units.size(), engine.num_units());
+  for (size_t i = 0; i < n; ++i) {
+    const CheckpointUnit& cu = info.units[i];
+    const UnitInfo& eu = engine.unit(UnitId{static_cast<int32_t>(i)});
+    const std::string at = "unit " + std::to_string(i);
+    if (cu.name != eu.name) return at + " is '" + cu.name + "' in the checkpoint, '" + eu.name + "' in the engine";
+    const size_t m = std::min(cu.params.size(), eu.params.size());
+    for (size_t j = 0; j < m; ++j) {
+      const CheckpointParam& cp = cu.params[j];
+      const ParamInfo& ep = engine.param(eu.params[j]);
+      const std::string pat = at + " ('" + cu.name + "'), parameter " + std::to_string(j);
+      if (cp.name != ep.local_name) {
+        return pat + " is '" + cp.name + "' in the checkpoint, '" + ep.local_name + "' in the engine";
+      }
+      if (cp.shape != ep.shape) {
+        return "parameter '" + cp.full_name + "' has shape " + shape_text(cp.shape) + " in the checkpoint, " +
+               shape_text(ep.shape) + " in the engine";
+      }
+      if (cp.dtype != ep.dtype) {
+        return "parameter '" + cp.full_name + "' has dtype " + std::string(dtype_name(cp.dtype)) +
+               " in the checkpoint, " + std::string(dtype_name(ep.dtype)) + " in the engine";
+      }
+    }
+    if (cu.params.size() != eu.params.size()) {
+      const bool more = cu.params.size() > eu.params.size();
+      const std::string extra = more ? cu.params[m].name : engine.param(eu.params[m]).local_name;
+      return at + " ('" + cu.name + "') has " + std::to_string(cu.params.size()) + " parameters in the checkpoint, " +
+             std::to_string(eu.params.size()) + " in the engine (first extra: '" + extra + "' in the " +
+             (more ? "checkpoint" : "engine") + ")";
+    }
+  }
+  if (info.units.size() != engine.num_units()) {
+    const bool more = info.units.size() > engine.num_units();
+    const std::string extra = more ? info.units[n].name : engine.unit(UnitId{static_cast<int32_t>(n)}).name;
+    return "the checkpoint has " + std::to_string(info.units.size()) + " units, the engine " +
+           std::to_string(engine.num_units()) + " (first extra: '" + extra + "' in the " +
+           (more ? "checkpoint" : "engine") + ")";
+  }
+  return "";
+}
+
+float* part_pointer(const ShardView& v, StatePart part) {
+  switch (part) {
+    case StatePart::master:
+      return v.master;
+    case StatePart::exp_avg:
+      return v.exp_avg;
+    case StatePart::exp_avg_sq:
+      return v.exp_avg_sq;
+  }
+  return nullptr;
+}
+
+struct UnitPlan {
+  UnitId id;
+  ShardView view;
+  std::vector<ckpt::RangeRead> reads;
+  int64_t filled = 0;  // elements of the view the reads fill; the rest is padding
+};
+
+}  // namespace
+
+std::string resolve_checkpoint_tag(const fs::path& dir, const std::string& tag) {
+  if (tag == ckpt::kLatestName) return ckpt::read_latest(dir);
+  ckpt::validate_tag(tag);
+  return tag;
+}
+
+bool checkpoint_exists(const fs::path& dir) {
+  try {
+    return ckpt::locate_checkpoint(dir, ckpt::read_latest(dir)).has_value();
+  } catch (const Error&) {
+    return false;
+  }
+}
+
+std::vector<std::string> list_checkpoints(const fs::path& dir) {
+  std::vector<std::string> tags;
+  std::error_code ec;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    std::error_code e2;
+    if (name.empty() || name[0] == '.' || !fs::is_directory(it->path(), e2)) continue;
+    if (fs::is_regular_file(it->path() / ckpt::kManifestName, e2)) tags.push_back(name);
+  }
+  std::sort(tags.begin(), tags.end());
+  return tags;
+}
+
+CheckpointInfo read_checkpoint_info(const fs::path& dir, const std::string& tag) {
+  const std::string resolved = resolve_checkpoint_tag(dir, tag);
+  CheckpointInfo info = ckpt::read_manifest(locate_or_throw(dir, resolved));
+  if (info.tag != resolved) {
+    log::warn("checkpoint directory '", resolved, "' holds a manifest saved under tag '", info.tag,
+              "' (renamed by hand?); using it");
+  }
+  return info;
+}
+
+std::vector<FileCheck> verify_checkpoint_files(const CheckpointInfo& info) {
+  std::vector<FileCheck> out;
+  for (size_t f = 0; f < info.files.size(); ++f) {
+    FileCheck c;
+    c.file = info.files[f].name;
+    c.problem = ckpt::check_shard_file(info, f);
+    c.ok = c.problem.empty();
+    out.push_back(std::move(c));
+  }
+  return out;
+}
+
+CheckpointInfo verify_checkpoint(const fs::path& dir, const std::string& tag) {
+  CheckpointInfo info = read_checkpoint_info(dir, tag);
+  for (const FileCheck& c : verify_checkpoint_files(info)) {
+    if (!c.ok) throw CheckpointError((info.path / c.file).string() + ": " + c.problem);
+  }
+  return info;
+}
+
+LoadedCheckpoint load_checkpoint(Engine& engine, const fs::path& dir, const std::string& tag_arg) {
+  const auto t0 = Clock::now();
+  ZERO3_REQUIRE(engine.materialized(), InvalidArgument,
+                "load_checkpoint: materialize() the engine first (the checkpoint fills its slices)");
+  const int rank = engine.rank();
+  const std::string what = "load of checkpoint '" + tag_arg + "' from " + dir.string();
+
+  // 1. Verify: manifest, model, and every file this rank reads. Nothing in the engine changes.
+  LoadedCheckpoint result;
+  CheckpointInfo info;
+  std::map<int, std::optional<st::SafetensorsReader>> readers;
+  std::vector<UnitPlan> plans;
+  RankReport mine;
+  try {
+    result.tag = resolve_checkpoint_tag(dir, tag_arg);
+    info = ckpt::read_manifest(locate_or_throw(dir, result.tag));
+    result.path = info.path;
+    const std::string diff = model_difference(info, engine);
+    if (!diff.empty()) {
+      throw CheckpointError("checkpoint " + info.path.string() + " does not match the engine's model: " + diff);
+    }
+    for (size_t i = 0; i < engine.num_units(); ++i) {
+      UnitPlan p;
+      p.id = UnitId{static_cast<int32_t>(i)};
+      p.view = engine.local_shard(p.id);
+      p.reads = ckpt::plan_reads(info, p.id.index, p.view.begin, p.view.length);
+      p.filled = std::clamp<int64_t>(engine.unit(p.id).numel - p.view.begin, 0, p.view.length);
+      for (const ckpt::RangeRead& r : p.reads) readers[r.file];
+      plans.push_back(std::move(p));
+    }
+    for (auto& [f, reader] : readers) {
+      const std::string problem = ckpt::check_shard_file(info, static_cast<size_t>(f), &reader);
+      if (!problem.empty()) {
+        throw CheckpointError((info.path / info.files[static_cast<size_t>(f)].name).string() + ": " + problem);
+      }
+      result.bytes_read += info.files[static_cast<size_t>(f)].bytes;
+    }
+    mine.a = fnv1a(info.path.string() + "\n" + info.created + "\n" + ckpt::manifest_to_json(info));
+  } catch (const std::exception& e) {
+    mine.ok = false;
+    mine.message = e.what();
+  }
+  std::vector<RankReport> reports = ckpt::exchange_reports(engine, mine);
+  ckpt::throw_if_any_failed(reports, what);
+  for (const RankReport& r : reports) {
+    if (r.a != reports[0].a) {
+      throw CheckpointError(what +
+                            ": the ranks found different checkpoints (was DIR/latest rewritten while "
+                            "loading, or do the ranks see different directories?)");
+    }
+  }
+
+  // 2. Fill every slice. From here on a failure leaves the engine's state partly overwritten.
+  mine = RankReport{};
+  try {
+    Device& device = engine.device();
+    const bool host = device.type() == DeviceType::cpu;
+    std::vector<float> staging;
+    for (const UnitPlan& p : plans) {
+      const std::string& unit = engine.unit(p.id).name;
+      for (StatePart part : ckpt::kStateParts) {
+        float* dst = part_pointer(p.view, part);
+        if (dst == nullptr) {
+          throw CheckpointError("unit '" + unit + "' has no " + ckpt::state_part_name(part) + " on rank " +
+                                std::to_string(rank));
+        }
+        const std::string name = ckpt::shard_tensor_name(unit, part);
+        for (const ckpt::RangeRead& r : p.reads) {
+          const st::SafetensorsReader& reader = *readers.at(r.file);
+          if (host) {
+            reader.read_range(name, r.src_offset, r.src_offset + r.count, dst + r.dst_offset);
+          } else {
+            constexpr int64_t kChunk = int64_t{16} << 20;  // elements
+            for (int64_t off = 0; off < r.count; off += kChunk) {
+              const int64_t n = std::min(kChunk, r.count - off);
+              staging.resize(static_cast<size_t>(n));
+              reader.read_range(name, r.src_offset + off, r.src_offset + off + n, staging.data());
+              device.copy(dst + r.dst_offset + off, staging.data(), static_cast<size_t>(n) * sizeof(float));
+            }
+          }
+          result.bytes_read += static_cast<uint64_t>(r.count) * sizeof(float);
+        }
+        if (p.filled < p.view.length) {
+          device.fill_zero(dst + p.filled, static_cast<size_t>(p.view.length - p.filled) * sizeof(float));
+        }
+      }
+    }
+  } catch (const std::exception& e) {
+    mine.ok = false;
+    mine.message = e.what();
+  }
+  reports = ckpt::exchange_reports(engine, mine);
+  ckpt::throw_if_any_failed(reports, what +
+                                         " while filling the slices, after every file had verified (the "
+                                         "engine's weights and optimizer state are now partly overwritten: load "
+                                         "again or rebuild the engine)");
+
+  // 3. Counters, loss scaler, and the compute-dtype parameters.
+  TrainingState state = info.training_state;
+  const int64_t gas = engine.gradient_accumulation_steps();
+  if (state.micro_steps % gas != 0) {
+    const int64_t aligned = state.global_steps * gas;
+    log::info_rank0("checkpoint micro-step count ", state.micro_steps, " is not a multiple of this run's ", gas,
+                    " micro-steps per optimizer step; counting from ", aligned, " (global step ", state.global_steps,
+                    ")");
+    state.micro_steps = aligned;
+  }
+  engine.restore_training_state(state);
+  engine.refresh_params();
+
+  result.saved_world_size = info.world_size;
+  result.saved_stage = info.stage;
+  result.training_state = engine.training_state();
+  result.extras = info.extras;
+  for (const UnitPlan& p : plans) {
+    const bool identity = p.reads.size() == 1 && p.reads[0].src_offset == 0 && p.reads[0].dst_offset == 0 &&
+                          info.files[static_cast<size_t>(p.reads[0].file)].rank == rank;
+    if (!identity && p.filled > 0) result.resharded = true;
+  }
+  result.resharded |= info.world_size != engine.world_size();
+  result.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  log::info_rank0("loaded checkpoint ", result.path.string(), " (global step ", state.global_steps, ", saved by ",
+                  info.world_size, " ranks at stage ", info.stage, ", loaded by ", engine.world_size(),
+                  " ranks at stage ", engine.stage(), result.resharded ? ", resharded" : "", ") in ", result.seconds,
+                  " s");
+  return result;
+}
+
+}  // namespace zero3

@@ -1,0 +1,377 @@
+// save_checkpoint: every rank writes its shard file into DIR/.tmp-TAG-<nonce>/, the ranks agree that all files
+// are complete, rank 0 writes the manifest, renames the directory into place and only then updates
+// DIR/latest. See checkpoint.hpp for the contract and crash_point.hpp for where a save can be cut short.
+#include <algorithm>
+#include <chrono>
+#include <ctime>
+#include <random>
+
+#include "checkpoint/checkpoint_dir.hpp"
+#include "checkpoint/crash_point.hpp"
+#include "checkpoint/crc32c.hpp"
+#include "checkpoint/manifest.hpp"
+#include "checkpoint/rank_reports.hpp"
+#include "core/check.hpp"
+#include "io/atomic_file.hpp"
+#include "io/file_util.hpp"
+#include "io/safetensors_detail.hpp"
+#include "zero3/checkpoint.hpp"
+#include "zero3/config.hpp"
+#include "zero3/error.hpp"
+#include "zero3/log.hpp"
+#include "zero3/safetensors.hpp"
+#include "zero3/version.hpp"
+
+namespace zero3 {
+namespace {
+
+namespace fs = std::filesystem;
+namespace st = safetensors;
+using Clock = std::chrono::steady_clock;
+using ckpt::RankReport;
+using ckpt::StatePart;
+
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+uint64_t fnv1a(const std::string& s) {
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
+  return h;
+}
+
+uint64_t random_nonce() {
+  std::random_device rd;
+  const uint64_t t = static_cast<uint64_t>(std::chrono::system_clock::now().time_since_epoch().count());
+  return ((static_cast<uint64_t>(rd()) << 32) | rd()) ^ (t * 0x9E3779B97F4A7C15ull);
+}
+
+std::string utc_now() {
+  const std::time_t t = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof(buf), "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return buf;
+}
+
+// The elements of a unit one rank saves: its slice's valid part, or, for a unit every rank holds whole
+// (stage 0), the whole unit on rank 0 only.
+struct Piece {
+  UnitId unit;
+  int64_t begin = 0;
+  int64_t length = 0;
+};
+
+bool replicated(const Engine& engine, const UnitInfo& u, const ShardView& v) {
+  return engine.world_size() > 1 && v.length >= u.padded_numel;
+}
+
+std::vector<Piece> pieces_of_rank(Engine& engine, int rank) {
+  std::vector<Piece> out;
+  for (size_t i = 0; i < engine.num_units(); ++i) {
+    const UnitId id{static_cast<int32_t>(i)};
+    const UnitInfo& u = engine.unit(id);
+    const ShardView v = engine.local_shard(id);
+    if (replicated(engine, u, v)) {
+      if (rank == 0) out.push_back({id, 0, u.numel});
+      continue;
+    }
+    const SliceInfo s = engine.slice(id, rank);
+    if (s.valid > 0) out.push_back({id, s.offset, s.valid});
+  }
+  return out;
+}
+
+// This rank's pieces, checked against what local_shard() says the rank holds.
+std::vector<Piece> my_pieces(Engine& engine) {
+  std::vector<Piece> pieces = pieces_of_rank(engine, engine.rank());
+  for (const Piece& p : pieces) {
+    const ShardView v = engine.local_shard(p.unit);
+    if (p.begin < v.begin || p.begin + p.length > v.begin + v.length) {
+      throw CheckpointError("unit '" + engine.unit(p.unit).name + "': the engine's slice of rank " +
+                            std::to_string(engine.rank()) + " [" + std::to_string(v.begin) + ", " +
+                            std::to_string(v.begin + v.length) + ") does not hold the elements [" +
+                            std::to_string(p.begin) + ", " + std::to_string(p.begin + p.length) +
+                            ") its partition assigns it");
+    }
+  }
+  return pieces;
+}
+
+const float* part_pointer(const ShardView& v, StatePart part) {
+  switch (part) {
+    case StatePart::master:
+      return v.master;
+    case StatePart::exp_avg:
+      return v.exp_avg;
+    case StatePart::exp_avg_sq:
+      return v.exp_avg_sq;
+  }
+  return nullptr;
+}
+
+struct WrittenShard {
+  uint64_t bytes = 0;
+  uint32_t crc = 0;
+};
+
+// Writes the rank's pieces as one safetensors file: per piece, master, exp_avg and exp_avg_sq, each written with
+// one write() straight from the engine's memory (cpu device) or in large staged chunks (other devices), then
+// fsync'ed and renamed into place by the safetensors writer. The CRC-32C is computed on the way; the header,
+// which the writer lays down itself, is read back (a few KB) and combined in front of it.
+WrittenShard write_shard(Engine& engine, const fs::path& path, const std::vector<Piece>& pieces,
+                         const std::string& tag) {
+  std::vector<st::TensorDecl> decls;
+  for (const Piece& p : pieces) {
+    for (StatePart part : ckpt::kStateParts) {
+      decls.push_back({ckpt::shard_tensor_name(engine.unit(p.unit).name, part), st::Dtype::f32, {p.length}});
+    }
+  }
+  const std::map<std::string, std::string> metadata = {{"format", "zero3-checkpoint-shard"},
+                                                       {"tag", tag},
+                                                       {"rank", std::to_string(engine.rank())},
+                                                       {"world_size", std::to_string(engine.world_size())}};
+  st::SafetensorsWriter writer(path, decls, metadata);
+  Device& device = engine.device();
+  const bool host = device.type() == DeviceType::cpu;
+  constexpr size_t kStage = size_t{64} << 20;
+  std::vector<unsigned char> staging;
+  uint32_t data_crc = 0;
+  uint64_t data_bytes = 0;
+  bool first = true;
+  for (const Piece& p : pieces) {
+    const ShardView v = engine.local_shard(p.unit);
+    for (StatePart part : ckpt::kStateParts) {
+      const std::string& name = decls[static_cast<size_t>(&p - pieces.data()) * 3 + static_cast<size_t>(part)].name;
+      const float* src = part_pointer(v, part);
+      if (src == nullptr) {
+        throw CheckpointError("unit '" + engine.unit(p.unit).name + "' has no " + ckpt::state_part_name(part) +
+                              " on rank " + std::to_string(engine.rank()));
+      }
+      src += p.begin - v.begin;
+      const size_t bytes = static_cast<size_t>(p.length) * sizeof(float);
+      if (host) {
+        data_crc = ckpt::crc32c_update(data_crc, src, bytes);
+        writer.write(name, src, bytes);
+      } else {
+        if (staging.empty()) staging.resize(std::min(kStage, bytes));
+        for (size_t off = 0; off < bytes; off += kStage) {
+          const size_t n = std::min(kStage, bytes - off);
+          if (staging.size() < n) staging.resize(n);
+          device.copy(staging.data(), reinterpret_cast<const unsigned char*>(src) + off, n);
+          data_crc = ckpt::crc32c_update(data_crc, staging.data(), n);
+          writer.write(name, staging.data(), n);
+        }
+      }
+      data_bytes += bytes;
+    }
+    if (first) ckpt::crash_point("shard_partial", engine.rank());
+    first = false;
+  }
+  writer.finish();
+
+  WrittenShard out;
+  out.bytes = writer.file_size();
+  const uint64_t head = out.bytes - data_bytes;
+  std::vector<unsigned char> header(head);
+  io::FileDescriptor fd = io::open_read(path);
+  io::pread_exact(fd.get(), header.data(), header.size(), 0, path);
+  out.crc = ckpt::crc32c_combine(ckpt::crc32c_update(0, header.data(), header.size()), data_crc, data_bytes);
+  return out;
+}
+
+CheckpointInfo describe(Engine& engine, const std::string& tag, const TrainingState& state,
+                        const CheckpointExtras& extras, const std::vector<RankReport>& shards) {
+  CheckpointInfo info;
+  info.tag = tag;
+  info.format_version = ckpt::kFormatVersion;
+  info.zero3_version = version();
+  info.created = utc_now();
+  info.world_size = engine.world_size();
+  info.stage = engine.stage();
+  info.config_json = to_json(engine.config());
+  info.training_state = state;
+  info.extras = extras;
+  for (size_t i = 0; i < engine.num_units(); ++i) {
+    const UnitInfo& u = engine.unit(UnitId{static_cast<int32_t>(i)});
+    CheckpointUnit cu;
+    cu.name = u.name;
+    cu.dtype = u.dtype;
+    cu.numel = u.numel;
+    cu.slice_numel = u.slice_numel;
+    cu.padded_numel = u.padded_numel;
+    for (ParamId pid : u.params) {
+      const ParamInfo& p = engine.param(pid);
+      cu.params.push_back({p.local_name, p.name, p.shape, p.dtype, p.offset, p.numel});
+    }
+    info.units.push_back(std::move(cu));
+  }
+  for (int r = 0; r < engine.world_size(); ++r) {
+    const RankReport& rep = shards[static_cast<size_t>(r)];
+    const std::vector<Piece> pieces = pieces_of_rank(engine, r);
+    if ((rep.a > 0) != !pieces.empty()) {
+      throw CheckpointError("rank " + std::to_string(r) +
+                            (rep.a > 0 ? " wrote a shard file although it holds nothing"
+                                       : " wrote no shard file although it holds slices"));
+    }
+    if (pieces.empty()) continue;
+    CheckpointFile f;
+    f.name = ckpt::rank_file_name(r, engine.world_size());
+    f.rank = r;
+    f.bytes = rep.a;
+    f.crc32c = static_cast<uint32_t>(rep.b);
+    for (const Piece& p : pieces) f.ranges.push_back({p.unit.index, p.begin, p.length});
+    info.files.push_back(std::move(f));
+  }
+  return info;
+}
+
+void check_extras(const CheckpointExtras& extras) {
+  for (const auto& [k, v] : extras) {
+    if (!st::detail::valid_utf8(k) || !st::detail::valid_utf8(v)) {
+      throw InvalidArgument("save_checkpoint: extras entry " + st::detail::printable(k) +
+                            " is not valid UTF-8 (extras are text; encode binary state, e.g. as hex)");
+    }
+  }
+}
+
+bool equal_ignoring_case(const std::string& a, const char* b) {
+  const std::string_view bv(b);
+  return a.size() == bv.size() && std::equal(a.begin(), a.end(), bv.begin(), [](char x, char y) {
+           return std::tolower(static_cast<unsigned char>(x)) == std::tolower(static_cast<unsigned char>(y));
+         });
+}
+
+}  // namespace
+
+SavedCheckpoint save_checkpoint(Engine& engine, const fs::path& dir, const std::string& tag_arg,
+                                const CheckpointExtras& extras) {
+  const auto t0 = Clock::now();
+  ckpt::validate_tag(tag_arg);
+  ZERO3_REQUIRE(engine.materialized(), InvalidArgument, "save_checkpoint: the engine is not materialized yet");
+  ZERO3_REQUIRE(!dir.empty(), InvalidArgument, "save_checkpoint: the checkpoint directory is an empty path");
+  const TrainingState state = engine.training_state();
+  const int64_t gas = engine.gradient_accumulation_steps();
+  if (state.micro_steps % gas != 0) {
+    throw InvalidArgument("save_checkpoint at micro-step " + std::to_string(state.micro_steps) +
+                          " is inside a gradient accumulation window of " + std::to_string(gas) +
+                          " micro-steps: the partial gradients are not part of a checkpoint; save after the step() "
+                          "that ends the window (StepResult::boundary)");
+  }
+  check_extras(extras);
+  const int rank = engine.rank();
+  const int world = engine.world_size();
+
+  // 1. Rank 0 prepares DIR and the temp directory; every rank learns rank 0's tag and the nonce.
+  RankReport mine;
+  mine.a = fnv1a(tag_arg);
+  if (rank == 0) {
+    try {
+      fs::create_directories(dir);
+      ckpt::clean_interrupted_saves(dir);
+      const uint64_t nonce = random_nonce();
+      const fs::path temp = ckpt::temp_dir_path(dir, tag_arg, nonce);
+      if (!fs::create_directory(temp)) throw IoError(temp.string() + " exists already");
+      io::fsync_directory(dir);
+      mine.b = nonce;
+      mine.message = tag_arg;
+    } catch (const std::exception& e) {
+      mine.ok = false;
+      mine.message = std::string("cannot prepare the checkpoint directory ") + dir.string() + ": " + e.what();
+    }
+  }
+  std::vector<RankReport> reports = ckpt::exchange_reports(engine, mine);
+  const std::string what = "save of checkpoint '" + tag_arg + "' in " + dir.string();
+  ckpt::throw_if_any_failed(reports, what);
+  const std::string tag = reports[0].message;
+  const uint64_t nonce = reports[0].b;
+  const fs::path temp = ckpt::temp_dir_path(dir, tag, nonce);
+  std::string differing;
+  for (int r = 1; r < world; ++r) {
+    if (reports[static_cast<size_t>(r)].a != reports[0].a)
+      differing += (differing.empty() ? "" : ", ") + std::to_string(r);
+  }
+  if (!differing.empty()) {
+    const std::string& mode = engine.config().checkpoint.tag_validation;
+    const std::string text = "ranks " + differing + " passed a different checkpoint tag than rank 0's '" + tag + "'";
+    if (equal_ignoring_case(mode, "Fail")) {
+      if (rank == 0) ckpt::remove_quietly(temp);
+      throw CheckpointError(what + ": " + text + " (checkpoint.tag_validation is \"Fail\")");
+    }
+    if (!equal_ignoring_case(mode, "Ignore")) {
+      log::warn_rank0(text, "; saving under rank 0's tag (checkpoint.tag_validation is \"", mode, "\")");
+    }
+  }
+
+  // 2. Every rank writes its shard file.
+  SavedCheckpoint result;
+  result.tag = tag;
+  result.path = dir / tag;
+  mine = RankReport{};
+  try {
+    const std::vector<Piece> pieces = my_pieces(engine);
+    if (!pieces.empty()) {
+      const auto tw = Clock::now();
+      const fs::path file = temp / ckpt::rank_file_name(rank, world);
+      WrittenShard shard;
+      try {
+        shard = write_shard(engine, file, pieces, tag);
+      } catch (const Error& e) {
+        throw CheckpointError("cannot write " + file.string() + ": " + e.what());
+      }
+      result.rank_write_seconds = seconds_since(tw);
+      result.rank_bytes = shard.bytes;
+      mine.a = shard.bytes;
+      mine.b = shard.crc;
+      mine.c = static_cast<uint64_t>(result.rank_write_seconds * 1e6);
+    }
+    ckpt::crash_point("after_shards", rank);
+  } catch (const std::exception& e) {
+    mine.ok = false;
+    mine.message = e.what();
+  }
+  reports = ckpt::exchange_reports(engine, mine);
+  bool shards_ok = true;
+  for (const RankReport& r : reports) shards_ok &= r.ok;
+  if (!shards_ok && rank == 0) ckpt::remove_quietly(temp);
+  ckpt::throw_if_any_failed(reports, what);
+  double slowest_write = 0;
+  for (const RankReport& r : reports) {
+    result.bytes += r.a;
+    result.files += r.a > 0 ? 1 : 0;
+    slowest_write = std::max(slowest_write, static_cast<double>(r.c) * 1e-6);
+  }
+
+  // 3. Rank 0 commits: manifest, rename into place, then the pointer.
+  const std::vector<RankReport> shard_reports = reports;
+  mine = RankReport{};
+  if (rank == 0) {
+    bool committed = false;
+    try {
+      ckpt::crash_point("before_manifest");
+      const CheckpointInfo info = describe(engine, tag, state, extras, shard_reports);
+      io::write_file_atomically(temp / ckpt::kManifestName, ckpt::manifest_to_json(info));
+      ckpt::crash_point("before_rename");
+      std::optional<fs::path> replaced = ckpt::commit_directory(temp, dir, tag, nonce);
+      committed = true;
+      ckpt::crash_point("before_latest");
+      ckpt::write_latest(dir, tag);
+      ckpt::crash_point("before_cleanup");
+      if (replaced) ckpt::remove_quietly(*replaced);
+    } catch (const std::exception& e) {
+      mine.ok = false;
+      mine.message = e.what();
+      if (!committed) ckpt::remove_quietly(temp);
+    }
+  }
+  reports = ckpt::exchange_reports(engine, mine);
+  ckpt::throw_if_any_failed(reports, what);
+  result.seconds = seconds_since(t0);
+  log::info_rank0("saved checkpoint ", result.path.string(), ": ", result.files, " files, ", result.bytes,
+                  " bytes; shards written in ", slowest_write, " s (",
+                  slowest_write > 0 ? result.bytes / slowest_write / 1e6 : 0.0, " MB/s over all ranks), ",
+                  result.seconds, " s in all");
+  return result;
+}
+
+}  // namespace zero3

@@ -1,0 +1,42 @@
+// manifest.json of a checkpoint: the CheckpointInfo of checkpoint.hpp as JSON, and the checks a manifest must
+// pass before anything trusts it (every unit's elements covered by exactly one file range, offsets
+// consistent with shapes, names safe to use as file names).
+#pragma once
+
+#include <filesystem>
+#include <string>
+#include <string_view>
+
+#include "zero3/checkpoint.hpp"
+
+namespace zero3::ckpt {
+
+inline constexpr const char* kFormatName = "zero3-checkpoint";
+inline constexpr int kFormatVersion = 1;
+inline constexpr const char* kManifestName = "manifest.json";
+
+// The three fp32 arrays a file holds for each of its ranges.
+enum class StatePart : int { master = 0, exp_avg = 1, exp_avg_sq = 2 };
+inline constexpr StatePart kStateParts[] = {StatePart::master, StatePart::exp_avg, StatePart::exp_avg_sq};
+const char* state_part_name(StatePart part);  // "master", "exp_avg", "exp_avg_sq"
+// "<unit>.<part>": the tensor's name in a shard file.
+std::string shard_tensor_name(const std::string& unit, StatePart part);
+
+// "rank-00003-of-00016.safetensors"
+std::string rank_file_name(int rank, int world_size);
+
+// Pretty-printed JSON (format, versions, config as an object, units, files, state, extras).
+std::string manifest_to_json(const CheckpointInfo& info);
+
+// Parses and validates a manifest's text. `path` (the manifest file) names it in errors; info.path is set to
+// its directory. Throws CheckpointError "<path>: <what is wrong>".
+CheckpointInfo manifest_from_json(std::string_view text, const std::filesystem::path& path);
+
+// Reads DIR/TAG/manifest.json (`checkpoint_dir` is DIR/TAG). Throws CheckpointError (missing or unreadable
+// manifest included).
+CheckpointInfo read_manifest(const std::filesystem::path& checkpoint_dir);
+
+// 8 lowercase hex digits.
+std::string crc_hex(uint32_t crc);
+
+}  // namespace zero3::ckpt

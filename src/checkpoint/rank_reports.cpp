@@ -1,0 +1,78 @@
+#include "checkpoint/rank_reports.hpp"
+
+#include <algorithm>
+#include <cstring>
+
+#include "zero3/engine.hpp"
+#include "zero3/error.hpp"
+
+namespace zero3::ckpt {
+namespace {
+
+constexpr size_t kRecordBytes = 1024;  // ok, length, a, b, c (4 x 8 bytes), then the message
+static_assert(kRecordBytes == 40 + kMessageBytes);
+
+struct DeviceScratch {
+  DeviceScratch(Device& d, size_t bytes) : device(d), size(bytes), ptr(d.allocate(bytes)) {}
+  ~DeviceScratch() { device.deallocate(ptr, size); }
+  DeviceScratch(const DeviceScratch&) = delete;
+  DeviceScratch& operator=(const DeviceScratch&) = delete;
+  Device& device;
+  size_t size;
+  void* ptr;
+};
+
+}  // namespace
+
+std::vector<RankReport> exchange_reports(Engine& engine, const RankReport& mine) {
+  const int world = engine.world_size();
+  std::vector<unsigned char> record(kRecordBytes, 0);
+  const uint32_t ok = mine.ok ? 1 : 0;
+  const uint32_t len = static_cast<uint32_t>(std::min(mine.message.size(), kMessageBytes));
+  std::memcpy(record.data(), &ok, 4);
+  std::memcpy(record.data() + 4, &len, 4);
+  std::memcpy(record.data() + 8, &mine.a, 8);
+  std::memcpy(record.data() + 16, &mine.b, 8);
+  std::memcpy(record.data() + 24, &mine.c, 8);
+  std::memcpy(record.data() + 40, mine.message.data(), len);
+
+  std::vector<unsigned char> all(kRecordBytes * static_cast<size_t>(world));
+  Device& device = engine.device();
+  // The communicator moves memory of the engine's device (host for gloo, GPU memory for nccl). The records are
+  // opaque bytes carried as f32 words: all_gather copies them bit for bit.
+  DeviceScratch scratch(device, all.size());
+  void* in = static_cast<unsigned char*>(scratch.ptr) + kRecordBytes * static_cast<size_t>(engine.rank());
+  device.copy(in, record.data(), kRecordBytes);
+  engine.communicator().all_gather_into(scratch.ptr, in, kRecordBytes / 4, DType::f32)->wait();
+  device.copy(all.data(), scratch.ptr, all.size());
+
+  std::vector<RankReport> out(static_cast<size_t>(world));
+  for (int r = 0; r < world; ++r) {
+    const unsigned char* p = all.data() + kRecordBytes * static_cast<size_t>(r);
+    uint32_t rok = 0, rlen = 0;
+    std::memcpy(&rok, p, 4);
+    std::memcpy(&rlen, p + 4, 4);
+    RankReport& rep = out[static_cast<size_t>(r)];
+    rep.ok = rok != 0;
+    std::memcpy(&rep.a, p + 8, 8);
+    std::memcpy(&rep.b, p + 16, 8);
+    std::memcpy(&rep.c, p + 24, 8);
+    rep.message.assign(reinterpret_cast<const char*>(p + 40), std::min<size_t>(rlen, kMessageBytes));
+  }
+  return out;
+}
+
+void throw_if_any_failed(const std::vector<RankReport>& reports, const std::string& what) {
+  std::string text;
+  int failed = 0;
+  for (size_t r = 0; r < reports.size(); ++r) {
+    if (reports[r].ok) continue;
+    ++failed;
+    text += (failed == 1 ? "" : "; ") + std::string("rank ") + std::to_string(r) + ": " + reports[r].message;
+  }
+  if (failed > 0)
+    throw CheckpointError(what + " failed on " + std::to_string(failed) + " of " + std::to_string(reports.size()) +
+                          " ranks: " + text);
+}
+
+}  // namespace zero3::ckpt

@@ -1,0 +1,32 @@
+// How the ranks of a save or load agree: after each phase every rank reports whether it succeeded (with a few
+// numbers and a message), every rank sees every report, and either all go on or all throw. No rank is left
+// waiting in a collective that a failed rank will never join.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace zero3 {
+class Engine;
+}
+
+namespace zero3::ckpt {
+
+struct RankReport {
+  bool ok = true;
+  uint64_t a = 0, b = 0, c = 0;  // phase-specific numbers (file size, CRC, a hash, a nonce)
+  std::string message;           // the error, or phase-specific text; cut to kMessageBytes
+};
+
+inline constexpr size_t kMessageBytes = 984;
+
+// Collective (one all-gather over the engine's communicator, through a buffer on the engine's device): every
+// rank's report, indexed by rank.
+std::vector<RankReport> exchange_reports(Engine& engine, const RankReport& mine);
+
+// Throws CheckpointError "<what> failed on rank R: <message>" (every failed rank listed) when any report is
+// not ok; the same on every rank.
+void throw_if_any_failed(const std::vector<RankReport>& reports, const std::string& what);
+
+}  // namespace zero3::ckpt
