@@ -171,6 +171,11 @@ StepResult EngineImpl::step() {
     zero_grads();
     result.applied = true;
     result.loss_scale = loss_scaler_.scale();
+    if (config_.steps_per_print > 0 && global_steps_ % config_.steps_per_print == 0) {
+      log::info_rank0("step ", global_steps_, ": lr ", result.lr, ", grad norm ", result.grad_norm,
+                      result.clip_coef < 1.0 ? " (clipped)" : "", ", loss scale ", result.loss_scale, ", skipped ",
+                      skipped_steps_, ", peak ", counters_.peak_total() >> 20, " MiB");
+    }
   } catch (const CommError&) {
     fail(std::current_exception());
   }

@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <cmath>
 #include <functional>
+#include <ostream>
 #include <string>
 
 #include "support/engine_world.hpp"
@@ -33,6 +34,7 @@ struct Variant {
 };
 
 std::string variant_name(const ::testing::TestParamInfo<Variant>& info) { return info.param.name; }
+void PrintTo(const Variant& v, std::ostream* os) { *os << v.name; }
 
 class Equivalence : public ::testing::TestWithParam<Variant> {};
 
