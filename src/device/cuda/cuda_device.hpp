@@ -1,0 +1,63 @@
+// The cuda Device: device memory from a caching allocator, copies and fills ordered on streams, and the
+// engine's element kernels launched from the single-source element functions. Registered as "cuda"
+// ("cuda:N" picks device N); make_device("auto") picks it when a device is usable.
+//
+// Streams: every operation takes a Stream; nullptr means CUDA's legacy default stream, and copy(),
+// move() and fill_zero() with nullptr return only when the operation has finished (the Device contract).
+// Memory: allocate/deallocate never call cudaMalloc/cudaFree once the cache holds the sizes in use
+// (caching_allocator.hpp). Memory that queued work may still use is freed with deallocate_after().
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <memory>
+#include <string>
+
+#include "device/cuda/caching_allocator.hpp"
+#include "device/cuda/cuda_device_kernels.hpp"
+#include "zero3/device.hpp"
+
+namespace zero3::detail {
+
+class CudaDevice final : public Device {
+ public:
+  // Throws CudaError "cuda:N: no CUDA device: <CUDA's message>" when CUDA finds no device, and
+  // InvalidArgument when N is past the last device.
+  explicit CudaDevice(int index);
+  ~CudaDevice() override;
+
+  DeviceType type() const override { return DeviceType::cuda; }
+  int index() const override { return index_; }
+  std::string name() const override { return "cuda:" + std::to_string(index_); }
+
+  void* allocate(size_t bytes) override;
+  void deallocate(void* ptr, size_t bytes) noexcept override;
+  // Returns the block to the cache once the work queued on `stream` so far has finished.
+  void deallocate_after(void* ptr, size_t bytes, Stream stream) noexcept;
+
+  void copy(void* dst, const void* src, size_t bytes, Stream stream = nullptr) override;
+  void move(void* dst, const void* src, size_t bytes, Stream stream = nullptr) override;
+  void fill_zero(void* ptr, size_t bytes, Stream stream = nullptr) override;
+  void synchronize() override;
+
+  int64_t bytes_in_use() const override;
+  int64_t peak_bytes_in_use() const override;
+
+  DeviceKernels& kernels() override { return kernels_; }
+
+  CachingAllocator& allocator() { return *allocator_; }
+  const cudaDeviceProp& properties() const { return properties_; }
+
+ private:
+  const int index_;
+  cudaDeviceProp properties_{};
+  std::unique_ptr<CachingAllocator> allocator_;
+  CudaKernels kernels_;
+};
+
+// Number of usable CUDA devices; 0 when CUDA cannot find one, and then `why` (if not null) gets CUDA's
+// message ("CUDA driver version is insufficient for CUDA runtime version", "no CUDA-capable device is
+// detected", ...). Never throws.
+int cuda_device_count(std::string* why = nullptr);
+
+}  // namespace zero3::detail

@@ -1,0 +1,31 @@
+// The cuda backend's DeviceKernels: the launchers of cuda_kernels.hpp behind the interface the engine
+// calls. Everything is queued on the given stream (nullptr: CUDA's legacy default stream) and returns at
+// once, except grad_stats, which waits for its stream and returns the numbers.
+#pragma once
+
+#include "device/cuda/caching_allocator.hpp"
+#include "device/device_kernels.hpp"
+
+namespace zero3::detail {
+
+class CudaKernels final : public DeviceKernels {
+ public:
+  // `scratch` is the device's allocator (grad_stats stages its chunk sums there).
+  CudaKernels(int device, CachingAllocator& scratch) : device_(device), scratch_(scratch) {}
+
+  void scale_copy(void* dst, DType dst_type, const void* src, DType src_type, float scale, int64_t n,
+                  Stream stream) override;
+  void scale_add(void* dst, DType dst_type, const void* src, DType src_type, float scale, int64_t n,
+                 Stream stream) override;
+  GradStats grad_stats(const void* x, DType type, int64_t n, Stream stream) override;
+  void adam(float* p, const float* g, float* m, float* v, int64_t n, const AdamStepConsts& c, void* copy_out,
+            DType copy_type, Stream stream) override;
+  void init_fill(float* out, const FillSpec& spec, uint64_t seed, uint64_t param_stream, int64_t begin, int64_t end,
+                 Stream stream) override;
+
+ private:
+  const int device_;
+  CachingAllocator& scratch_;
+};
+
+}  // namespace zero3::detail
