@@ -52,7 +52,8 @@ class Device {
   // Waits for all work queued on this device (cpu: returns at once).
   virtual void synchronize() = 0;
 
-  // Bytes allocated and not yet freed, and the most there ever were.
+  // Bytes allocated and not yet freed, and the most there ever were. (A device may keep freed blocks for
+  // reuse; they are not counted here.)
   virtual int64_t bytes_in_use() const = 0;
   virtual int64_t peak_bytes_in_use() const = 0;
 
