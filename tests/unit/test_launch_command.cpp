@@ -128,7 +128,7 @@ TEST(ZeroLaunch, ARankKilledByASignal) {
 
 TEST(ZeroLaunch, RanksThatIgnoreSigtermAreKilledAfterTheGrace) {
   auto r = launch({"-n", "2", "--grace", "0.3", "--", "sh", "-c",
-                   "if [ $RANK = 1 ]; then exit 5; fi; trap '' TERM; while true; do sleep 0.05; done"});
+                   "if [ $RANK = 1 ]; then sleep 0.5; exit 5; fi; trap '' TERM; while true; do sleep 0.05; done"});
   EXPECT_EQ(r.status, 5);
   EXPECT_LT(r.took, 10s);
   EXPECT_TRUE(contains(r.err, "SIGKILL")) << r.err;
