@@ -1,0 +1,602 @@
+// llama3_train: the Llama-3 example's training program. Reads a Hugging Face model config and a DeepSpeed
+// config, joins the job through whichever launcher started it, and trains on text or token files with the
+// model's units on the zero3 engine (ZeRO stage 0-3). See examples/llama3/README.md and --help.
+#include <sched.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "data/dataset.hpp"
+#include "data/sampler.hpp"
+#include "data/tokenizer.hpp"
+#include "engine_model.hpp"
+#include "metrics.hpp"
+#include "model_config.hpp"
+#include "progress.hpp"
+#include "train_options.hpp"
+#include "zero3/checkpoint.hpp"
+#include "zero3/comm.hpp"
+#include "zero3/config.hpp"
+#include "zero3/device.hpp"
+#include "zero3/engine.hpp"
+#include "zero3/error.hpp"
+#include "zero3/log.hpp"
+#include "zero3/memory_plan.hpp"
+#include "zero3/safetensors.hpp"
+#include "zero3/version.hpp"
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+namespace llama3 {
+namespace log = zero3::log;
+namespace {
+
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+// ---- Threads ----------------------------------------------------------------------------------------------
+
+int usable_cores() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof set, &set) == 0) return std::max(1, CPU_COUNT(&set));
+  long n = sysconf(_SC_NPROCESSORS_ONLN);
+  return n > 0 ? static_cast<int>(n) : 1;
+}
+
+// Several ranks on one machine must share its cores: OpenMP threads = cores / ranks on the node, spinning
+// workers put to sleep (OMP_WAIT_POLICY=passive: a tiny-model step on the 2-core build machine went from
+// 0.45 s to 30 ms), and OpenBLAS single-threaded (ops/gemm.cpp splits products over OpenMP instead). libgomp
+// reads its environment when the library loads, before main(), so when something had to be set the program
+// re-executes itself once with it; values the user set are kept.
+void setup_threads(char** argv) {
+  if (std::getenv("LLAMA3_TRAIN_THREADS_SET") != nullptr) return;
+  int local_world = 1;
+  try {
+    local_world = std::max(1, zero3::detect_launch().local_world_size);
+  } catch (const std::exception&) {
+    // An inconsistent launcher environment is reported by connect() later, with its variable named.
+  }
+  const int threads = std::max(1, usable_cores() / local_world);
+  bool changed = false;
+  auto set_default = [&](const char* name, const std::string& value) {
+    if (std::getenv(name) != nullptr) return;
+    setenv(name, value.c_str(), 1);
+    changed = true;
+  };
+  set_default("OMP_NUM_THREADS", std::to_string(threads));
+  set_default("OMP_WAIT_POLICY", "passive");
+  set_default("OPENBLAS_NUM_THREADS", "1");
+  setenv("LLAMA3_TRAIN_THREADS_SET", "1", 1);
+  if (changed) {
+    execv("/proc/self/exe", argv);
+    // Still here: exec failed. Go on; the thread count at least can be set through the API.
+    std::fprintf(stderr,
+                 "llama3_train: re-executing with the OpenMP settings failed; OMP_WAIT_POLICY stays the "
+                 "runtime's default\n");
+  }
+}
+
+// ---- Files ------------------------------------------------------------------------------------------------
+
+fs::path exe_dir() {
+  std::error_code ec;
+  fs::path p = fs::read_symlink("/proc/self/exe", ec);
+  return ec ? fs::path(".") : p.parent_path();
+}
+
+// A default path such as configs/zero-stage3.json: relative to the working directory, else to the installed
+// share/zero3 directory (bin/../share/zero3), else to the source tree the program was built from.
+std::string find_default(const std::string& path, bool was_given) {
+  if (was_given || fs::path(path).is_absolute() || fs::exists(path)) return path;
+  for (const fs::path& base : {exe_dir() / ".." / "share" / "zero3", fs::path(LLAMA3_REPO_DIR)}) {
+    fs::path candidate = base / path;
+    if (fs::exists(candidate)) return fs::weakly_canonical(candidate).string();
+  }
+  return path;
+}
+
+std::string read_text(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw zero3::IoError(path + ": cannot read it");
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// ---- Config -----------------------------------------------------------------------------------------------
+
+std::optional<zero3::DType> precision_dtype(const std::optional<std::string>& p) {
+  if (!p) return std::nullopt;
+  if (*p == "bf16") return zero3::DType::bf16;
+  if (*p == "fp16") return zero3::DType::f16;
+  return zero3::DType::f32;
+}
+
+const char* precision_name(zero3::DType t) {
+  return t == zero3::DType::bf16 ? "bf16" : t == zero3::DType::f16 ? "fp16" : "fp32";
+}
+
+// The program's flags applied to the DeepSpeed config, then resolve(): what Hugging Face's integration does
+// with a Trainer's arguments.
+void resolve_config(zero3::Config& cfg, const TrainOptions& o, const ModelConfig& mc, int64_t world) {
+  if (o.lr && cfg.optimizer.present && cfg.optimizer.lr && *cfg.optimizer.lr != *o.lr) {
+    log::warn_rank0(cfg.source, ": optimizer.params.lr ", *cfg.optimizer.lr, " replaced by --lr ", *o.lr);
+    cfg.optimizer.lr = *o.lr;
+  }
+  if (cfg.scheduler.type == zero3::SchedulerType::none && o.warmup_steps) {
+    // No scheduler in the config: Hugging Face's default, linear warmup then linear decay to 0.
+    cfg.scheduler.type = zero3::SchedulerType::warmup_decay_lr;
+    cfg.scheduler.warmup_type = "linear";
+    cfg.scheduler.warmup_min_lr = 0.0;
+    cfg.scheduler.warmup_max_lr = std::nullopt;  // the resolved lr
+    cfg.scheduler.warmup_num_steps = *o.warmup_steps;
+    cfg.scheduler.total_num_steps = std::max<int64_t>(o.steps, *o.warmup_steps + 1);
+  }
+  std::optional<zero3::DType> precision = precision_dtype(o.precision);
+  if (!precision && (cfg.bf16.auto_enabled || cfg.fp16.auto_enabled)) {
+    precision = zero3::DType::f32;  // Hugging Face's default when neither --bf16 nor --fp16 is given
+    log::info_rank0(cfg.source, ": bf16/fp16 \"auto\" with no --precision: fp32");
+  }
+  cfg.zero3.seed = o.seed;
+  zero3::ResolveInputs in;
+  in.world_size = world;
+  in.hidden_size = mc.hidden_size;
+  in.micro_batch = o.micro_batch;
+  in.grad_accum = o.grad_accum;
+  in.precision = precision;
+  in.lr = o.lr;
+  in.total_steps = o.steps;
+  in.warmup_steps = o.warmup_steps.value_or(0);
+  zero3::resolve(cfg, in);
+  for (const std::string& w : cfg.warnings) log::warn_rank0(cfg.source, ": ", w);
+}
+
+// ---- Dry run ----------------------------------------------------------------------------------------------
+
+int dry_run(const TrainOptions& o, zero3::Config cfg, const ModelConfig& mc) {
+  zero3::LaunchInfo launch = zero3::detect_launch();
+  const int64_t world = o.world_size > 0 ? o.world_size : launch.world_size;
+  const int64_t per_node = o.ranks_per_node > 0 ? o.ranks_per_node : std::min<int64_t>(launch.local_world_size, world);
+  resolve_config(cfg, o, mc, world);
+  const bool gpu = o.device == "cuda" || cfg.zero3.device == "cuda";
+  if (o.device == "cpu") cfg.zero3.device = "cpu";
+  const zero3::DType compute = cfg.compute_dtype();
+  const bool half = compute != zero3::DType::f32;
+  const BatchShape shape{*cfg.train_micro_batch_size_per_gpu, o.seq_len};
+  // A GPU path keeps activations in the compute dtype; this build's CPU path computes in fp32 on widened units.
+  const int64_t act_bytes = gpu && half ? 2 : 4;
+  const ActivationEstimate act = estimate_activations(mc, shape, o.grad_checkpointing, act_bytes, !gpu && half);
+  const ActivationEstimate cpu_act = estimate_activations(mc, shape, o.grad_checkpointing, 4, half);
+
+  zero3::MemoryPlanOptions po;
+  po.world_size = world;
+  po.ranks_per_node = per_node;
+  po.activation_bytes = act.total();
+  const zero3::MemoryPlan plan = zero3::plan_memory(engine_model_desc(mc, "llama"), cfg, po);
+
+  std::printf("llama3_train --dry-run: nothing is allocated\n");
+  std::printf("  model        %s (%s)\n", describe(mc).c_str(), o.model.c_str());
+  std::printf("  config       %s: ZeRO stage %d, %s, offload_param %s, offload_optimizer %s\n", o.deepspeed.c_str(),
+              cfg.zero.stage, precision_name(compute),
+              cfg.zero.offload_param.device == zero3::OffloadDevice::none  ? "none"
+              : cfg.zero.offload_param.device == zero3::OffloadDevice::cpu ? "cpu"
+                                                                           : "nvme",
+              cfg.zero.offload_optimizer.device == zero3::OffloadDevice::none  ? "none"
+              : cfg.zero.offload_optimizer.device == zero3::OffloadDevice::cpu ? "cpu"
+                                                                               : "nvme");
+  std::printf(
+      "  job          %lld ranks, %lld per node (%lld nodes); micro-batch %lld x seq %lld, grad-accum %lld, "
+      "global batch %lld sequences = %lld tokens per step\n",
+      static_cast<long long>(world), static_cast<long long>(per_node), static_cast<long long>(plan.nodes),
+      static_cast<long long>(shape.batch), static_cast<long long>(shape.seq),
+      static_cast<long long>(*cfg.gradient_accumulation_steps), static_cast<long long>(*cfg.train_batch_size),
+      static_cast<long long>(*cfg.train_batch_size * o.seq_len));
+  std::printf("\nactivations per rank (%s, activation checkpointing %s, %lld tokens per micro-batch):\n",
+              gpu && half ? "bf16/fp16 GPU path" : "fp32 CPU path", o.grad_checkpointing ? "on" : "off",
+              static_cast<long long>(shape.tokens()));
+  auto row = [](const char* what, int64_t bytes) { std::printf("  %-62s %10s\n", what, format_bytes(bytes).c_str()); };
+  row(o.grad_checkpointing ? "layer inputs kept for recomputation (L+1 x tokens x hidden)"
+                           : "residual streams (L+1 x tokens x hidden)",
+      act.layer_inputs);
+  row(o.grad_checkpointing ? "one layer's cache, refilled in backward" : "every layer's cache", act.layer_caches);
+  row("layer workspace, head states, dx", act.workspace);
+  row("one chunk of logits (chunked cross-entropy)", act.loss_chunk);
+  if (act.unit_staging > 0) row("fp32 copy of the largest gathered unit", act.unit_staging);
+  row("total", act.total());
+  if (gpu && half) {
+    std::printf("  (this build runs the model on the CPU in fp32: %s per rank there)\n",
+                format_bytes(cpu_act.total()).c_str());
+  }
+  std::printf("\n%s\n", zero3::format_memory_plan(plan).c_str());
+  return 0;
+}
+
+// ---- Training ---------------------------------------------------------------------------------------------
+
+std::unique_ptr<Tokenizer> make_tokenizer(const std::string& spec) {
+  if (spec == "bytes") return std::make_unique<ByteTokenizer>();
+  return Llama3Tokenizer::from_file(spec);
+}
+
+std::string describe_memory(const zero3::MemoryStats& m, int64_t activations) {
+  return "params " + format_bytes(m.params) + ", master " + format_bytes(m.master) + ", grads " +
+         format_bytes(m.grads) + ", optimizer " + format_bytes(m.optimizer_state) + ", buffers " +
+         format_bytes(m.buffers) + ", activations " + format_bytes(activations);
+}
+
+std::string fmt(const char* f, double x) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, f, x);
+  return buf;
+}
+
+void check_checkpoint_flags(const TrainOptions& o) {
+  if ((o.resume || o.save_interval > 0) && o.save_dir.empty()) {
+    throw zero3::InvalidArgument(std::string(o.resume ? "--resume" : "--save-interval") +
+                                 " needs --save-dir (the directory holding the checkpoints)");
+  }
+}
+
+// What the program saves beside the engine's state to continue exactly: the sampler's position and the facts
+// that must not change across a resume.
+zero3::CheckpointExtras sampler_extras(const DistributedSampler& sampler, const TrainOptions& o,
+                                       const PackedDataset& data) {
+  return {{"sampler_epoch", std::to_string(sampler.state().epoch)},
+          {"sampler_position", std::to_string(sampler.state().position)},
+          {"seq_len", std::to_string(o.seq_len)},
+          {"data_sequences", std::to_string(data.num_sequences())},
+          {"seed", std::to_string(o.seed)}};
+}
+
+int64_t extra_int(const zero3::CheckpointExtras& e, const std::string& key, const std::string& where) {
+  auto it = e.find(key);
+  if (it == e.end())
+    throw zero3::CheckpointError(where + ": the checkpoint has no '" + key + "' (not saved by llama3_train?)");
+  return std::stoll(it->second);
+}
+
+int train(const TrainOptions& o, zero3::Config cfg, const ModelConfig& mc, const std::string& model_json) {
+  // The example's model has CPU kernels only; the engine's own CUDA device is not enough to run it.
+  std::string device_name = o.device;
+  if (device_name == "auto") device_name = cfg.zero3.device == "auto" ? "cpu" : cfg.zero3.device;
+  if (device_name.rfind("cuda", 0) == 0) {
+    throw zero3::Unsupported("--device " + device_name +
+                             ": not yet supported by the example (the Llama-3 model has CPU kernels only; "
+                             "use --device cpu, or --dry-run to plan a GPU job)");
+  }
+  cfg.zero3.device = "cpu";
+  check_checkpoint_flags(o);
+
+  // Join the job. CPU tensors travel over Gloo (or no network at all for one rank).
+  const zero3::LaunchInfo launch = zero3::detect_launch();
+  zero3::CommOptions co;
+  co.backend = cfg.zero3.comm_backend == "auto" ? (launch.world_size > 1 ? "gloo" : "local") : cfg.zero3.comm_backend;
+  co.timeout = std::chrono::seconds(cfg.zero3.comm_timeout_s);
+  co.network = o.network != "auto"                                    ? o.network
+               : cfg.zero3.network == zero3::NetworkTransport::efa    ? "efa"
+               : cfg.zero3.network == zero3::NetworkTransport::socket ? "socket"
+                                                                      : "auto";
+  std::shared_ptr<zero3::Communicator> comm = zero3::connect(co);
+  const int rank = comm->rank(), world = comm->size();
+  resolve_config(cfg, o, mc, world);
+  const int64_t micro = *cfg.train_micro_batch_size_per_gpu, gas = *cfg.gradient_accumulation_steps;
+  const zero3::DType compute = cfg.compute_dtype();
+
+  if (rank == 0) {
+    std::printf("llama3_train (zero3 %s)\n", zero3::version().c_str());
+    std::printf("  model      %s (%s)\n", describe(mc).c_str(), o.model.c_str());
+    std::printf("  ranks      %d (%s, %s), OMP_NUM_THREADS=%s OMP_WAIT_POLICY=%s per rank\n", world,
+                launch.launcher.c_str(), comm->backend(), std::getenv("OMP_NUM_THREADS"),
+                std::getenv("OMP_WAIT_POLICY"));
+    std::printf(
+        "  batch      micro-batch %lld x seq %lld x grad-accum %lld x %d ranks = %lld tokens per step, %lld "
+        "steps\n",
+        static_cast<long long>(micro), static_cast<long long>(o.seq_len), static_cast<long long>(gas), world,
+        static_cast<long long>(micro * o.seq_len * gas * world), static_cast<long long>(o.steps));
+    std::printf("  precision  %s\n",
+                compute == zero3::DType::f32
+                    ? "fp32"
+                    : (std::string(precision_name(compute)) +
+                       " parameter copies (gathered and communicated), fp32 master weights and Adam state; the CPU "
+                       "kernels compute in fp32 on the widened weights (no bf16 arithmetic on CPU)")
+                          .c_str());
+    std::printf("  checkpointing (activations) %s\n", o.grad_checkpointing ? "on" : "off");
+    std::printf("  resolved DeepSpeed config (%s):\n%s\n", o.deepspeed.c_str(), zero3::to_json(cfg).c_str());
+    std::fflush(stdout);
+  }
+
+  // Data: every rank packs the same token stream and the sampler hands each rank different sequences.
+  auto t_data = Clock::now();
+  std::unique_ptr<Tokenizer> tokenizer = make_tokenizer(o.tokenizer);
+  const std::vector<std::string> data_paths = o.data.empty() ? default_text_paths() : o.data;
+  PackedDataset dataset = PackedDataset::from_paths(data_paths, *tokenizer, o.seq_len);
+  if (static_cast<int64_t>(tokenizer->vocab_size()) > mc.vocab_size ||
+      static_cast<int64_t>(dataset.max_token()) >= mc.vocab_size) {
+    throw zero3::InvalidArgument("the data holds token " + std::to_string(dataset.max_token()) +
+                                 " (tokenizer vocabulary " + std::to_string(tokenizer->vocab_size()) +
+                                 ") but the model's vocab_size is " + std::to_string(mc.vocab_size) + " (" + o.model +
+                                 ")");
+  }
+  DistributedSampler sampler(dataset.num_sequences(), rank, world, o.seed);
+  if (sampler.per_rank() < micro * gas) {
+    throw zero3::InvalidArgument("the data has " + std::to_string(dataset.num_sequences()) + " sequences of " +
+                                 std::to_string(o.seq_len) + " tokens: fewer than one optimizer step needs (" +
+                                 std::to_string(micro * gas * world) + ")");
+  }
+  const double epoch_steps = static_cast<double>(sampler.per_rank()) / static_cast<double>(micro * gas);
+  log::info_rank0("data: ", dataset.num_tokens(), " tokens from ", data_paths.size(), " path(s), ",
+                  dataset.num_sequences(), " sequences of ", o.seq_len, " (", fmt("%.1f", epoch_steps),
+                  " steps per epoch), tokenized in ", fmt("%.2f", seconds_since(t_data)), " s");
+
+  // The model on the engine.
+  std::unique_ptr<zero3::Device> device = zero3::make_device("cpu");
+  zero3::Engine engine(cfg, comm, *device);
+  EngineModelOptions mo;
+  mo.activation_checkpointing = o.grad_checkpointing;
+  mo.init_from = o.init_from;
+  EngineModel model(engine, mc, mo);
+  auto t_init = Clock::now();
+  engine.materialize();
+  log::info_rank0("model: ", model.num_units(), " units materialized in ", fmt("%.2f", seconds_since(t_init)), " s (",
+                  o.init_from.empty() ? "initialized from the config" : "from " + o.init_from, ")");
+
+  // Resume: the engine's state (weights, Adam, counters, loss scale) and the sampler's position.
+  int64_t start_step = 0;
+  if (o.resume) {
+    const auto t_load = Clock::now();
+    const zero3::LoadedCheckpoint ck = zero3::load_checkpoint(engine, o.save_dir, *o.resume);
+    const std::string where = ck.path.string();
+    for (const char* key : {"seq_len", "data_sequences", "seed"}) {
+      const int64_t saved = extra_int(ck.extras, key, where);
+      const int64_t now = std::string(key) == "seq_len"          ? o.seq_len
+                          : std::string(key) == "data_sequences" ? dataset.num_sequences()
+                                                                 : static_cast<int64_t>(o.seed);
+      if (saved != now) {
+        throw zero3::CheckpointError(where + ": saved with " + key + " " + std::to_string(saved) + ", this run has " +
+                                     std::to_string(now) + ": the data order would not continue where it stopped");
+      }
+    }
+    DistributedSampler::State st;
+    st.epoch = extra_int(ck.extras, "sampler_epoch", where);
+    st.position = extra_int(ck.extras, "sampler_position", where);
+    if (ck.saved_world_size != world) {
+      // Each rank took `position` sequences of its share; on another world size the shares differ, so continue
+      // with the next epoch's shuffle rather than repeat or skip sequences unevenly.
+      log::warn_rank0("resume: saved on ", ck.saved_world_size, " ranks, running on ", world,
+                      ": the data continues at the start of epoch ", st.epoch + 1);
+      st.epoch += 1;
+      st.position = 0;
+    }
+    sampler.restore(st);
+    start_step = ck.training_state.global_steps;
+    log::info_rank0("resumed from ", where, " (step ", start_step, ", ", ck.saved_world_size, " ranks, stage ",
+                    ck.saved_stage, ck.resharded ? ", resharded" : "", ") in ", fmt("%.2f", seconds_since(t_load)),
+                    " s");
+    if (start_step >= o.steps)
+      log::warn_rank0("resume: the checkpoint is at step ", start_step, " >= --steps ", o.steps);
+  }
+  std::string last_checkpoint;
+  auto save = [&](int64_t step) {
+    const auto t_save = Clock::now();
+    const zero3::SavedCheckpoint saved = zero3::save_checkpoint(
+        engine, o.save_dir, "global_step" + std::to_string(step), sampler_extras(sampler, o, dataset));
+    last_checkpoint = saved.path.string();
+    log::info_rank0("checkpoint ", saved.path.string(), ": ", saved.files, " file(s), ",
+                    format_bytes(static_cast<int64_t>(saved.bytes)), " in ", fmt("%.2f", seconds_since(t_save)), " s");
+  };
+
+  // Outputs (rank 0).
+  std::unique_ptr<MetricsCsv> metrics;
+  std::unique_ptr<CsvMonitor> monitor;
+  std::string metrics_path = o.metrics;
+  if (metrics_path.empty()) {
+    metrics_path = o.save_dir.empty() ? "llama3_train_metrics.csv" : (fs::path(o.save_dir) / "metrics.csv").string();
+  }
+  if (rank == 0) {
+    if (metrics_path != "none") metrics = std::make_unique<MetricsCsv>(metrics_path, start_step > 0);
+    monitor = std::make_unique<CsvMonitor>(cfg.csv_monitor);
+    if (cfg.tensorboard.enabled) log::warn("tensorboard: event files are not written by llama3_train; use csv_monitor");
+  }
+  ProgressBar bar(o.steps, start_step, rank == 0 && ProgressBar::stdout_is_terminal());
+
+  // Training.
+  const BatchShape shape{micro, o.seq_len};
+  const int64_t print_every = std::max<int64_t>(1, cfg.steps_per_print);
+  const int64_t tokens_per_step = micro * o.seq_len * gas * world;
+  std::vector<int32_t> ids(static_cast<size_t>(gas * micro * o.seq_len)), targets(ids.size());
+  std::vector<uint32_t> row(static_cast<size_t>(o.seq_len));
+  const auto t_train = Clock::now();
+  double window_time = 0, window_fwd = 0, window_bwd = 0, window_opt = 0, window_comm = 0;
+  int64_t window_steps = 0;
+  double first_loss = NAN, last_loss = NAN;
+  std::vector<std::pair<int64_t, double>> curve;
+  for (int64_t step = start_step; step < o.steps; ++step) {
+    const auto t_step = Clock::now();
+    model.reset_times();
+    engine.reset_schedule_stats();
+    int64_t local_targets = 0;
+    for (int64_t k = 0; k < gas * micro; ++k) {
+      const int64_t index = sampler.next();
+      dataset.sequence(index, row.data(), targets.data() + k * o.seq_len);
+      for (int64_t t = 0; t < o.seq_len; ++t)
+        ids[static_cast<size_t>(k * o.seq_len + t)] = static_cast<int32_t>(row[t]);
+    }
+    local_targets = count_targets(targets.data(), static_cast<int64_t>(targets.size()), mc.vocab_size);
+    LossOptions lo;
+    lo.normalizer = step_loss_normalizer(*comm, local_targets, gas);
+    double loss_sum = 0, opt_time = 0;
+    zero3::StepResult r;
+    for (int64_t k = 0; k < gas; ++k) {
+      const size_t off = static_cast<size_t>(k * micro * o.seq_len);
+      loss_sum += model.forward_backward(ids.data() + off, targets.data() + off, shape, lo).loss_sum;
+      const auto t_opt = Clock::now();
+      r = engine.step();
+      opt_time += seconds_since(t_opt);
+    }
+    float sum = static_cast<float>(loss_sum);
+    comm->all_reduce(&sum, 1, zero3::DType::f32, zero3::ReduceOp::sum)->wait();
+    const double total_targets = lo.normalizer * static_cast<double>(world * gas);
+    const double loss = total_targets > 0 ? sum / total_targets : 0.0;
+    const double step_time = seconds_since(t_step);
+    const double comm_wait = engine.schedule_stats().comm_wait_seconds;
+    if (step == start_step) first_loss = loss;
+    last_loss = loss;
+
+    const PhaseTimes& pt = model.times();
+    window_time += step_time;
+    window_fwd += pt.forward;
+    window_bwd += pt.backward;
+    window_opt += opt_time;
+    window_comm += comm_wait;
+    ++window_steps;
+    const zero3::MemoryStats mem = engine.memory();
+    if (rank == 0) {
+      StepMetrics m;
+      m.step = step + 1;
+      m.samples = (step + 1) * micro * gas * world;
+      m.tokens = (step + 1) * tokens_per_step;
+      m.loss = loss;
+      m.lr = r.lr;
+      m.grad_norm = r.grad_norm;
+      m.clip_coef = r.clip_coef;
+      m.loss_scale = engine.loss_scale();
+      m.skipped = !r.applied;
+      m.step_time = step_time;
+      m.tokens_per_s = static_cast<double>(tokens_per_step) / step_time;
+      m.forward = pt.forward;
+      m.backward = pt.backward;
+      m.optimizer = opt_time;
+      m.comm_wait = comm_wait;
+      m.mem_params = mem.params;
+      m.mem_master = mem.master;
+      m.mem_grads = mem.grads;
+      m.mem_optimizer = mem.optimizer_state;
+      m.mem_buffers = mem.buffers;
+      m.mem_activations = model.activation_bytes();
+      m.mem_peak = mem.peak_total;
+      if (metrics) metrics->write(m);
+      monitor->write_event("Train/Samples/train_loss", loss, m.samples);
+      monitor->write_event("Train/Samples/lr", r.lr, m.samples);
+      if (compute == zero3::DType::f16) monitor->write_event("Train/Samples/loss_scale", m.loss_scale, m.samples);
+      if (cfg.wall_clock_breakdown) {
+        monitor->write_event("Train/Samples/elapsed_time_ms_forward", pt.forward * 1e3, m.samples);
+        monitor->write_event("Train/Samples/elapsed_time_ms_backward", pt.backward * 1e3, m.samples);
+        monitor->write_event("Train/Samples/elapsed_time_ms_step", opt_time * 1e3, m.samples);
+      }
+      const bool print = (step + 1) % print_every == 0 || step == start_step || step + 1 == o.steps;
+      if (print) {
+        curve.emplace_back(step + 1, loss);
+        bar.clear();
+        std::string line = "step " + std::to_string(step + 1) + "/" + std::to_string(o.steps) + " | loss " +
+                           fmt("%.4f", loss) + " | lr " + fmt("%.3e", r.lr) + " | grad norm " +
+                           fmt("%.4f", r.grad_norm) + (r.applied ? "" : " (overflow: skipped)") + " | " +
+                           fmt("%.0f", window_steps * static_cast<double>(tokens_per_step) / window_time) +
+                           " tokens/s | mem " + describe_memory(mem, model.activation_bytes());
+        if (cfg.wall_clock_breakdown) {
+          const double n = static_cast<double>(window_steps);
+          line += " | time/step: forward " + fmt("%.1f", window_fwd / n * 1e3) + " ms, backward " +
+                  fmt("%.1f", window_bwd / n * 1e3) + " ms, step " + fmt("%.1f", window_opt / n * 1e3) +
+                  " ms, comm wait " + fmt("%.1f", window_comm / n * 1e3) + " ms";
+        }
+        std::printf("%s\n", line.c_str());
+        std::fflush(stdout);
+      }
+      bar.update(step + 1, "loss " + fmt("%.4f", loss));
+    }
+    if ((step + 1) % print_every == 0) {
+      window_time = window_fwd = window_bwd = window_opt = window_comm = 0;
+      window_steps = 0;
+    }
+    if (!o.save_dir.empty() && o.save_interval > 0 && (step + 1) % o.save_interval == 0 && step + 1 < o.steps) {
+      bar.clear();
+      save(step + 1);
+    }
+  }
+  bar.finish();
+  const double train_seconds = seconds_since(t_train);
+  if (!o.save_dir.empty() && o.steps > start_step) save(o.steps);
+
+  // The final weights as Hugging Face safetensors.
+  uint64_t consolidated = 0;
+  if (!o.consolidate_to.empty()) {
+    const std::string dt = !o.consolidate_dtype.empty()    ? o.consolidate_dtype
+                           : compute == zero3::DType::bf16 ? "bf16"
+                                                           : "fp32";
+    const auto t_save = Clock::now();
+    consolidated =
+        model.save_hf(o.consolidate_to, dt == "bf16" ? zero3::safetensors::Dtype::bf16 : zero3::safetensors::Dtype::f32,
+                      zero3::safetensors::parse_size(o.consolidate_max_shard), model_json);
+    log::info_rank0("consolidated the final weights (", dt, ", ", format_bytes(static_cast<int64_t>(consolidated)),
+                    ") into ", o.consolidate_to, " in ", fmt("%.2f", seconds_since(t_save)), " s");
+  }
+  comm->barrier();
+
+  if (rank == 0) {
+    const int64_t ran = o.steps - start_step;
+    std::printf("\ntrained steps %lld-%lld in %.1f s (%.0f tokens/s over %d ranks): loss %.4f -> %.4f\n",
+                static_cast<long long>(start_step + 1), static_cast<long long>(o.steps), train_seconds,
+                static_cast<double>(ran * tokens_per_step) / std::max(train_seconds, 1e-9), world, first_loss,
+                last_loss);
+    std::printf("loss curve (step: loss):");
+    for (const auto& [s, l] : curve) std::printf(" %lld: %.3f", static_cast<long long>(s), l);
+    std::printf("\n");
+    if (!last_checkpoint.empty()) {
+      std::printf("checkpoint   %s (resume with --save-dir %s --resume latest)\n",
+                  fs::absolute(last_checkpoint).string().c_str(), o.save_dir.c_str());
+    }
+    if (metrics) std::printf("metrics      %s\n", fs::absolute(metrics->path()).string().c_str());
+    if (monitor && monitor->enabled()) std::printf("csv_monitor  %s\n", fs::absolute(monitor->dir()).string().c_str());
+    if (!o.consolidate_to.empty()) {
+      std::printf("weights      %s (Hugging Face safetensors + config.json)\n",
+                  fs::absolute(o.consolidate_to).string().c_str());
+    }
+    std::fflush(stdout);
+  }
+  return 0;
+}
+
+int run(int argc, char** argv) {
+  TrainOptions o = parse_train_options(argc, argv);
+  if (o.help) {
+    std::fputs(train_usage().c_str(), stdout);
+    return 0;
+  }
+  if (o.version) {
+    std::printf("llama3_train (zero3 %s)\n%s", zero3::version().c_str(), zero3::build_summary().c_str());
+    return 0;
+  }
+  const TrainOptions defaults;
+  o.model = find_default(o.model, o.model != defaults.model);
+  o.deepspeed = find_default(o.deepspeed, o.deepspeed != defaults.deepspeed);
+  if (o.steps < 0) throw zero3::InvalidArgument("--steps must be >= 0");
+  const std::string model_json = read_text(o.model);
+  const ModelConfig mc = parse_model_config(model_json, o.model);
+  zero3::Config cfg = zero3::load_config(o.deepspeed);
+  if (o.dry_run) return dry_run(o, std::move(cfg), mc);
+  return train(o, std::move(cfg), mc, model_json);
+}
+
+}  // namespace
+}  // namespace llama3
+
+int main(int argc, char** argv) {
+  llama3::setup_threads(argv);
+  try {
+    return llama3::run(argc, argv);
+  } catch (const std::exception& e) {
+    zero3::log::error("llama3_train: ", e.what());
+    return 1;
+  }
+}
