@@ -1,6 +1,8 @@
 // `zero3 iobench`: sequential O_DIRECT write and read throughput of a directory through the same AIO engine
 // the NVMe swapper uses (like DeepSpeed's ds_io). tests/bench/iobench_vs_fio.sh runs it beside fio.
 #include <fcntl.h>
+#include <linux/magic.h>
+#include <sys/statfs.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -151,7 +153,12 @@ int run_iobench(const Args& args) {
     std::fprintf(stderr, "zero3 iobench: --path DIR is required\n%s", kUsage);
     return 2;
   }
-  if (!std::filesystem::is_directory(o.path)) throw IoError("iobench: --path " + o.path + " is not a directory");
+  if (!std::filesystem::is_directory(o.path)) throw IoError("--path " + o.path + " is not a directory");
+  struct statfs fs {};
+  if (::statfs(o.path.c_str(), &fs) == 0 && (fs.f_type == TMPFS_MAGIC || fs.f_type == RAMFS_MAGIC)) {
+    std::printf("note: %s is a memory file system; O_DIRECT there is emulated, so this measures memory, not a disk\n",
+                o.path.c_str());
+  }
   uint64_t block = static_cast<uint64_t>(o.aio.block_size);
   o.size = (o.size + block - 1) / block * block;  // whole blocks, so every transfer is O_DIRECT-aligned
 
@@ -162,7 +169,7 @@ int run_iobench(const Args& args) {
   io::IoFile file = io::IoFile::open(file_path, io::IoFile::Mode::read_write, /*direct=*/true, /*create=*/true);
   int rc = ::posix_fallocate(file.fd(), 0, static_cast<off_t>(o.size));
   if (rc != 0) {
-    throw IoError("iobench: cannot preallocate " + std::to_string(o.size) + " bytes for " + file_path + ": " +
+    throw IoError("cannot preallocate " + std::to_string(o.size) + " bytes for " + file_path + ": " +
                   std::strerror(rc));
   }
   // The pieces in flight come from a ring of queue_depth x threads blocks, the memory fio uses for the same
