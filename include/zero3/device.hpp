@@ -34,8 +34,8 @@ class Device {
   virtual ~Device() = default;
 
   virtual DeviceType type() const = 0;
-  virtual int index() const = 0;           // cpu: 0
-  virtual std::string name() const = 0;    // "cpu", "cuda:0"
+  virtual int index() const = 0;         // cpu: 0
+  virtual std::string name() const = 0;  // "cpu", "cuda:0"
 
   // `bytes` of device memory, aligned to at least 64 bytes; nullptr for 0 bytes. The contents are
   // undefined. Throws when the memory is not available.

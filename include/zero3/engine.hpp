@@ -34,9 +34,10 @@
 //
 // Schedule (stage 3). The first micro-step records the order in which units are entered; later micro-steps
 // prefetch along it (the next unit, and more within stage3_prefetch_bucket_size elements ahead; 0 turns
-// prefetch off; never beyond stage3_max_live_parameters gathered elements), keep units of at most stage3_param_persistence_threshold elements gathered for good, and keep a
-// unit whose next use comes within stage3_max_reuse_distance elements. With overlap_comm the gathers and
-// reduce-scatters run on a communication thread while the training thread computes.
+// prefetch off; never beyond stage3_max_live_parameters gathered elements), keep units of at most
+// stage3_param_persistence_threshold elements gathered for good, and keep a unit whose next use comes within
+// stage3_max_reuse_distance elements. With overlap_comm the gathers and reduce-scatters run on a communication thread
+// while the training thread computes.
 //
 // Ranks must enter units in the same order. During the first micro-step (and every micro-step with
 // zero3.check_schedule_every_step) every scope entry is compared across ranks before any collective is
@@ -72,15 +73,15 @@ enum class Phase : uint8_t { forward, backward };
 
 // The outcome of one step() call.
 struct StepResult {
-  bool boundary = false;   // this call ended a gradient accumulation window (an optimizer step was due)
-  bool applied = false;    // the optimizer updated the weights
-  bool overflow = false;   // skipped: some gradient on some rank was Inf or NaN (every rank skips)
-  double grad_norm = 0.0;  // global L2 norm of the averaged, unscaled gradients before clipping (boundary only)
-  double clip_coef = 1.0;  // factor the gradients were multiplied by for gradient_clipping (1: not clipped)
-  double lr = 0.0;         // learning rate of this optimizer step (boundary only)
-  double loss_scale = 1.0; // loss scale for the next micro-step (fp16; 1 otherwise)
-  int64_t global_step = 0; // optimizer steps so far, skipped ones included (DeepSpeed's global_steps)
-  int64_t micro_step = 0;  // micro-steps so far
+  bool boundary = false;    // this call ended a gradient accumulation window (an optimizer step was due)
+  bool applied = false;     // the optimizer updated the weights
+  bool overflow = false;    // skipped: some gradient on some rank was Inf or NaN (every rank skips)
+  double grad_norm = 0.0;   // global L2 norm of the averaged, unscaled gradients before clipping (boundary only)
+  double clip_coef = 1.0;   // factor the gradients were multiplied by for gradient_clipping (1: not clipped)
+  double lr = 0.0;          // learning rate of this optimizer step (boundary only)
+  double loss_scale = 1.0;  // loss scale for the next micro-step (fp16; 1 otherwise)
+  int64_t global_step = 0;  // optimizer steps so far, skipped ones included (DeepSpeed's global_steps)
+  int64_t micro_step = 0;   // micro-steps so far
 };
 
 // Bytes this rank holds on the engine's device, by category (the categories of memory_plan.hpp).
@@ -92,25 +93,25 @@ struct MemoryStats {
   int64_t buffers = 0;          // communication buckets and staging
   int64_t gathered = 0;         // part of `params`: stage-3 full buffers now gathered or in flight
   int64_t peak_gathered = 0;
-  int64_t peak_total = 0;       // the largest total seen
+  int64_t peak_total = 0;  // the largest total seen
   int64_t total() const { return params + master + grads + optimizer_state + buffers; }
 };
 
 // What the schedule did since the last reset_schedule_stats() (stage 3 gathers; reductions at every stage).
 struct ScheduleStats {
-  int64_t all_gathers = 0;      // unit all-gathers issued, prefetches included
-  int64_t prefetches = 0;       // all-gathers issued ahead of use
-  int64_t prefetch_hits = 0;    // scope entries that found their unit gathered or in flight by a prefetch
-  int64_t releases = 0;         // full buffers freed
-  int64_t reuse_keeps = 0;      // scope exits that kept the unit for stage3_max_reuse_distance
-  int64_t evictions = 0;        // kept units freed early to stay within stage3_max_live_parameters
-  int64_t live_numel = 0;       // elements of non-persistent units gathered or in flight now
-  int64_t peak_live_numel = 0;  // the most there were
-  int64_t persistent_numel = 0; // elements of units that stay gathered
-  int64_t gathered_elements = 0;  // elements received by all-gathers (full unit sizes)
-  int64_t reduced_elements = 0;   // gradient elements entering reductions (full unit sizes)
-  double gather_wait_seconds = 0;  // the training thread blocked on all-gathers at scope entry
-  double comm_wait_seconds = 0;    // blocked on any collective (gathers, reduce buckets, step, checks)
+  int64_t all_gathers = 0;           // unit all-gathers issued, prefetches included
+  int64_t prefetches = 0;            // all-gathers issued ahead of use
+  int64_t prefetch_hits = 0;         // scope entries that found their unit gathered or in flight by a prefetch
+  int64_t releases = 0;              // full buffers freed
+  int64_t reuse_keeps = 0;           // scope exits that kept the unit for stage3_max_reuse_distance
+  int64_t evictions = 0;             // kept units freed early to stay within stage3_max_live_parameters
+  int64_t live_numel = 0;            // elements of non-persistent units gathered or in flight now
+  int64_t peak_live_numel = 0;       // the most there were
+  int64_t persistent_numel = 0;      // elements of units that stay gathered
+  int64_t gathered_elements = 0;     // elements received by all-gathers (full unit sizes)
+  int64_t reduced_elements = 0;      // gradient elements entering reductions (full unit sizes)
+  double gather_wait_seconds = 0;    // the training thread blocked on all-gathers at scope entry
+  double comm_wait_seconds = 0;      // blocked on any collective (gathers, reduce buckets, step, checks)
   std::vector<UnitId> gather_order;  // units in the order their all-gathers were issued
 };
 

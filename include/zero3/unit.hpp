@@ -76,11 +76,11 @@ class ParamInit {
   }
 
   Kind kind() const { return kind_; }
-  double value() const { return a_; }  // constant
-  double mean() const { return a_; }   // normal
-  double stddev() const { return b_; } // normal
-  double low() const { return a_; }    // uniform
-  double high() const { return b_; }   // uniform
+  double value() const { return a_; }   // constant
+  double mean() const { return a_; }    // normal
+  double stddev() const { return b_; }  // normal
+  double low() const { return a_; }     // uniform
+  double high() const { return b_; }    // uniform
   const Reader& reader() const { return reader_; }
 
  private:
@@ -112,7 +112,7 @@ struct ParamInfo {
   std::string local_name;  // the name within the unit
   std::vector<int64_t> shape;
   int64_t numel = 0;
-  int64_t offset = 0;      // first element in the unit's flat buffer
+  int64_t offset = 0;  // first element in the unit's flat buffer
   DType dtype = DType::f32;
 };
 
@@ -121,11 +121,11 @@ struct UnitInfo {
   UnitId id;
   std::string name;
   std::vector<ParamId> params;
-  DType dtype = DType::f32;   // compute dtype of its parameters
-  int64_t numel = 0;          // sum of its parameters' numel
-  int64_t slice_numel = 0;    // ceil(numel / world_size): the elements each rank owns
-  int64_t padded_numel = 0;   // world_size * slice_numel
-  bool persistent = false;    // stage 3: stays gathered (stage3_param_persistence_threshold)
+  DType dtype = DType::f32;  // compute dtype of its parameters
+  int64_t numel = 0;         // sum of its parameters' numel
+  int64_t slice_numel = 0;   // ceil(numel / world_size): the elements each rank owns
+  int64_t padded_numel = 0;  // world_size * slice_numel
+  bool persistent = false;   // stage 3: stays gathered (stage3_param_persistence_threshold)
 };
 
 // Where rank `rank`'s slice of a unit lies in the unit's flat buffer.

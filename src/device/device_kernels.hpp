@@ -41,8 +41,8 @@ class DeviceKernels {
 
   // One Adam/AdamW step over n elements (optim/adam_math.hpp), writing the updated p also to `copy_out`
   // (n elements of copy_type) when it is not null.
-  virtual void adam(float* p, const float* g, float* m, float* v, int64_t n, const AdamStepConsts& c,
-                    void* copy_out, DType copy_type, Stream stream = nullptr) = 0;
+  virtual void adam(float* p, const float* g, float* m, float* v, int64_t n, const AdamStepConsts& c, void* copy_out,
+                    DType copy_type, Stream stream = nullptr) = 0;
 
   // out[0, end - begin) = elements [begin, end) of the parameter with stream id `param_stream` (fp32).
   virtual void init_fill(float* out, const FillSpec& spec, uint64_t seed, uint64_t param_stream, int64_t begin,

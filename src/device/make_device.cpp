@@ -62,7 +62,8 @@ std::unique_ptr<Device> make_device(const std::string& name) {
     }
     auto it = table.find(kind);
     if (it == table.end()) {
-      if (kind == "cuda") throw Unsupported("make_device: this build of zero3 has no CUDA device support (\"" + name + "\")");
+      if (kind == "cuda")
+        throw Unsupported("make_device: this build of zero3 has no CUDA device support (\"" + name + "\")");
       throw InvalidArgument("make_device: unknown device \"" + name + "\" (cpu, cuda, cuda:N or auto)");
     }
     factory = it->second.factory;

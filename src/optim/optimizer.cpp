@@ -7,8 +7,9 @@ namespace zero3 {
 
 AdamHyper adam_hyper_from_config(const Config& config) {
   const OptimizerConfig& o = config.optimizer;
-  ZERO3_REQUIRE(o.lr.has_value(), ConfigError,
-                "optimizer.params.lr: is still \"auto\"; pass the learning rate to resolve() before creating the Engine");
+  ZERO3_REQUIRE(
+      o.lr.has_value(), ConfigError,
+      "optimizer.params.lr: is still \"auto\"; pass the learning rate to resolve() before creating the Engine");
   ZERO3_REQUIRE(o.weight_decay.has_value(), ConfigError,
                 "optimizer.params.weight_decay: is still \"auto\"; pass it to resolve() before creating the Engine");
   ZERO3_REQUIRE(*o.lr >= 0.0, ConfigError, "optimizer.params.lr: ", *o.lr, " is negative");

@@ -1,9 +1,9 @@
 // The public Engine and UnitScope: argument checks and forwarding to EngineImpl.
 #include "zero3/engine.hpp"
 
+#include "core/check.hpp"
 #include "zero/engine_impl.hpp"
 #include "zero/partition.hpp"
-#include "core/check.hpp"
 #include "zero3/error.hpp"
 
 namespace zero3 {

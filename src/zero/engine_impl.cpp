@@ -4,11 +4,11 @@
 #include <cmath>
 #include <map>
 
+#include "core/check.hpp"
 #include "device/device_kernels.hpp"
 #include "kernels/philox_init.hpp"
 #include "zero/partition.hpp"
 #include "zero/rank_agreement.hpp"
-#include "core/check.hpp"
 #include "zero3/error.hpp"
 #include "zero3/log.hpp"
 
@@ -25,14 +25,14 @@ int64_t require_set(const std::optional<int64_t>& v, const char* key) {
 
 int64_t gradient_accumulation(const Config& c, int world) {
   if (c.gradient_accumulation_steps) {
-    ZERO3_REQUIRE(*c.gradient_accumulation_steps >= 1, ConfigError, "gradient_accumulation_steps: ",
-                  *c.gradient_accumulation_steps, " is not a positive integer");
+    ZERO3_REQUIRE(*c.gradient_accumulation_steps >= 1, ConfigError,
+                  "gradient_accumulation_steps: ", *c.gradient_accumulation_steps, " is not a positive integer");
     return *c.gradient_accumulation_steps;
   }
   if (c.train_batch_size && c.train_micro_batch_size_per_gpu) {
     int64_t per_step = *c.train_micro_batch_size_per_gpu * world;
-    ZERO3_REQUIRE(per_step > 0 && *c.train_batch_size % per_step == 0, ConfigError, "train_batch_size: ",
-                  *c.train_batch_size, " is not a multiple of train_micro_batch_size_per_gpu (",
+    ZERO3_REQUIRE(per_step > 0 && *c.train_batch_size % per_step == 0, ConfigError,
+                  "train_batch_size: ", *c.train_batch_size, " is not a multiple of train_micro_batch_size_per_gpu (",
                   *c.train_micro_batch_size_per_gpu, ") x world size (", world, ")");
     return *c.train_batch_size / per_step;
   }
@@ -91,16 +91,17 @@ EngineImpl::EngineImpl(const Config& config, std::shared_ptr<Communicator> comm,
                 "fp16.enabled and bf16.enabled: both are true; choose one compute precision");
   // On the cpu device everything already lives in host memory and the optimizer runs on the CPU, which is
   // what offload to "cpu" asks for; NVMe, and offload from a GPU, need the offload tiers.
-  for (const auto& [key, off] : {std::pair<const char*, const OffloadConfig*>{"offload_optimizer", &z.offload_optimizer},
-                                 {"offload_param", &z.offload_param}}) {
+  for (const auto& [key, off] :
+       {std::pair<const char*, const OffloadConfig*>{"offload_optimizer", &z.offload_optimizer},
+        {"offload_param", &z.offload_param}}) {
     if (off->device == OffloadDevice::none) continue;
     if (off->device == OffloadDevice::cpu && device.type() == DeviceType::cpu) {
       log::debug("engine: zero_optimization.", key, ".device = cpu on the cpu device: state stays in host memory");
       continue;
     }
-    throw Unsupported(log::concat("zero_optimization.", key, ".device = ",
-                                  off->device == OffloadDevice::cpu ? "cpu" : "nvme", " on device ", device.name(),
-                                  ": this build of the engine has no offload tier for it yet"));
+    throw Unsupported(log::concat("zero_optimization.", key,
+                                  ".device = ", off->device == OffloadDevice::cpu ? "cpu" : "nvme", " on device ",
+                                  device.name(), ": this build of the engine has no offload tier for it yet"));
   }
   policy_.stage = z.stage;
   policy_.shard_optimizer = z.stage >= 1;
@@ -112,8 +113,8 @@ EngineImpl::EngineImpl(const Config& config, std::shared_ptr<Communicator> comm,
   gas_ = gradient_accumulation(config_, world_);
   overlap_ = z.overlap_comm_set ? z.overlap_comm : z.stage == 3;
   reduce_bucket_numel_ = require_set(z.reduce_bucket_size, "zero_optimization.reduce_bucket_size");
-  ZERO3_REQUIRE(reduce_bucket_numel_ >= 1, ConfigError, "zero_optimization.reduce_bucket_size: ",
-                reduce_bucket_numel_, " is not a positive number of elements");
+  ZERO3_REQUIRE(reduce_bucket_numel_ >= 1, ConfigError, "zero_optimization.reduce_bucket_size: ", reduce_bucket_numel_,
+                " is not a positive number of elements");
   schedule_policy_.prefetch_bucket_numel =
       require_set(z.prefetch_bucket_size, "zero_optimization.stage3_prefetch_bucket_size");
   schedule_policy_.max_live_numel = z.max_live_parameters;
@@ -124,8 +125,8 @@ EngineImpl::EngineImpl(const Config& config, std::shared_ptr<Communicator> comm,
                 " is not a positive number of elements");
   ZERO3_REQUIRE(config_.gradient_clipping.has_value(), ConfigError,
                 "gradient_clipping: is still \"auto\"; resolve the config before creating the Engine");
-  ZERO3_REQUIRE(config_.gradient_predivide_factor > 0.0, ConfigError, "gradient_predivide_factor: ",
-                config_.gradient_predivide_factor, " is not positive");
+  ZERO3_REQUIRE(config_.gradient_predivide_factor > 0.0, ConfigError,
+                "gradient_predivide_factor: ", config_.gradient_predivide_factor, " is not positive");
   adam_ = adam_hyper_from_config(config_);
   lr_scheduler_ = make_lr_scheduler(config_);
   queue_ = std::make_unique<CommQueue>(overlap_);
@@ -169,8 +170,8 @@ void EngineImpl::require_declaring(const char* what) const {
 }
 
 UnitState& EngineImpl::unit_state(UnitId unit, const char* what) {
-  ZERO3_REQUIRE(unit.index >= 0 && static_cast<size_t>(unit.index) < units_.size(), InvalidArgument, "Engine::",
-                what, ": unit id ", unit.index, " is not a declared unit (", units_.size(), " declared)");
+  ZERO3_REQUIRE(unit.index >= 0 && static_cast<size_t>(unit.index) < units_.size(), InvalidArgument, "Engine::", what,
+                ": unit id ", unit.index, " is not a declared unit (", units_.size(), " declared)");
   return units_[static_cast<size_t>(unit.index)];
 }
 
@@ -179,8 +180,9 @@ const UnitState& EngineImpl::unit_state(UnitId unit, const char* what) const {
 }
 
 const ParamState& EngineImpl::param_state(ParamId param, const char* what) const {
-  ZERO3_REQUIRE(param.index >= 0 && static_cast<size_t>(param.index) < params_.size(), InvalidArgument, "Engine::",
-                what, ": parameter id ", param.index, " is not a declared parameter (", params_.size(), " declared)");
+  ZERO3_REQUIRE(param.index >= 0 && static_cast<size_t>(param.index) < params_.size(), InvalidArgument,
+                "Engine::", what, ": parameter id ", param.index, " is not a declared parameter (", params_.size(),
+                " declared)");
   return params_[static_cast<size_t>(param.index)];
 }
 
@@ -190,17 +192,17 @@ ParamId EngineImpl::find_param_in_unit(UnitId unit, std::string_view local_name)
     if (params_[static_cast<size_t>(p.index)].info.local_name == local_name) return p;
   }
   std::string names;
-  for (ParamId p : u.info.params) names += (names.empty() ? "" : ", ") + params_[static_cast<size_t>(p.index)].info.local_name;
-  throw InvalidArgument(log::concat("unit '", u.info.name, "' has no parameter '", local_name, "' (it has: ",
-                                    names.empty() ? "none" : names, ")"));
+  for (ParamId p : u.info.params)
+    names += (names.empty() ? "" : ", ") + params_[static_cast<size_t>(p.index)].info.local_name;
+  throw InvalidArgument(log::concat("unit '", u.info.name, "' has no parameter '", local_name,
+                                    "' (it has: ", names.empty() ? "none" : names, ")"));
 }
 
 UnitId EngineImpl::add_unit(const std::string& name) {
   require_declaring("add_unit");
   ZERO3_REQUIRE(!name.empty() && name.find('/') == std::string::npos, InvalidArgument, "Engine::add_unit: \"", name,
                 "\" is not a unit name (non-empty, no '/')");
-  ZERO3_REQUIRE(!unit_by_name_.count(name), InvalidArgument, "Engine::add_unit: unit '", name,
-                "' is already declared");
+  ZERO3_REQUIRE(!unit_by_name_.count(name), InvalidArgument, "Engine::add_unit: unit '", name, "' is already declared");
   UnitState u;
   u.info.id = UnitId{static_cast<int32_t>(units_.size())};
   u.info.name = name;
@@ -299,13 +301,15 @@ void EngineImpl::check_declarations_agree() {
       detail += log::concat(detail.empty() ? "" : "; ", ranks.size() == 1 ? "rank " : "ranks ", rank_list(ranks),
                             key.empty() ? ": no such unit" : ": one declaration");
     }
-    std::string here = k < units_.size() ? log::concat("'", units_[k].info.name, "' with ", units_[k].info.params.size(),
-                                                       " parameters, ", units_[k].info.numel, " elements")
-                                         : std::string("no unit");
-    fail(std::make_exception_ptr(CommError(log::concat(
-        "materialize: the ranks declared different models. Unit #", k, " differs (this is rank ", rank_, ", which has ",
-        here, "): ", detail, ". Every rank must declare the same units and parameters (names, shapes, dtypes) in "
-        "the same order"))));
+    std::string here = k < units_.size()
+                           ? log::concat("'", units_[k].info.name, "' with ", units_[k].info.params.size(),
+                                         " parameters, ", units_[k].info.numel, " elements")
+                           : std::string("no unit");
+    fail(std::make_exception_ptr(
+        CommError(log::concat("materialize: the ranks declared different models. Unit #", k, " differs (this is rank ",
+                              rank_, ", which has ", here, "): ", detail,
+                              ". Every rank must declare the same units and parameters (names, shapes, dtypes) in "
+                              "the same order"))));
   }
   fail(std::make_exception_ptr(
       CommError("materialize: the ranks declared different models (the declarations hash differently)")));
@@ -318,8 +322,7 @@ void EngineImpl::materialize() {
   ZERO3_REQUIRE(2 * static_cast<int64_t>(units_.size()) + 2 < kMaxExactFloatInt, InvalidArgument,
                 "Engine::materialize: ", units_.size(), " units are more than the engine supports (8 million)");
   for (const UnitState& u : units_) {
-    ZERO3_REQUIRE(u.info.numel > 0, InvalidArgument, "Engine::materialize: unit '", u.info.name,
-                  "' has no parameters");
+    ZERO3_REQUIRE(u.info.numel > 0, InvalidArgument, "Engine::materialize: unit '", u.info.name, "' has no parameters");
   }
   try {
     check_declarations_agree();
@@ -507,9 +510,10 @@ void EngineImpl::check_order(int64_t code, const std::string& doing) {
       detail += log::concat(detail.empty() ? "" : "; ", ranks.size() == 1 ? "rank " : "ranks ", rank_list(ranks),
                             " called ", describe_code(c));
     }
-    throw CommError(log::concat("the ranks entered units in different orders at entry ", i, " of ", where, ": ",
-                                detail, ". Every rank must open the same unit scopes in the same order (the "
-                                "collectives of ZeRO-3 depend on it); this is rank ", rank_, "."));
+    throw CommError(log::concat("the ranks entered units in different orders at entry ", i, " of ", where, ": ", detail,
+                                ". Every rank must open the same unit scopes in the same order (the "
+                                "collectives of ZeRO-3 depend on it); this is rank ",
+                                rank_, "."));
   }
   throw CommError(log::concat("the ranks disagree on the order of units in ", where, " (rank ", rank_, ")"));
 }

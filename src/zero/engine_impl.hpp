@@ -40,20 +40,20 @@ struct UnitState {
   UnitInfo info;
   std::vector<int64_t> param_offsets;  // per parameter of the unit
   std::vector<int64_t> param_numels;
-  std::vector<int64_t> flat_shape;     // {numel}
+  std::vector<int64_t> flat_shape;  // {numel}
 
   // This rank's optimizer range of the flat buffer: its slice, or everything at stage 0.
   int64_t owned_begin = 0;
   int64_t owned_len = 0;
   int64_t owned_valid = 0;  // of which real elements (the rest is padding)
 
-  DeviceBuffer full;           // compute dtype, padded_numel: permanent at stage 0-2, gathered at stage 3
-  DeviceBuffer master_buf;     // fp32 master of the owned range, unless it aliases `full`
+  DeviceBuffer full;        // compute dtype, padded_numel: permanent at stage 0-2, gathered at stage 3
+  DeviceBuffer master_buf;  // fp32 master of the owned range, unless it aliases `full`
   float* master = nullptr;
   DeviceBuffer compute_slice;  // stage 3 with 16-bit compute: the all-gather input
   DeviceBuffer exp_avg;
   DeviceBuffer exp_avg_sq;
-  DeviceBuffer grad_acc;       // grad_accum_dtype: padded_numel at stage 0-1, slice_numel at 2-3
+  DeviceBuffer grad_acc;  // grad_accum_dtype: padded_numel at stage 0-1, slice_numel at 2-3
 
   // Stage-3 schedule state.
   GatherState gather = GatherState::released;

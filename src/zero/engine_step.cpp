@@ -7,10 +7,10 @@
 #include <algorithm>
 #include <cmath>
 
+#include "core/check.hpp"
 #include "device/device_kernels.hpp"
 #include "optim/grad_norm.hpp"
 #include "zero/engine_impl.hpp"
-#include "core/check.hpp"
 #include "zero3/error.hpp"
 #include "zero3/log.hpp"
 
@@ -143,8 +143,8 @@ StepResult EngineImpl::step() {
     ++global_steps_;
     result.global_step = global_steps_;
     result.overflow = overflow;
-    result.grad_norm = overflow ? std::numeric_limits<double>::infinity()
-                                : std::sqrt(static_cast<double>(agreed[1])) / scale;
+    result.grad_norm =
+        overflow ? std::numeric_limits<double>::infinity() : std::sqrt(static_cast<double>(agreed[1])) / scale;
     AdamHyper hyper = adam_hyper_at(adam_, *lr_scheduler_, applied_steps_ - 1);
     result.lr = hyper.lr;
     if (!applied) {
@@ -186,8 +186,8 @@ void EngineImpl::gather_master_params(UnitId unit, float* out) {
   check_usable();
   require_materialized("gather_master_params");
   UnitState& u = unit_state(unit, "gather_master_params");
-  ZERO3_REQUIRE(out != nullptr, InvalidArgument, "Engine::gather_master_params: output is null for unit '",
-                u.info.name, "'");
+  ZERO3_REQUIRE(out != nullptr, InvalidArgument, "Engine::gather_master_params: output is null for unit '", u.info.name,
+                "'");
   if (!policy_.shard_optimizer) {
     device_.copy(out, u.master, static_cast<size_t>(u.info.numel) * sizeof(float));
     return;

@@ -32,9 +32,7 @@ bool ranks_agree(CommQueue& queue, Communicator& comm, const std::vector<float>&
     buf[i] = values[i];
     buf[n + i] = -values[i];
   }
-  auto ticket = queue.submit(what, [&] {
-    comm.all_reduce(buf.data(), buf.size(), DType::f32, ReduceOp::max)->wait();
-  });
+  auto ticket = queue.submit(what, [&] { comm.all_reduce(buf.data(), buf.size(), DType::f32, ReduceOp::max)->wait(); });
   queue.wait(ticket);
   for (size_t i = 0; i < n; ++i) {
     if (buf[i] != -buf[n + i]) return false;
@@ -52,21 +50,20 @@ std::vector<std::vector<int64_t>> gather_from_ranks(CommQueue& queue, Communicat
   }
   std::vector<float> lengths(static_cast<size_t>(world));
   float mine = static_cast<float>(values.size());
-  queue.wait(queue.submit(what + " (lengths)", [&] {
-    comm.all_gather_into(lengths.data(), &mine, 1, DType::f32)->wait();
-  }));
+  queue.wait(
+      queue.submit(what + " (lengths)", [&] { comm.all_gather_into(lengths.data(), &mine, 1, DType::f32)->wait(); }));
   size_t longest = 0;
   for (float l : lengths) longest = std::max(longest, static_cast<size_t>(l));
   std::vector<float> padded(std::max<size_t>(longest, 1), 0.0f);
   for (size_t i = 0; i < values.size(); ++i) padded[i] = static_cast<float>(values[i]);
   std::vector<float> all(padded.size() * static_cast<size_t>(world));
-  queue.wait(queue.submit(what + " (values)", [&] {
-    comm.all_gather_into(all.data(), padded.data(), padded.size(), DType::f32)->wait();
-  }));
+  queue.wait(queue.submit(what + " (values)",
+                          [&] { comm.all_gather_into(all.data(), padded.data(), padded.size(), DType::f32)->wait(); }));
   std::vector<std::vector<int64_t>> out(static_cast<size_t>(world));
   for (int r = 0; r < world; ++r) {
     auto len = static_cast<size_t>(lengths[static_cast<size_t>(r)]);
-    for (size_t i = 0; i < len; ++i) out[static_cast<size_t>(r)].push_back(static_cast<int64_t>(all[r * padded.size() + i]));
+    for (size_t i = 0; i < len; ++i)
+      out[static_cast<size_t>(r)].push_back(static_cast<int64_t>(all[r * padded.size() + i]));
   }
   return out;
 }

@@ -2,8 +2,8 @@
 
 #include <algorithm>
 
-#include "device/device_kernels.hpp"
 #include "core/check.hpp"
+#include "device/device_kernels.hpp"
 #include "zero3/error.hpp"
 #include "zero3/log.hpp"
 
@@ -20,11 +20,10 @@ std::string unit_names(const std::vector<std::string>& units) {
 
 }  // namespace
 
-Reducer::Reducer(ReducerOptions options, Device& device, MemoryCounters& counters, Communicator& comm,
-                 CommQueue& queue)
+Reducer::Reducer(ReducerOptions options, Device& device, MemoryCounters& counters, Communicator& comm, CommQueue& queue)
     : opt_(options), device_(device), counters_(counters), comm_(comm), queue_(queue), world_(comm.size()) {
   int64_t per = opt_.mode == ReduceMode::reduce_scatter ? std::max<int64_t>(1, opt_.bucket_numel / world_)
-                                                         : std::max<int64_t>(1, opt_.bucket_numel);
+                                                        : std::max<int64_t>(1, opt_.bucket_numel);
   chunk_ = std::max<int64_t>(1, std::min(per, opt_.max_useful_numel));
 }
 
@@ -100,7 +99,8 @@ void Reducer::launch() {
     // Close the gaps so that chunk r starts at r * fill, as reduce_scatter expects.
     for (int r = 1; r < world_; ++r) {
       device_.move(static_cast<char*>(b.in.data()) + static_cast<size_t>(r * fill) * es,
-                   static_cast<char*>(b.in.data()) + static_cast<size_t>(r * chunk_) * es, static_cast<size_t>(fill) * es);
+                   static_cast<char*>(b.in.data()) + static_cast<size_t>(r * chunk_) * es,
+                   static_cast<size_t>(fill) * es);
     }
   }
   const bool scatter = opt_.mode == ReduceMode::reduce_scatter;
@@ -127,7 +127,8 @@ void Reducer::launch() {
     }
     auto& k = device_.kernels();
     for (const Piece& p : pieces) {
-      const void* src = static_cast<const char*>(out) + static_cast<size_t>(p.bucket_offset) * dtype_size(opt_.comm_dtype);
+      const void* src =
+          static_cast<const char*>(out) + static_cast<size_t>(p.bucket_offset) * dtype_size(opt_.comm_dtype);
       void* dst = element_ptr(p.acc, opt_.acc_dtype, p.acc_offset);
       if (scatter) {
         k.scale_add(dst, opt_.acc_dtype, src, opt_.comm_dtype, opt_.post_scale, p.length);

@@ -37,10 +37,14 @@ Options parse(int argc, char** argv) {
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string k = argv[i];
     long v = std::strtol(argv[i + 1], nullptr, 10);
-    if (k == "--layers") o.layers = static_cast<int>(v);
-    else if (k == "--hidden") o.hidden = v;
-    else if (k == "--steps") o.steps = static_cast<int>(v);
-    else if (k == "--compute-passes") o.compute_passes = static_cast<int>(v);
+    if (k == "--layers")
+      o.layers = static_cast<int>(v);
+    else if (k == "--hidden")
+      o.hidden = v;
+    else if (k == "--steps")
+      o.steps = static_cast<int>(v);
+    else if (k == "--compute-passes")
+      o.compute_passes = static_cast<int>(v);
     else {
       std::fprintf(stderr, "unknown option %s\n", argv[i]);
       std::exit(2);
@@ -69,7 +73,7 @@ Config bench_config(int stage, int64_t hidden) {
   c.gradient_clipping = 1.0;
   c.optimizer.lr = 1e-4;
   c.optimizer.weight_decay = 0.0;
-  c.zero.reduce_bucket_size = hidden * hidden;                    // Hugging Face's "auto"
+  c.zero.reduce_bucket_size = hidden * hidden;  // Hugging Face's "auto"
   c.zero.prefetch_bucket_size = hidden * hidden * 9 / 10;
   c.zero.param_persistence_threshold = 10 * hidden;
   c.zero.max_reuse_distance = 0;  // release every unit after use: the textbook ZeRO-3 traffic
@@ -88,8 +92,8 @@ int main(int argc, char** argv) {
   if (comm->rank() == 0) {
     std::printf("bench_engine: %d ranks (%s), %d layers, hidden %lld, %d steps, %d compute passes\n", comm->size(),
                 comm->backend(), o.layers, static_cast<long long>(h), o.steps, o.compute_passes);
-    std::printf("%-6s %12s %14s %14s %10s %12s %12s\n", "stage", "step ms", "gathered/step", "reduced/step",
-                "vol/3P", "comm wait %", "MiB/rank");
+    std::printf("%-6s %12s %14s %14s %10s %12s %12s\n", "stage", "step ms", "gathered/step", "reduced/step", "vol/3P",
+                "comm wait %", "MiB/rank");
   }
   for (int stage = 0; stage <= 3; ++stage) {
     Engine e(bench_config(stage, h), comm, *device);
@@ -134,14 +138,15 @@ int main(int argc, char** argv) {
     double wait_share = 100.0 * st.comm_wait_seconds / seconds;
     double mib = static_cast<double>(e.memory().peak_total) / (1024.0 * 1024.0);
     if (comm->rank() == 0) {
-      std::printf("%-6d %12.2f %14.0f %14.0f %10.3f %12.1f %12.1f\n", stage, 1e3 * seconds / o.steps, gathered,
-                  reduced, ratio, wait_share, mib);
+      std::printf("%-6d %12.2f %14.0f %14.0f %10.3f %12.1f %12.1f\n", stage, 1e3 * seconds / o.steps, gathered, reduced,
+                  ratio, wait_share, mib);
     }
     if (!std::isfinite(sink)) std::printf("(%g)\n", sink);
   }
   if (comm->rank() == 0) {
-    std::printf("vol/3P: elements moved by all-gathers and reductions per step over 3 x parameters (ZeRO-3's "
-                "volume; stages 0-2 all-reduce or reduce-scatter once and gather once)\n");
+    std::printf(
+        "vol/3P: elements moved by all-gathers and reductions per step over 3 x parameters (ZeRO-3's "
+        "volume; stages 0-2 all-reduce or reduce-scatter once and gather once)\n");
   }
   return 0;
 }

@@ -73,9 +73,7 @@ TEST(Divergence, EveryStepCheckCatchesALaterDifferenceAndAnEarlyStep) {
   std::string message;
   try {
     const bool skipper = comm->rank() == comm->size() - 1;
-    {
-      auto s = e.forward_scope(units.fc1);
-    }
+    { auto s = e.forward_scope(units.fc1); }
     if (!skipper) {
       auto s = e.backward_scope(units.fc1);
     }

@@ -42,8 +42,10 @@ Declared declare(Engine& e, std::vector<std::pair<int64_t, int64_t>>* asked) {
                           asked->emplace_back(b, end);
                           for (int64_t i = b; i < end; ++i) out[i - b] = 1000.0f + static_cast<float>(i);
                         })});
-  d.expected = {{"big.n", spec(FillKind::normal, 0.5, 0.02)}, {"big.u", spec(FillKind::uniform, -3, 2)},
-                {"tiny.one", spec(FillKind::ones)},          {"tiny.c", spec(FillKind::constant, 0.1)},
+  d.expected = {{"big.n", spec(FillKind::normal, 0.5, 0.02)},
+                {"big.u", spec(FillKind::uniform, -3, 2)},
+                {"tiny.one", spec(FillKind::ones)},
+                {"tiny.c", spec(FillKind::constant, 0.1)},
                 {"mixed.z", spec(FillKind::zeros)}};
   return d;
 }

@@ -67,18 +67,18 @@ TEST_P(Overflow, OneRanksInfSkipsTheStepEverywhere) {
   EXPECT_NE(gather_params(e), before);
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Engine, Overflow,
-    ::testing::Values(Case{3, DType::f32, std::numeric_limits<float>::infinity()},
-                      Case{2, DType::f32, std::numeric_limits<float>::quiet_NaN()},
-                      Case{0, DType::f32, -std::numeric_limits<float>::infinity()},
-                      Case{3, DType::bf16, std::numeric_limits<float>::quiet_NaN()},
-                      Case{1, DType::bf16, std::numeric_limits<float>::infinity()},
-                      Case{3, DType::f16, std::numeric_limits<float>::infinity()}),
-    [](const ::testing::TestParamInfo<Case>& info) {
-      return "stage" + std::to_string(info.param.stage) + "_" + std::string(dtype_name(info.param.compute)) + "_" +
-             (std::isnan(info.param.planted) ? "nan" : "inf");
-    });
+INSTANTIATE_TEST_SUITE_P(Engine, Overflow,
+                         ::testing::Values(Case{3, DType::f32, std::numeric_limits<float>::infinity()},
+                                           Case{2, DType::f32, std::numeric_limits<float>::quiet_NaN()},
+                                           Case{0, DType::f32, -std::numeric_limits<float>::infinity()},
+                                           Case{3, DType::bf16, std::numeric_limits<float>::quiet_NaN()},
+                                           Case{1, DType::bf16, std::numeric_limits<float>::infinity()},
+                                           Case{3, DType::f16, std::numeric_limits<float>::infinity()}),
+                         [](const ::testing::TestParamInfo<Case>& info) {
+                           return "stage" + std::to_string(info.param.stage) + "_" +
+                                  std::string(dtype_name(info.param.compute)) + "_" +
+                                  (std::isnan(info.param.planted) ? "nan" : "inf");
+                         });
 
 TEST(LossScale, GoesDownOnOverflowAndBackUpAfterTheWindow) {
   auto comm = engine_world();

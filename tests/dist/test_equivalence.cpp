@@ -62,13 +62,15 @@ TEST_P(Equivalence, SameLossesAndWeightsAsTheReference) {
     for (int64_t k = 0; k < gas; ++k) {
       double want = ref.losses[static_cast<size_t>(t)][static_cast<size_t>(k)][static_cast<size_t>(rank)];
       double got = run.losses[static_cast<size_t>(t * gas + k)];
-      EXPECT_NEAR(got, want, v.tolerance * std::fabs(want)) << "rank " << rank << ", step " << t << ", micro-step " << k;
+      EXPECT_NEAR(got, want, v.tolerance * std::fabs(want))
+          << "rank " << rank << ", step " << t << ", micro-step " << k;
       loss_err = std::max(loss_err, std::fabs(got - want) / std::fabs(want));
     }
     const StepResult& r = run.steps[static_cast<size_t>(t * gas + gas - 1)];
     ASSERT_TRUE(r.boundary);
     EXPECT_TRUE(r.applied) << "step " << t;
-    EXPECT_NEAR(r.grad_norm, ref.grad_norms[static_cast<size_t>(t)], v.tolerance * ref.grad_norms[static_cast<size_t>(t)])
+    EXPECT_NEAR(r.grad_norm, ref.grad_norms[static_cast<size_t>(t)],
+                v.tolerance * ref.grad_norms[static_cast<size_t>(t)])
         << "step " << t;
     EXPECT_NEAR(r.lr, ref.lrs[static_cast<size_t>(t)], 1e-9) << "step " << t;
     clipped |= r.clip_coef < 1.0;

@@ -137,8 +137,8 @@ EngineRun train_mlp(Engine& engine, const MlpUnits& units, const TrainPlan& plan
   const int64_t gas = engine.gradient_accumulation_steps();
   for (int64_t step = 0; step < plan.steps; ++step) {
     for (int64_t micro = 0; micro < gas; ++micro) {
-      Batch b = make_batch(plan.dims, plan.data_seed,
-                           batch_index(step, micro, gas, engine.rank(), engine.world_size()), plan.micro_batch);
+      Batch b = make_batch(plan.dims, plan.data_seed, batch_index(step, micro, gas, engine.rank(), engine.world_size()),
+                           plan.micro_batch);
       run.losses.push_back(mlp_micro_step(engine, units, plan.dims, b));
       run.steps.push_back(engine.step());
     }
@@ -180,7 +180,8 @@ double max_relative_error(const std::map<std::string, std::vector<float>>& a,
     for (float x : bv) ss += static_cast<double>(x) * x;
     double rms = std::sqrt(ss / static_cast<double>(std::max<size_t>(bv.size(), 1)));
     for (size_t i = 0; i < bv.size(); ++i) {
-      double err = std::fabs(static_cast<double>(it->second[i]) - bv[i]) / std::max(std::fabs(static_cast<double>(bv[i])), rms);
+      double err =
+          std::fabs(static_cast<double>(it->second[i]) - bv[i]) / std::max(std::fabs(static_cast<double>(bv[i])), rms);
       if (!(err <= max_err)) {
         max_err = std::isnan(err) ? std::numeric_limits<double>::infinity() : err;
         if (worst) *worst = name + "[" + std::to_string(i) + "]";

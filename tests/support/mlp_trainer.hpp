@@ -20,8 +20,8 @@ struct MlpUnits {
 MlpUnits declare_mlp(Engine& engine, const MlpDims& dims);
 
 struct EngineRun {
-  std::vector<double> losses;       // this rank's micro-batch losses, in order
-  std::vector<StepResult> steps;    // every step() result (one per micro-step)
+  std::vector<double> losses;                        // this rank's micro-batch losses, in order
+  std::vector<StepResult> steps;                     // every step() result (one per micro-step)
   std::map<std::string, std::vector<float>> params;  // final fp32 master weights by full name
 };
 

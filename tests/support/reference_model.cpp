@@ -86,12 +86,9 @@ int64_t MlpParamDesc::numel() const {
 
 std::vector<MlpParamDesc> mlp_params(const MlpDims& d) {
   return {
-      {"fc1", "w", {d.h1, d.in}, ParamInit::normal(0.3)},
-      {"fc1", "b", {d.h1}, ParamInit::uniform(-0.1, 0.1)},
-      {"norm", "g", {d.h1}, ParamInit::constant(1.25)},
-      {"fc2", "w", {d.h2, d.h1}, ParamInit::normal(0.2)},
-      {"fc2", "b", {d.h2}, ParamInit::zeros()},
-      {"head", "w", {d.out, d.h2}, ParamInit::uniform(-0.3, 0.3)},
+      {"fc1", "w", {d.h1, d.in}, ParamInit::normal(0.3)}, {"fc1", "b", {d.h1}, ParamInit::uniform(-0.1, 0.1)},
+      {"norm", "g", {d.h1}, ParamInit::constant(1.25)},   {"fc2", "w", {d.h2, d.h1}, ParamInit::normal(0.2)},
+      {"fc2", "b", {d.h2}, ParamInit::zeros()},           {"head", "w", {d.out, d.h2}, ParamInit::uniform(-0.3, 0.3)},
       {"head", "b", {d.out}, ParamInit::constant(0.05)},
   };
 }
@@ -113,8 +110,7 @@ Batch make_batch(const MlpDims& dims, uint64_t seed, int64_t index, int64_t batc
   return b;
 }
 
-void linear_forward(const float* w, const float* b, const float* x, float* y, int64_t batch, int64_t in,
-                    int64_t out) {
+void linear_forward(const float* w, const float* b, const float* x, float* y, int64_t batch, int64_t in, int64_t out) {
   for (int64_t s = 0; s < batch; ++s) {
     for (int64_t o = 0; o < out; ++o) {
       double acc = b[o];
@@ -213,11 +209,11 @@ ReferenceRun run_reference(const Config& config, const TrainPlan& plan) {
         std::map<std::string, std::vector<float>> g;
         for (const auto& [name, w] : p) g[name].assign(w.size(), 0.0f);
         std::vector<float> da2(B * d.h2), da1n(B * d.h1), da1(B * d.h1), unused(B * d.in);
-        linear_backward(seen["head.w"].data(), a2.data(), dy.data(), g["head.w"].data(), g["head.b"].data(),
-                        da2.data(), B, d.h2, d.out);
+        linear_backward(seen["head.w"].data(), a2.data(), dy.data(), g["head.w"].data(), g["head.b"].data(), da2.data(),
+                        B, d.h2, d.out);
         for (size_t i = 0; i < da2.size(); ++i) da2[i] *= 1.0f - a2[i] * a2[i];
-        linear_backward(seen["fc2.w"].data(), a1n.data(), da2.data(), g["fc2.w"].data(), g["fc2.b"].data(),
-                        da1n.data(), B, d.h1, d.h2);
+        linear_backward(seen["fc2.w"].data(), a1n.data(), da2.data(), g["fc2.w"].data(), g["fc2.b"].data(), da1n.data(),
+                        B, d.h1, d.h2);
         for (int64_t s = 0; s < B; ++s) {
           for (int64_t j = 0; j < d.h1; ++j) {
             g["norm.g"][j] += da1n[s * d.h1 + j] * a1[s * d.h1 + j];
@@ -225,8 +221,8 @@ ReferenceRun run_reference(const Config& config, const TrainPlan& plan) {
           }
         }
         for (size_t i = 0; i < da1.size(); ++i) da1[i] *= 1.0f - a1[i] * a1[i];
-        linear_backward(seen["fc1.w"].data(), b.x.data(), da1.data(), g["fc1.w"].data(), g["fc1.b"].data(), nullptr,
-                        B, d.in, d.h1);
+        linear_backward(seen["fc1.w"].data(), b.x.data(), da1.data(), g["fc1.w"].data(), g["fc1.b"].data(), nullptr, B,
+                        d.in, d.h1);
         for (const auto& [name, gv] : g) {
           auto& acc = grad_sum[name];
           for (size_t i = 0; i < gv.size(); ++i) acc[i] += gv[i];

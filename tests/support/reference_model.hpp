@@ -70,7 +70,7 @@ struct TrainPlan {
   MlpDims dims;
   int world = 1;
   int64_t micro_batch = 3;
-  int64_t steps = 10;        // optimizer steps
+  int64_t steps = 10;  // optimizer steps
   uint64_t data_seed = 7;
 };
 

@@ -194,11 +194,11 @@ TEST(Engine, MemoryByCategoryFollowsTheStage) {
     int64_t params, master, grads, optimizer;
   };
   const Want wants[] = {
-      {0, false, n * 4, 0, n * 4, n * 8},             // fp32 parameters are the master
-      {2, false, n * 4, 0, n * 4, n * 8},             // one rank: the slice is everything
-      {3, false, n * 4 + 37 * 4, 0, n * 4, n * 8},    // master slices + the persistent "norm" unit gathered
-      {3, true, n * 2 + 37 * 2, n * 4, n * 4, n * 8}, // bf16 slices + fp32 master
-      {1, true, n * 2, n * 4, n * 4, n * 8},          // bf16 full parameters + fp32 master
+      {0, false, n * 4, 0, n * 4, n * 8},              // fp32 parameters are the master
+      {2, false, n * 4, 0, n * 4, n * 8},              // one rank: the slice is everything
+      {3, false, n * 4 + 37 * 4, 0, n * 4, n * 8},     // master slices + the persistent "norm" unit gathered
+      {3, true, n * 2 + 37 * 2, n * 4, n * 4, n * 8},  // bf16 slices + fp32 master
+      {1, true, n * 2, n * 4, n * 4, n * 8},           // bf16 full parameters + fp32 master
   };
   for (const Want& w : wants) {
     Config c = equivalence_config(w.stage);

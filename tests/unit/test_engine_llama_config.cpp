@@ -72,7 +72,8 @@ TEST(EngineLlamaConfig, TheSeedConfigDrivesATinyLlama) {
   EXPECT_EQ(engine.gradient_accumulation_steps(), 2);
 
   // Persistence follows 10 * hidden: only units that small stay gathered.
-  for (UnitId u : units) EXPECT_EQ(engine.unit(u).persistent, engine.unit(u).numel <= 10 * hidden) << engine.unit(u).name;
+  for (UnitId u : units)
+    EXPECT_EQ(engine.unit(u).persistent, engine.unit(u).numel <= 10 * hidden) << engine.unit(u).name;
 
   // The byte counters at rest agree with the plan's entries for the same things.
   MemoryPlanOptions po;

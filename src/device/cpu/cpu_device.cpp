@@ -102,8 +102,7 @@ detail::GradStats stats_loop(const void* x, int64_t n) {
 
 class CpuKernels final : public detail::DeviceKernels {
  public:
-  void scale_copy(void* dst, DType dst_type, const void* src, DType src_type, float scale, int64_t n,
-                  Stream) override {
+  void scale_copy(void* dst, DType dst_type, const void* src, DType src_type, float scale, int64_t n, Stream) override {
     if (n <= 0) return;
     if (dst == src && dst_type == src_type && scale == 1.0f) return;
     if (dst_type == src_type && scale == 1.0f) {
@@ -113,8 +112,7 @@ class CpuKernels final : public detail::DeviceKernels {
     dispatch2<ScaleCopyOp>(dst_type, src_type, dst, src, scale, n);
   }
 
-  void scale_add(void* dst, DType dst_type, const void* src, DType src_type, float scale, int64_t n,
-                 Stream) override {
+  void scale_add(void* dst, DType dst_type, const void* src, DType src_type, float scale, int64_t n, Stream) override {
     if (n <= 0) return;
     dispatch2<ScaleAddOp>(dst_type, src_type, dst, src, scale, n);
   }
