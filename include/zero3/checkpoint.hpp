@@ -79,7 +79,9 @@ struct LoadedCheckpoint {
   std::string tag;             // the resolved tag ("latest" replaced by the tag it named)
   int saved_world_size = 0;
   int saved_stage = 0;
-  bool resharded = false;        // the saved slices differ from the engine's (another world size or stage)
+  // The saved slices differ from the engine's: another world size, or stage 0 (whole units on every rank)
+  // against a sharded stage.
+  bool resharded = false;
   TrainingState training_state;  // as restored into the engine
   CheckpointExtras extras;       // as given to save_checkpoint
   uint64_t bytes_read = 0;       // this rank: bytes read to verify checksums and to fill its slices

@@ -219,7 +219,7 @@ LoadedCheckpoint load_checkpoint(Engine& engine, const fs::path& dir, const std:
     mine.ok = false;
     mine.message = e.what();
   }
-  std::vector<RankReport> reports = ckpt::exchange_reports(engine, mine);
+  std::vector<RankReport> reports = ckpt::exchange_reports(engine, mine, what + " (verifying)");
   ckpt::throw_if_any_failed(reports, what);
   for (const RankReport& r : reports) {
     if (r.a != reports[0].a) {
@@ -268,7 +268,7 @@ LoadedCheckpoint load_checkpoint(Engine& engine, const fs::path& dir, const std:
     mine.ok = false;
     mine.message = e.what();
   }
-  reports = ckpt::exchange_reports(engine, mine);
+  reports = ckpt::exchange_reports(engine, mine, what + " (filling the slices)");
   ckpt::throw_if_any_failed(reports, what +
                                          " while filling the slices, after every file had verified (the "
                                          "engine's weights and optimizer state are now partly overwritten: load "
@@ -291,12 +291,8 @@ LoadedCheckpoint load_checkpoint(Engine& engine, const fs::path& dir, const std:
   result.saved_stage = info.stage;
   result.training_state = engine.training_state();
   result.extras = info.extras;
-  for (const UnitPlan& p : plans) {
-    const bool identity = p.reads.size() == 1 && p.reads[0].src_offset == 0 && p.reads[0].dst_offset == 0 &&
-                          info.files[static_cast<size_t>(p.reads[0].file)].rank == rank;
-    if (!identity && p.filled > 0) result.resharded = true;
-  }
-  result.resharded |= info.world_size != engine.world_size();
+  // Stages 1-3 partition alike; stage 0 holds whole units on every rank.
+  result.resharded = info.world_size != engine.world_size() || ((info.stage == 0) != (engine.stage() == 0));
   result.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
   log::info_rank0("loaded checkpoint ", result.path.string(), " (global step ", state.global_steps, ", saved by ",
                   info.world_size, " ranks at stage ", info.stage, ", loaded by ", engine.world_size(),

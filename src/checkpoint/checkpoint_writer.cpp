@@ -280,8 +280,8 @@ SavedCheckpoint save_checkpoint(Engine& engine, const fs::path& dir, const std::
       mine.message = std::string("cannot prepare the checkpoint directory ") + dir.string() + ": " + e.what();
     }
   }
-  std::vector<RankReport> reports = ckpt::exchange_reports(engine, mine);
   const std::string what = "save of checkpoint '" + tag_arg + "' in " + dir.string();
+  std::vector<RankReport> reports = ckpt::exchange_reports(engine, mine, what + " (preparing the directory)");
   ckpt::throw_if_any_failed(reports, what);
   const std::string tag = reports[0].message;
   const uint64_t nonce = reports[0].b;
@@ -330,7 +330,7 @@ SavedCheckpoint save_checkpoint(Engine& engine, const fs::path& dir, const std::
     mine.ok = false;
     mine.message = e.what();
   }
-  reports = ckpt::exchange_reports(engine, mine);
+  reports = ckpt::exchange_reports(engine, mine, what + " (after writing the shard files)");
   bool shards_ok = true;
   for (const RankReport& r : reports) shards_ok &= r.ok;
   if (!shards_ok && rank == 0) ckpt::remove_quietly(temp);
@@ -364,7 +364,7 @@ SavedCheckpoint save_checkpoint(Engine& engine, const fs::path& dir, const std::
       if (!committed) ckpt::remove_quietly(temp);
     }
   }
-  reports = ckpt::exchange_reports(engine, mine);
+  reports = ckpt::exchange_reports(engine, mine, what + " (committing)");
   ckpt::throw_if_any_failed(reports, what);
   result.seconds = seconds_since(t0);
   log::info_rank0("saved checkpoint ", result.path.string(), ": ", result.files, " files, ", result.bytes,

@@ -78,7 +78,8 @@ ExportedModel save_16bit_model(Engine& engine, const fs::path& out_dir, const Ex
       fail(e);
     }
   }
-  const std::vector<ckpt::RankReport> reports = ckpt::exchange_reports(engine, mine);
+  const std::vector<ckpt::RankReport> reports =
+      ckpt::exchange_reports(engine, mine, "save_16bit_model to " + out_dir.string());
   ckpt::throw_if_any_failed(reports, "save_16bit_model");
   ExportedModel m = ckpt::describe_export(out_dir, params, options.max_shard_bytes, false);
   m.bytes = reports[0].a;

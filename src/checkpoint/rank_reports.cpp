@@ -24,7 +24,7 @@ struct DeviceScratch {
 
 }  // namespace
 
-std::vector<RankReport> exchange_reports(Engine& engine, const RankReport& mine) {
+std::vector<RankReport> exchange_reports(Engine& engine, const RankReport& mine, const std::string& what) {
   const int world = engine.world_size();
   std::vector<unsigned char> record(kRecordBytes, 0);
   const uint32_t ok = mine.ok ? 1 : 0;
@@ -43,7 +43,15 @@ std::vector<RankReport> exchange_reports(Engine& engine, const RankReport& mine)
   DeviceScratch scratch(device, all.size());
   void* in = static_cast<unsigned char*>(scratch.ptr) + kRecordBytes * static_cast<size_t>(engine.rank());
   device.copy(in, record.data(), kRecordBytes);
-  engine.communicator().all_gather_into(scratch.ptr, in, kRecordBytes / 4, DType::f32)->wait();
+  const std::string context =
+      what + ": rank " + std::to_string(engine.rank()) + " could not hear from every rank (did one die?): ";
+  try {
+    engine.communicator().all_gather_into(scratch.ptr, in, kRecordBytes / 4, DType::f32)->wait();
+  } catch (const TimeoutError& e) {
+    throw TimeoutError(context + e.what());
+  } catch (const CommError& e) {
+    throw CommError(context + e.what());
+  }
   device.copy(all.data(), scratch.ptr, all.size());
 
   std::vector<RankReport> out(static_cast<size_t>(world));

@@ -22,8 +22,9 @@ struct RankReport {
 inline constexpr size_t kMessageBytes = 984;
 
 // Collective (one all-gather over the engine's communicator, through a buffer on the engine's device): every
-// rank's report, indexed by rank.
-std::vector<RankReport> exchange_reports(Engine& engine, const RankReport& mine);
+// rank's report, indexed by rank. When the all-gather fails (a rank died), the CommError (or TimeoutError) is
+// rethrown with `what` (the save or load and its phase) in front.
+std::vector<RankReport> exchange_reports(Engine& engine, const RankReport& mine, const std::string& what);
 
 // Throws CheckpointError "<what> failed on rank R: <message>" (every failed rank listed) when any report is
 // not ok; the same on every rank.
