@@ -441,6 +441,8 @@ int train(const TrainOptions& o, zero3::Config cfg, const ModelConfig& mc, const
     for (int64_t k = 0; k < gas; ++k) {
       const size_t off = static_cast<size_t>(k * micro * o.seq_len);
       loss_sum += model.forward_backward(ids.data() + off, targets.data() + off, shape, lo).loss_sum;
+      // The engine logs its own line at steps_per_print boundaries: take the bar off the terminal first.
+      if (k + 1 == gas && (step + 1) % print_every == 0) bar.clear();
       const auto t_opt = Clock::now();
       r = engine.step();
       opt_time += seconds_since(t_opt);
