@@ -29,6 +29,33 @@ class DeviceKernels;  // the engine's element kernels (internal: src/device/devi
 
 enum class DeviceType { cpu, cuda };
 
+// A queue of device work (cuda: a non-blocking CUDA stream, which does not wait for CUDA's legacy default
+// stream). Made by Device::make_stream(); owned by the caller; destroying it lets queued work finish.
+class DeviceStream {
+ public:
+  virtual ~DeviceStream() = default;
+  // What copy(), the kernels and the collectives take (nullptr on cpu, where all work completes in the call).
+  virtual Stream get() const = 0;
+  // Blocks the calling thread until the work queued so far has finished.
+  virtual void synchronize() = 0;
+};
+
+// A point in a stream's work (cuda: a CUDA event), for ordering streams without blocking the host: record
+// it on the producing stream, then make the consuming stream wait on it. Made by Device::make_event().
+// One thread records an event at a time; wait_on/synchronize/done may be called from any thread.
+class DeviceEvent {
+ public:
+  virtual ~DeviceEvent() = default;
+  // Marks the work queued on `stream` so far (replacing the previous mark).
+  virtual void record(Stream stream) = 0;
+  // Work queued on `stream` after this call starts after the marked work; the host does not wait.
+  virtual void wait_on(Stream stream) = 0;
+  // Blocks the calling thread until the marked work has finished.
+  virtual void synchronize() = 0;
+  // Whether the marked work has finished (true for an event never recorded).
+  virtual bool done() = 0;
+};
+
 class Device {
  public:
   virtual ~Device() = default;
@@ -40,8 +67,22 @@ class Device {
   // `bytes` of device memory, aligned to at least 64 bytes; nullptr for 0 bytes. The contents are
   // undefined. Throws when the memory is not available.
   virtual void* allocate(size_t bytes) = 0;
-  // Returns memory from allocate(); `bytes` is the size it was allocated with. nullptr is a no-op.
+  // Returns memory from allocate(); `bytes` is the size it was allocated with. nullptr is a no-op. No
+  // queued work may still use the memory (see deallocate_after).
   virtual void deallocate(void* ptr, size_t bytes) noexcept = 0;
+  // Like deallocate, for memory that work already queued on `stream` may still use: it is handed out again
+  // only after that work has finished (cuda: an event recorded on `stream`; cpu: at once).
+  virtual void deallocate_after(void* ptr, size_t bytes, Stream stream) noexcept;
+
+  // Host memory the device copies to and from asynchronously (cuda: page-locked, from a cache; cpu: plain
+  // 64-byte aligned memory). nullptr for 0 bytes. Not counted in bytes_in_use(). Throws when unavailable.
+  virtual void* allocate_host(size_t bytes);
+  virtual void deallocate_host(void* ptr, size_t bytes) noexcept;
+
+  // Streams and events (cpu: streams are nullptr and events are always done, since work completes in the
+  // call that queues it).
+  virtual std::unique_ptr<DeviceStream> make_stream();
+  virtual std::unique_ptr<DeviceEvent> make_event();
 
   // Copies `bytes` between two non-overlapping ranges, each in device or host memory. On cpu it completes
   // before returning; on cuda it is ordered on `stream` (nullptr: synchronous).

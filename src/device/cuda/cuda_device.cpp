@@ -4,6 +4,8 @@
 
 #include "device/cuda/cuda_check.hpp"
 #include "device/cuda/cuda_device_guard.hpp"
+#include "device/cuda/cuda_stream.hpp"
+#include "device/cuda/pinned_host.hpp"
 #include "device/device_registry.hpp"
 #include "zero3/error.hpp"
 #include "zero3/log.hpp"
@@ -12,6 +14,28 @@ namespace zero3::detail {
 namespace {
 
 cudaStream_t as_cuda(Stream s) { return reinterpret_cast<cudaStream_t>(s); }
+
+class CudaDeviceStream final : public DeviceStream {
+ public:
+  explicit CudaDeviceStream(int device) : stream_(device) {}
+  Stream get() const override { return stream_.stream(); }
+  void synchronize() override { stream_.synchronize(); }
+
+ private:
+  CudaStream stream_;
+};
+
+class CudaDeviceEvent final : public DeviceEvent {
+ public:
+  explicit CudaDeviceEvent(int device) : event_(device) {}
+  void record(Stream stream) override { event_.record(as_cuda(stream)); }
+  void wait_on(Stream stream) override { event_.make_wait(as_cuda(stream)); }
+  void synchronize() override { event_.synchronize(); }
+  bool done() override { return event_.done(); }
+
+ private:
+  CudaEvent event_;
+};
 
 int checked_index(int index) {
   std::string why;
@@ -59,6 +83,14 @@ void CudaDevice::deallocate(void* ptr, size_t bytes) noexcept { allocator_->deal
 void CudaDevice::deallocate_after(void* ptr, size_t bytes, Stream stream) noexcept {
   allocator_->deallocate_after(ptr, bytes, as_cuda(stream));
 }
+
+void* CudaDevice::allocate_host(size_t bytes) { return pinned_host_allocate(bytes); }
+
+void CudaDevice::deallocate_host(void* ptr, size_t bytes) noexcept { pinned_host_deallocate(ptr, bytes); }
+
+std::unique_ptr<DeviceStream> CudaDevice::make_stream() { return std::make_unique<CudaDeviceStream>(index_); }
+
+std::unique_ptr<DeviceEvent> CudaDevice::make_event() { return std::make_unique<CudaDeviceEvent>(index_); }
 
 void CudaDevice::copy(void* dst, const void* src, size_t bytes, Stream stream) {
   if (bytes == 0 || dst == src) return;

@@ -4,6 +4,8 @@
 //
 // Streams: every operation takes a Stream; nullptr means CUDA's legacy default stream, and copy(),
 // move() and fill_zero() with nullptr return only when the operation has finished (the Device contract).
+// make_stream() gives non-blocking streams (they do not wait for the legacy default stream); order them
+// with make_event(): record on the producer, wait_on the consumer.
 // Memory: allocate/deallocate never call cudaMalloc/cudaFree once the cache holds the sizes in use
 // (caching_allocator.hpp). Memory that queued work may still use is freed with deallocate_after().
 #pragma once
@@ -33,7 +35,13 @@ class CudaDevice final : public Device {
   void* allocate(size_t bytes) override;
   void deallocate(void* ptr, size_t bytes) noexcept override;
   // Returns the block to the cache once the work queued on `stream` so far has finished.
-  void deallocate_after(void* ptr, size_t bytes, Stream stream) noexcept;
+  void deallocate_after(void* ptr, size_t bytes, Stream stream) noexcept override;
+  // Page-locked memory from the process-wide pinned cache (pinned_host.hpp).
+  void* allocate_host(size_t bytes) override;
+  void deallocate_host(void* ptr, size_t bytes) noexcept override;
+  // A non-blocking stream and a CUDA event on this device (cuda_stream.hpp).
+  std::unique_ptr<DeviceStream> make_stream() override;
+  std::unique_ptr<DeviceEvent> make_event() override;
 
   void copy(void* dst, const void* src, size_t bytes, Stream stream = nullptr) override;
   void move(void* dst, const void* src, size_t bytes, Stream stream = nullptr) override;

@@ -1,0 +1,80 @@
+// Streams and events of the cuda device through the public Device interface: work on one stream waits for
+// another only through an event (no host synchronization), stream-ordered frees, and page-locked host memory.
+#include "gpu/cuda_test_env.hpp"
+
+#if ZERO3_HAVE_CUDA
+
+#include <cuda_runtime.h>
+
+#include <atomic>
+#include <chrono>
+#include <thread>
+#include <vector>
+
+#include "device/device_kernels.hpp"
+
+namespace zero3 {
+namespace {
+
+void hold_stream(void* flag) {
+  while (!static_cast<std::atomic<bool>*>(flag)->load()) std::this_thread::yield();
+}
+
+TEST(CudaStreams, EventOrdersOneStreamAfterAnother) {
+  auto gpu = make_device("cuda");
+  auto producer = gpu->make_stream();
+  auto consumer = gpu->make_stream();
+  EXPECT_NE(producer->get(), nullptr);
+  EXPECT_NE(producer->get(), consumer->get());
+  const int64_t n = 1000003;
+  float* a = static_cast<float*>(gpu->allocate(n * 4));
+  float* b = static_cast<float*>(gpu->allocate(n * 4));
+  gpu->fill_zero(a, n * 4);
+  gpu->fill_zero(b, n * 4);
+  auto* host = static_cast<float*>(gpu->allocate_host(n * 4));
+
+  // The producer is held by a host function; the consumer's copy is made to wait for the producer's fill
+  // through the event only. While held, the consumer cannot have run; after release it sees the fill.
+  std::atomic<bool> release{false};
+  ASSERT_EQ(cudaLaunchHostFunc(reinterpret_cast<cudaStream_t>(producer->get()), hold_stream, &release), cudaSuccess);
+  gpu->kernels().init_fill(a, FillSpec::constant(2.5), 1, 1, 0, n, producer->get());
+  auto filled = gpu->make_event();
+  filled->record(producer->get());
+  filled->wait_on(consumer->get());
+  gpu->copy(b, a, n * 4, consumer->get());
+  gpu->copy(host, b, n * 4, consumer->get());
+  auto copied = gpu->make_event();
+  copied->record(consumer->get());
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_FALSE(filled->done());
+  EXPECT_FALSE(copied->done()) << "the consumer ran before the producer's event";
+  release = true;
+  copied->synchronize();
+  EXPECT_TRUE(filled->done());
+  for (int64_t i : {int64_t{0}, n / 2, n - 1}) EXPECT_EQ(host[i], 2.5f) << i;
+
+  gpu->deallocate_after(a, n * 4, consumer->get());
+  gpu->deallocate_after(b, n * 4, consumer->get());
+  consumer->synchronize();
+  EXPECT_EQ(gpu->bytes_in_use(), 0);
+  gpu->deallocate_host(host, n * 4);
+}
+
+TEST(CudaStreams, HostMemoryIsPinned) {
+  auto gpu = make_device("cuda");
+  void* h = gpu->allocate_host(1 << 20);
+  cudaPointerAttributes attr{};
+  ASSERT_EQ(cudaPointerGetAttributes(&attr, h), cudaSuccess);
+  EXPECT_EQ(attr.type, cudaMemoryTypeHost);
+  EXPECT_EQ(gpu->bytes_in_use(), 0) << "host memory is not device memory";
+  gpu->deallocate_host(h, 1 << 20);
+}
+
+}  // namespace
+}  // namespace zero3
+
+#else
+
+TEST(CudaStreams, NotInThisBuild) {}
+
+#endif
