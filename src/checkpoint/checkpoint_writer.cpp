@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <chrono>
 #include <ctime>
+#include <future>
 #include <random>
 
 #include "checkpoint/checkpoint_dir.hpp"
@@ -110,6 +111,27 @@ const float* part_pointer(const ShardView& v, StatePart part) {
   return nullptr;
 }
 
+// Appends `bytes` to the tensor being written and returns the CRC continued over them. Large pieces are checksummed
+// on a second thread while this one writes them: both only read the buffer, and the CRC (several GB/s) then
+// hides behind the write instead of adding to it.
+uint32_t write_with_crc(st::SafetensorsWriter& writer, const std::string& name, const void* data, size_t bytes,
+                        uint32_t crc) {
+  constexpr size_t kParallelFrom = size_t{4} << 20;
+  if (bytes < kParallelFrom) {
+    writer.write(name, data, bytes);
+    return ckpt::crc32c_update(crc, data, bytes);
+  }
+  std::future<uint32_t> piece =
+      std::async(std::launch::async, [data, bytes] { return ckpt::crc32c_update(0, data, bytes); });
+  try {
+    writer.write(name, data, bytes);
+  } catch (...) {
+    piece.wait();  // the thread reads `data`: it must be done before the caller may free it
+    throw;
+  }
+  return ckpt::crc32c_combine(crc, piece.get(), bytes);
+}
+
 struct WrittenShard {
   uint64_t bytes = 0;
   uint32_t crc = 0;
@@ -151,16 +173,14 @@ WrittenShard write_shard(Engine& engine, const fs::path& path, const std::vector
       src += p.begin - v.begin;
       const size_t bytes = static_cast<size_t>(p.length) * sizeof(float);
       if (host) {
-        data_crc = ckpt::crc32c_update(data_crc, src, bytes);
-        writer.write(name, src, bytes);
+        data_crc = write_with_crc(writer, name, src, bytes, data_crc);
       } else {
         if (staging.empty()) staging.resize(std::min(kStage, bytes));
         for (size_t off = 0; off < bytes; off += kStage) {
           const size_t n = std::min(kStage, bytes - off);
           if (staging.size() < n) staging.resize(n);
           device.copy(staging.data(), reinterpret_cast<const unsigned char*>(src) + off, n);
-          data_crc = ckpt::crc32c_update(data_crc, staging.data(), n);
-          writer.write(name, staging.data(), n);
+          data_crc = write_with_crc(writer, name, staging.data(), n, data_crc);
         }
       }
       data_bytes += bytes;
@@ -343,6 +363,7 @@ SavedCheckpoint save_checkpoint(Engine& engine, const fs::path& dir, const std::
   }
 
   // 3. Rank 0 commits: manifest, rename into place, then the pointer.
+  const double shards_done = seconds_since(t0);
   const std::vector<RankReport> shard_reports = reports;
   mine = RankReport{};
   if (rank == 0) {
@@ -351,13 +372,18 @@ SavedCheckpoint save_checkpoint(Engine& engine, const fs::path& dir, const std::
       ckpt::crash_point("before_manifest");
       const CheckpointInfo info = describe(engine, tag, state, extras, shard_reports);
       io::write_file_atomically(temp / ckpt::kManifestName, ckpt::manifest_to_json(info));
+      const double manifest_done = seconds_since(t0);
       ckpt::crash_point("before_rename");
       std::optional<fs::path> replaced = ckpt::commit_directory(temp, dir, tag, nonce);
       committed = true;
+      const double rename_done = seconds_since(t0);
       ckpt::crash_point("before_latest");
       ckpt::write_latest(dir, tag);
+      const double latest_done = seconds_since(t0);
       ckpt::crash_point("before_cleanup");
       if (replaced) ckpt::remove_quietly(*replaced);
+      log::debug("save of ", tag, ": shards done at ", shards_done, " s, manifest ", manifest_done, " s, rename ",
+                 rename_done, " s, latest ", latest_done, " s, old copy removed ", seconds_since(t0), " s");
     } catch (const std::exception& e) {
       mine.ok = false;
       mine.message = e.what();

@@ -4,6 +4,9 @@
 // manifest, a checkpoint of another model.
 #include <gtest/gtest.h>
 
+#include <sys/wait.h>
+
+#include <cstdio>
 #include <fstream>
 #include <sstream>
 
@@ -360,6 +363,73 @@ TEST_F(CheckpointTest, Save16BitModelWritesEvenWhenTheConfigFlagIsOff) {
     r.read_range(name, 0, static_cast<int64_t>(values.size()), got.data());
     for (size_t i = 0; i < values.size(); ++i) ASSERT_EQ(got[i], f32_to_bf16(values[i])) << name << "[" << i << "]";
   }
+}
+
+struct CommandResult {
+  int status = -1;
+  std::string output;
+};
+
+CommandResult zero3_command(const std::string& args) {
+  const char* bin = std::getenv("ZERO3_BIN_DIR");
+  const std::string cmd = std::string(bin ? bin : ".") + "/zero3 " + args + " 2>&1";
+  CommandResult r;
+  FILE* p = ::popen(cmd.c_str(), "r");
+  if (p == nullptr) return r;
+  char buf[4096];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof(buf), p)) > 0) r.output.append(buf, n);
+  const int ws = ::pclose(p);
+  r.status = WIFEXITED(ws) ? WEXITSTATUS(ws) : -1;
+  return r;
+}
+
+TEST_F(CheckpointTest, CkptCommandInspectsVerifiesAndConsolidates) {
+  const char* bin = std::getenv("ZERO3_BIN_DIR");
+  if (bin == nullptr || !fs::exists(fs::path(bin) / "zero3")) GTEST_SKIP() << "needs ZERO3_BIN_DIR/zero3";
+  MlpEngine m = engine(2);
+  train_steps(*m.engine, m.units, plan_, 0, 2);
+  save_checkpoint(*m.engine, dir(), "s2", {{"epoch", "4"}});
+  const auto want = gather_params(*m.engine);
+
+  CommandResult r = zero3_command("ckpt inspect " + dir().string());
+  EXPECT_EQ(r.status, 0) << r.output;
+  for (const char* line : {"tag          s2 (DIR/latest names it)", "world size   1, ZeRO stage 2",
+                           "steps        global 2 (applied 2, skipped 0), micro 4", "parameters   1867 in 4 units",
+                           "extra        epoch = 4", "rank-00000-of-00001.safetensors", "verified: every file"}) {
+    EXPECT_NE(r.output.find(line), std::string::npos) << line << "\n" << r.output;
+  }
+  r = zero3_command("ckpt list " + dir().string());
+  EXPECT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("* s2"), std::string::npos) << r.output;
+
+  write_text(dir() / "map.json", R"({"head.w": "lm_head.weight", "head.b": "lm_head.bias"})");
+  r = zero3_command("ckpt consolidate " + (dir() / "s2").string() + " " + (dir() / "hf").string() +
+                    " --dtype fp32 --max-shard-size 2KB --names full --name-map " + (dir() / "map.json").string());
+  EXPECT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("wrote 7 tensors (1867 parameters, f32)"), std::string::npos) << r.output;
+  safetensors::ShardedSafetensorsReader hf(dir() / "hf");
+  EXPECT_GT(hf.shard_count(), 1u);
+  EXPECT_TRUE(hf.contains("lm_head.weight"));
+  EXPECT_TRUE(hf.contains("fc1.w"));
+  std::vector<float> got(want.at("head.w").size());
+  hf.read_as_f32("lm_head.weight", 0, static_cast<int64_t>(got.size()), got.data());
+  EXPECT_EQ(std::memcmp(got.data(), want.at("head.w").data(), got.size() * sizeof(float)), 0);
+
+  EXPECT_EQ(zero3_command("ckpt consolidate " + dir().string() + " " + (dir() / "x").string() + " --dtype int8").status,
+            2);
+  // A corrupt file: inspect names it and exits 1; consolidate refuses.
+  const fs::path file = dir() / "s2" / "rank-00000-of-00001.safetensors";
+  std::string bytes = read_text(file);
+  bytes[bytes.size() / 2] ^= 1;
+  write_text(file, bytes);
+  r = zero3_command("ckpt inspect " + dir().string() + " --tag s2");
+  EXPECT_EQ(r.status, 1) << r.output;
+  EXPECT_NE(r.output.find("BAD: CRC-32C mismatch"), std::string::npos) << r.output;
+  r = zero3_command("ckpt consolidate " + dir().string() + " " + (dir() / "hf2").string());
+  EXPECT_EQ(r.status, 1) << r.output;
+  EXPECT_NE(r.output.find("CRC-32C mismatch"), std::string::npos) << r.output;
+  EXPECT_EQ(zero3_command("ckpt inspect " + dir().string() + " --no-verify").status, 0);
 }
 
 }  // namespace
