@@ -79,6 +79,11 @@ class Device {
   virtual void* allocate_host(size_t bytes);
   virtual void deallocate_host(void* ptr, size_t bytes) noexcept;
 
+  // The stream ordinary work of this device runs on, as a handle that queues asynchronously (cuda: CUDA's
+  // legacy default stream, cudaStreamLegacy, where kernels launched without a stream run; cpu: nullptr).
+  // Unlike nullptr, passing it to copy() or fill_zero() does not wait for the operation.
+  virtual Stream default_stream() const { return nullptr; }
+
   // Streams and events (cpu: streams are nullptr and events are always done, since work completes in the
   // call that queues it).
   virtual std::unique_ptr<DeviceStream> make_stream();

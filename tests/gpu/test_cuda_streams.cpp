@@ -60,6 +60,29 @@ TEST(CudaStreams, EventOrdersOneStreamAfterAnother) {
   gpu->deallocate_host(host, n * 4);
 }
 
+TEST(CudaStreams, DefaultStreamQueuesWithoutWaiting) {
+  // default_stream() is the legacy default stream as an asynchronous handle: a fill queued on it behind a
+  // held stream returns at once, and a synchronous copy (legacy stream) afterwards sees it.
+  auto gpu = make_device("cuda");
+  Stream legacy = gpu->default_stream();
+  EXPECT_NE(legacy, nullptr);
+  std::atomic<bool> release{false};
+  ASSERT_EQ(cudaLaunchHostFunc(reinterpret_cast<cudaStream_t>(legacy), hold_stream, &release), cudaSuccess);
+  float* d = static_cast<float*>(gpu->allocate(4096 * 4));
+  gpu->fill_zero(d, 4096 * 4, legacy);  // would hang here if it waited
+  gpu->kernels().init_fill(d, FillSpec::constant(7.0), 1, 1, 0, 4096, legacy);
+  auto after = gpu->make_event();
+  after->record(legacy);
+  EXPECT_FALSE(after->done());
+  release = true;
+  std::vector<float> host(4096);
+  gpu->copy(host.data(), d, 4096 * 4);
+  EXPECT_EQ(host[0], 7.0f);
+  EXPECT_EQ(host[4095], 7.0f);
+  EXPECT_TRUE(after->done());
+  gpu->deallocate(d, 4096 * 4);
+}
+
 TEST(CudaStreams, HostMemoryIsPinned) {
   auto gpu = make_device("cuda");
   void* h = gpu->allocate_host(1 << 20);

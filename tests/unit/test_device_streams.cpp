@@ -12,6 +12,7 @@ namespace {
 
 TEST(DeviceStreams, CpuStreamsAndEventsAreImmediate) {
   auto cpu = make_cpu_device();
+  EXPECT_EQ(cpu->default_stream(), nullptr);
   auto stream = cpu->make_stream();
   ASSERT_NE(stream, nullptr);
   EXPECT_EQ(stream->get(), nullptr);

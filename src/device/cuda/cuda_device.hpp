@@ -39,6 +39,8 @@ class CudaDevice final : public Device {
   // Page-locked memory from the process-wide pinned cache (pinned_host.hpp).
   void* allocate_host(size_t bytes) override;
   void deallocate_host(void* ptr, size_t bytes) noexcept override;
+  // cudaStreamLegacy: the legacy default stream, queued asynchronously.
+  Stream default_stream() const override { return reinterpret_cast<Stream>(cudaStreamLegacy); }
   // A non-blocking stream and a CUDA event on this device (cuda_stream.hpp).
   std::unique_ptr<DeviceStream> make_stream() override;
   std::unique_ptr<DeviceEvent> make_event() override;
