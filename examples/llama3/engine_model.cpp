@@ -166,13 +166,25 @@ LossResult EngineModel::forward_backward(const int32_t* ids, const int32_t* targ
 
   // Backward: head (forward, loss and backward in one pass), layers in reverse, embedding.
   t0 = Clock::now();
+  // fp16: the gradients are those of loss x loss_scale (the engine unscales them); the result is unscaled.
+  const double scale = engine_.loss_scale();
+  LossOptions scaled = loss;
+  double normalizer = loss.normalizer;
+  if (scale != 1.0) {
+    if (normalizer <= 0) normalizer = static_cast<double>(count_targets(targets, n, config_.vocab_size));
+    scaled.normalizer = normalizer > 0 ? normalizer / scale : 0.0;
+  }
   LossResult result;
   {
     zero3::UnitScope s = engine_.backward_scope(units_.back());
     const float* w = params_f32(s, param_staging_);
     float* g = grads_f32(s, grad_staging_);
     result = head_forward_backward(config_, head_view(config_, w), static_cast<const float*>(resid_[L].data()), targets,
-                                   n, dx_.data(), head_view(config_, g), loss);
+                                   n, dx_.data(), head_view(config_, g), scaled);
+    if (scale != 1.0) {
+      result.normalizer = normalizer;
+      result.loss = normalizer > 0 ? result.loss_sum / normalizer : 0.0;
+    }
     commit_grads(s, grad_staging_);
     s.close();
   }

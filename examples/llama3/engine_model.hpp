@@ -71,7 +71,9 @@ class EngineModel {
   // One micro-batch, forward and backward (collective at stage 3; every rank calls it with the same shape).
   // ids and targets are (batch, seq), row-major; targets are already shifted (position t predicts targets[t],
   // kIgnoreIndex skips). The loss is loss.normalizer-normalised (see LossOptions); gradients reach the engine
-  // as each backward scope closes, and the caller then calls engine.step().
+  // as each backward scope closes, and the caller then calls engine.step(). With fp16 the gradients are those
+  // of the loss times engine.loss_scale() (the engine unscales them at the step); the returned loss is not
+  // scaled.
   LossResult forward_backward(const int32_t* ids, const int32_t* targets, const BatchShape& shape,
                               const LossOptions& loss = {});
 

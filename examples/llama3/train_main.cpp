@@ -310,7 +310,7 @@ int train(const TrainOptions& o, zero3::Config cfg, const ModelConfig& mc, const
                     ? "fp32"
                     : (std::string(precision_name(compute)) +
                        " parameter copies (gathered and communicated), fp32 master weights and Adam state; the CPU "
-                       "kernels compute in fp32 on the widened weights (no bf16 arithmetic on CPU)")
+                       "kernels compute in fp32 on the widened weights (no 16-bit arithmetic on CPU)")
                           .c_str());
     std::printf("  checkpointing (activations) %s\n", o.grad_checkpointing ? "on" : "off");
     std::printf("  resolved DeepSpeed config (%s):\n%s\n", o.deepspeed.c_str(), zero3::to_json(cfg).c_str());

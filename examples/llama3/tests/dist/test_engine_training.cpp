@@ -1,6 +1,6 @@
 // The Llama model trained through the engine equals the plain single-process model trained by textbook code:
 // 4 optimizer steps of 2 micro-batches per rank, AdamW with weight decay and gradient clipping, on 1-3 ranks, at
-// ZeRO stages 0-3, with and without activation checkpointing, in fp32 and bf16.
+// ZeRO stages 0-3, with and without activation checkpointing, in fp32, bf16 and fp16 (with loss scaling).
 //
 // The reference (FlatModel + model_forward_backward, in this file) holds every parameter whole, runs every
 // rank's micro-batches itself with the step's global target count as the loss normalizer, clips by the global
@@ -15,9 +15,10 @@
 //
 // Odd sizes catch padding bugs: hidden 24, 3 heads sharing 1 kv head, ffn 40, 3 layers, vocab 37, seq 7; some
 // targets ignored. Tolerances (relative, on losses, gradient norms and final weights with each tensor's RMS as
-// floor): fp32 1e-5 (only the order of the reductions differs); bf16 5e-3, the engine's own bf16 bound
-// (tests/dist/test_equivalence.cpp: a master weight that fp32 round-off moves across a bf16 rounding boundary
-// changes that input by one bf16 ulp, and Adam's normalised update carries it into the weights).
+// floor): fp32 1e-5 (only the order of the reductions differs); bf16 5e-3 and fp16 1e-3, the engine's own
+// bounds (tests/dist/test_equivalence.cpp: a master weight that fp32 round-off moves across a 16-bit rounding
+// boundary changes that input by one ulp, and Adam's normalised update carries it into the weights). The fp16
+// run scales the loss by 256 (the engine's loss scale) and the engine unscales the gradients.
 // zero3-test-ranks: 1 2 3
 #include <gtest/gtest.h>
 
@@ -74,10 +75,12 @@ MicroBatch make_batch(const ModelConfig& c, int64_t step, int64_t micro, int ran
   return b;
 }
 
+enum class Half { none, bf16, fp16 };
+
 struct Variant {
   std::string name;
   int stage;
-  bool bf16;
+  Half half;
   bool checkpointing;
   double tolerance;
 };
@@ -85,7 +88,9 @@ struct Variant {
 zero3::Config train_config(const Variant& v) {
   zero3::Config c;
   c.zero.stage = v.stage;
-  c.bf16.enabled = v.bf16;
+  c.bf16.enabled = v.half == Half::bf16;
+  c.fp16.enabled = v.half == Half::fp16;
+  c.fp16.initial_scale_power = 8;  // dynamic loss scaling from 256: no overflow in this model
   c.train_micro_batch_size_per_gpu = kBatch;
   c.gradient_accumulation_steps = kGas;
   c.gradient_clipping = 0.5;
@@ -101,7 +106,11 @@ zero3::Config train_config(const Variant& v) {
   return c;
 }
 
-float round_to(bool bf16, float x) { return bf16 ? zero3::bf16_to_f32(zero3::f32_to_bf16(x)) : x; }
+float round_to(Half h, float x) {
+  return h == Half::bf16   ? zero3::bf16_to_f32(zero3::f32_to_bf16(x))
+         : h == Half::fp16 ? zero3::f16_to_f32(zero3::f32_to_f16(x))
+                           : x;
+}
 
 double rel_error(const std::vector<float>& got, const std::vector<float>& want) {
   double ss = 0;
@@ -144,7 +153,7 @@ TEST_P(EngineTraining, EqualsTheSingleProcessReference) {
   for (int64_t step = 0; step < kSteps; ++step) {
     // ---- reference ----
     for (size_t u = 0; u < model.num_units(); ++u)
-      for (size_t i = 0; i < master[u].size(); ++i) ref.unit_params(u)[i] = round_to(v.bf16, master[u][i]);
+      for (size_t i = 0; i < master[u].size(); ++i) ref.unit_params(u)[i] = round_to(v.half, master[u][i]);
     ref.zero_grads();
     int64_t total = 0;
     for (int64_t k = 0; k < kGas; ++k)
@@ -222,12 +231,13 @@ TEST_P(EngineTraining, EqualsTheSingleProcessReference) {
 }
 
 const Variant kVariants[] = {
-    {"stage0", 0, false, true, 1e-5},
-    {"stage1", 1, false, true, 1e-5},
-    {"stage2", 2, false, false, 1e-5},
-    {"stage3", 3, false, true, 1e-5},
-    {"stage3_no_checkpointing", 3, false, false, 1e-5},
-    {"stage3_bf16", 3, true, true, 5e-3},
+    {"stage0", 0, Half::none, true, 1e-5},
+    {"stage1", 1, Half::none, true, 1e-5},
+    {"stage2", 2, Half::none, false, 1e-5},
+    {"stage3", 3, Half::none, true, 1e-5},
+    {"stage3_no_checkpointing", 3, Half::none, false, 1e-5},
+    {"stage3_bf16", 3, Half::bf16, true, 5e-3},
+    {"stage3_fp16", 3, Half::fp16, true, 1e-3},
 };
 
 INSTANTIATE_TEST_SUITE_P(Llama, EngineTraining, ::testing::ValuesIn(kVariants),
