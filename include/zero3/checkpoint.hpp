@@ -39,7 +39,11 @@
 // step() or before the first scope of a micro-step). They block until the whole job is done. On failure every
 // rank throws (a CheckpointError, or the CommError of a failed collective), so no rank is left waiting. The
 // directory must be the same path on a file system every rank sees (NFS, FSx for Lustre, or one machine's
-// disk). The functions without an Engine are local and may run anywhere (the `zero3 ckpt` command uses them).
+// disk). With checkpoint.use_node_local_storage the directory is instead local to each node: the first rank of
+// every node (ranks grouped by host name) commits a complete manifest and DIR/latest into its node's DIR, beside
+// the files of that node's ranks only; such a checkpoint loads on the same ranks per node (a load that needs
+// another node's file names it). The functions without an Engine are local and may run anywhere (the
+// `zero3 ckpt` command uses them).
 //
 // Threads: the calls use the engine and its communicator from the calling thread only.
 #pragma once

@@ -210,11 +210,20 @@ LoadedCheckpoint load_checkpoint(Engine& engine, const fs::path& dir, const std:
     for (auto& [f, reader] : readers) {
       const std::string problem = ckpt::check_shard_file(info, static_cast<size_t>(f), &reader);
       if (!problem.empty()) {
-        throw CheckpointError((info.path / info.files[static_cast<size_t>(f)].name).string() + ": " + problem);
+        std::string hint;
+        if (problem.rfind("missing", 0) == 0 && engine.config().checkpoint.use_node_local_storage) {
+          hint =
+              " (checkpoint.use_node_local_storage: each node holds only the files of its own ranks, so a rank "
+              "can load only slices saved on its node; load with the same ranks on every node, or copy every "
+              "node's files into each node's checkpoint directory)";
+        }
+        throw CheckpointError((info.path / info.files[static_cast<size_t>(f)].name).string() + ": " + problem + hint);
       }
       result.bytes_read += info.files[static_cast<size_t>(f)].bytes;
     }
-    mine.a = fnv1a(info.path.string() + "\n" + info.created + "\n" + ckpt::manifest_to_json(info));
+    // The manifest text (tag, creation time, layout, checksums): equal on every rank that found the same checkpoint,
+    // whatever path it reached it by.
+    mine.a = fnv1a(ckpt::manifest_to_json(info));
   } catch (const std::exception& e) {
     mine.ok = false;
     mine.message = e.what();

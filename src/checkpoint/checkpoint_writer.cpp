@@ -1,6 +1,8 @@
 // save_checkpoint: every rank writes its shard file into DIR/.tmp-TAG-<nonce>/, the ranks agree that all files
 // are complete, rank 0 writes the manifest, renames the directory into place and only then updates
 // DIR/latest. See checkpoint.hpp for the contract and crash_point.hpp for where a save can be cut short.
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <ctime>
@@ -12,6 +14,7 @@
 #include "checkpoint/crc32c.hpp"
 #include "checkpoint/manifest.hpp"
 #include "checkpoint/rank_reports.hpp"
+#include "checkpoint/save_on_node.hpp"
 #include "core/check.hpp"
 #include "io/atomic_file.hpp"
 #include "io/file_util.hpp"
@@ -46,8 +49,7 @@ uint64_t random_nonce() {
   return ((static_cast<uint64_t>(rd()) << 32) | rd()) ^ (t * 0x9E3779B97F4A7C15ull);
 }
 
-std::string utc_now() {
-  const std::time_t t = std::time(nullptr);
+std::string utc_time(std::time_t t) {
   std::tm tm{};
   gmtime_r(&t, &tm);
   char buf[32];
@@ -200,13 +202,13 @@ WrittenShard write_shard(Engine& engine, const fs::path& path, const std::vector
   return out;
 }
 
-CheckpointInfo describe(Engine& engine, const std::string& tag, const TrainingState& state,
+CheckpointInfo describe(Engine& engine, const std::string& tag, const std::string& created, const TrainingState& state,
                         const CheckpointExtras& extras, const std::vector<RankReport>& shards) {
   CheckpointInfo info;
   info.tag = tag;
   info.format_version = ckpt::kFormatVersion;
   info.zero3_version = version();
-  info.created = utc_now();
+  info.created = created;
   info.world_size = engine.world_size();
   info.stage = engine.stage();
   info.config_json = to_json(engine.config());
@@ -255,6 +257,20 @@ void check_extras(const CheckpointExtras& extras) {
   }
 }
 
+// Creates DIR, removes what interrupted saves left there, and creates the temp directory of this save.
+void prepare_directory(const fs::path& dir, const fs::path& temp) {
+  fs::create_directories(dir);
+  ckpt::clean_interrupted_saves(dir);
+  if (!fs::create_directory(temp)) throw IoError(temp.string() + " exists already");
+  io::fsync_directory(dir);
+}
+
+std::string host_name() {
+  char buf[256] = {};
+  if (::gethostname(buf, sizeof(buf) - 1) != 0) return "localhost";
+  return buf;
+}
+
 bool equal_ignoring_case(const std::string& a, const char* b) {
   const std::string_view bv(b);
   return a.size() == bv.size() && std::equal(a.begin(), a.end(), bv.begin(), [](char x, char y) {
@@ -264,8 +280,10 @@ bool equal_ignoring_case(const std::string& a, const char* b) {
 
 }  // namespace
 
-SavedCheckpoint save_checkpoint(Engine& engine, const fs::path& dir, const std::string& tag_arg,
-                                const CheckpointExtras& extras) {
+namespace ckpt {
+
+SavedCheckpoint save_checkpoint_on_node(Engine& engine, const fs::path& dir, const std::string& tag_arg,
+                                        const CheckpointExtras& extras, const std::string& node_name) {
   const auto t0 = Clock::now();
   ckpt::validate_tag(tag_arg);
   ZERO3_REQUIRE(engine.materialized(), InvalidArgument, "save_checkpoint: the engine is not materialized yet");
@@ -282,18 +300,17 @@ SavedCheckpoint save_checkpoint(Engine& engine, const fs::path& dir, const std::
   const int rank = engine.rank();
   const int world = engine.world_size();
 
-  // 1. Rank 0 prepares DIR and the temp directory; every rank learns rank 0's tag and the nonce.
+  // 1. Rank 0 prepares DIR and the temp directory; every rank learns rank 0's tag, the nonce, rank 0's clock
+  // (the manifest's creation time, the same on every node) and which ranks share a node.
   RankReport mine;
   mine.a = fnv1a(tag_arg);
+  mine.d = fnv1a(node_name);
   if (rank == 0) {
     try {
-      fs::create_directories(dir);
-      ckpt::clean_interrupted_saves(dir);
       const uint64_t nonce = random_nonce();
-      const fs::path temp = ckpt::temp_dir_path(dir, tag_arg, nonce);
-      if (!fs::create_directory(temp)) throw IoError(temp.string() + " exists already");
-      io::fsync_directory(dir);
+      prepare_directory(dir, ckpt::temp_dir_path(dir, tag_arg, nonce));
       mine.b = nonce;
+      mine.c = static_cast<uint64_t>(std::time(nullptr));
       mine.message = tag_arg;
     } catch (const std::exception& e) {
       mine.ok = false;
@@ -305,6 +322,7 @@ SavedCheckpoint save_checkpoint(Engine& engine, const fs::path& dir, const std::
   ckpt::throw_if_any_failed(reports, what);
   const std::string tag = reports[0].message;
   const uint64_t nonce = reports[0].b;
+  const std::string created = utc_time(static_cast<std::time_t>(reports[0].c));
   const fs::path temp = ckpt::temp_dir_path(dir, tag, nonce);
   std::string differing;
   for (int r = 1; r < world; ++r) {
@@ -321,6 +339,40 @@ SavedCheckpoint save_checkpoint(Engine& engine, const fs::path& dir, const std::
     if (!equal_ignoring_case(mode, "Ignore")) {
       log::warn_rank0(text, "; saving under rank 0's tag (checkpoint.tag_validation is \"", mode, "\")");
     }
+  }
+
+  // Who commits: rank 0 on a shared file system; with checkpoint.use_node_local_storage, the first rank of every
+  // node, each into its node's DIR (every node then holds the manifest, its ranks' files and DIR/latest).
+  const bool node_local = engine.config().checkpoint.use_node_local_storage;
+  std::vector<bool> leader(static_cast<size_t>(world), false);
+  leader[0] = true;
+  int nodes = 1;
+  if (node_local) {
+    for (int r = 1; r < world; ++r) {
+      bool first = true;
+      for (int q = 0; q < r && first; ++q)
+        first = reports[static_cast<size_t>(q)].d != reports[static_cast<size_t>(r)].d;
+      leader[static_cast<size_t>(r)] = first;
+      nodes += first ? 1 : 0;
+    }
+  }
+  const bool is_leader = leader[static_cast<size_t>(rank)];
+  if (nodes > 1) {
+    mine = RankReport{};
+    if (is_leader && rank != 0) {
+      try {
+        prepare_directory(dir, temp);
+      } catch (const std::exception& e) {
+        mine.ok = false;
+        mine.message =
+            "cannot prepare the node-local checkpoint directory " + dir.string() + " on " + node_name + ": " + e.what();
+      }
+    }
+    reports = ckpt::exchange_reports(engine, mine, what + " (preparing the node-local directories)");
+    bool all_ok = true;
+    for (const RankReport& r : reports) all_ok &= r.ok;
+    if (!all_ok && is_leader) ckpt::remove_quietly(temp);
+    ckpt::throw_if_any_failed(reports, what);
   }
 
   // 2. Every rank writes its shard file.
@@ -353,7 +405,7 @@ SavedCheckpoint save_checkpoint(Engine& engine, const fs::path& dir, const std::
   reports = ckpt::exchange_reports(engine, mine, what + " (after writing the shard files)");
   bool shards_ok = true;
   for (const RankReport& r : reports) shards_ok &= r.ok;
-  if (!shards_ok && rank == 0) ckpt::remove_quietly(temp);
+  if (!shards_ok && is_leader) ckpt::remove_quietly(temp);
   ckpt::throw_if_any_failed(reports, what);
   double slowest_write = 0;
   for (const RankReport& r : reports) {
@@ -362,25 +414,26 @@ SavedCheckpoint save_checkpoint(Engine& engine, const fs::path& dir, const std::
     slowest_write = std::max(slowest_write, static_cast<double>(r.c) * 1e-6);
   }
 
-  // 3. Rank 0 commits: manifest, rename into place, then the pointer.
+  // 3. Rank 0 (every node's first rank with node-local storage) commits: manifest, rename into place, then the
+  // pointer.
   const double shards_done = seconds_since(t0);
   const std::vector<RankReport> shard_reports = reports;
   mine = RankReport{};
-  if (rank == 0) {
+  if (is_leader) {
     bool committed = false;
     try {
-      ckpt::crash_point("before_manifest");
-      const CheckpointInfo info = describe(engine, tag, state, extras, shard_reports);
+      ckpt::crash_point("before_manifest", rank);
+      const CheckpointInfo info = describe(engine, tag, created, state, extras, shard_reports);
       io::write_file_atomically(temp / ckpt::kManifestName, ckpt::manifest_to_json(info));
       const double manifest_done = seconds_since(t0);
-      ckpt::crash_point("before_rename");
+      ckpt::crash_point("before_rename", rank);
       std::optional<fs::path> replaced = ckpt::commit_directory(temp, dir, tag, nonce);
       committed = true;
       const double rename_done = seconds_since(t0);
-      ckpt::crash_point("before_latest");
+      ckpt::crash_point("before_latest", rank);
       ckpt::write_latest(dir, tag);
       const double latest_done = seconds_since(t0);
-      ckpt::crash_point("before_cleanup");
+      ckpt::crash_point("before_cleanup", rank);
       if (replaced) ckpt::remove_quietly(*replaced);
       log::debug("save of ", tag, ": shards done at ", shards_done, " s, manifest ", manifest_done, " s, rename ",
                  rename_done, " s, latest ", latest_done, " s, old copy removed ", seconds_since(t0), " s");
@@ -396,8 +449,16 @@ SavedCheckpoint save_checkpoint(Engine& engine, const fs::path& dir, const std::
   log::info_rank0("saved checkpoint ", result.path.string(), ": ", result.files, " files, ", result.bytes,
                   " bytes; shards written in ", slowest_write, " s (",
                   slowest_write > 0 ? result.bytes / slowest_write / 1e6 : 0.0, " MB/s over all ranks), ",
-                  result.seconds, " s in all");
+                  result.seconds, " s in all",
+                  nodes > 1 ? " (node-local storage: " + std::to_string(nodes) + " nodes)" : "");
   return result;
+}
+
+}  // namespace ckpt
+
+SavedCheckpoint save_checkpoint(Engine& engine, const fs::path& dir, const std::string& tag,
+                                const CheckpointExtras& extras) {
+  return ckpt::save_checkpoint_on_node(engine, dir, tag, extras, host_name());
 }
 
 }  // namespace zero3

@@ -9,7 +9,7 @@
 namespace zero3::ckpt {
 namespace {
 
-constexpr size_t kRecordBytes = 1024;  // ok, length, a, b, c (4 x 8 bytes), then the message
+constexpr size_t kRecordBytes = 1024;  // ok, length (4 + 4 bytes), a, b, c, d (4 x 8 bytes), then the message
 static_assert(kRecordBytes == 40 + kMessageBytes);
 
 struct DeviceScratch {
@@ -34,6 +34,7 @@ std::vector<RankReport> exchange_reports(Engine& engine, const RankReport& mine,
   std::memcpy(record.data() + 8, &mine.a, 8);
   std::memcpy(record.data() + 16, &mine.b, 8);
   std::memcpy(record.data() + 24, &mine.c, 8);
+  std::memcpy(record.data() + 32, &mine.d, 8);
   std::memcpy(record.data() + 40, mine.message.data(), len);
 
   std::vector<unsigned char> all(kRecordBytes * static_cast<size_t>(world));
@@ -65,6 +66,7 @@ std::vector<RankReport> exchange_reports(Engine& engine, const RankReport& mine,
     std::memcpy(&rep.a, p + 8, 8);
     std::memcpy(&rep.b, p + 16, 8);
     std::memcpy(&rep.c, p + 24, 8);
+    std::memcpy(&rep.d, p + 32, 8);
     rep.message.assign(reinterpret_cast<const char*>(p + 40), std::min<size_t>(rlen, kMessageBytes));
   }
   return out;

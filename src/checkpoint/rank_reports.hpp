@@ -15,8 +15,8 @@ namespace zero3::ckpt {
 
 struct RankReport {
   bool ok = true;
-  uint64_t a = 0, b = 0, c = 0;  // phase-specific numbers (file size, CRC, a hash, a nonce)
-  std::string message;           // the error, or phase-specific text; cut to kMessageBytes
+  uint64_t a = 0, b = 0, c = 0, d = 0;  // phase-specific numbers (file size, CRC, a hash, a nonce)
+  std::string message;                  // the error, or phase-specific text; cut to kMessageBytes
 };
 
 inline constexpr size_t kMessageBytes = 984;
