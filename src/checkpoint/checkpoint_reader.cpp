@@ -272,6 +272,15 @@ LoadedCheckpoint load_checkpoint(Engine& engine, const fs::path& dir, const std:
           device.fill_zero(dst + p.filled, static_cast<size_t>(p.view.length - p.filled) * sizeof(float));
         }
       }
+      // zero_optimization.load_from_fp32_weights = false: the master weights start from the 16-bit weights, as
+      // DeepSpeed's do then (the checkpoint's fp32 copy rounded to the unit's compute dtype).
+      const DType ct = engine.unit(p.id).dtype;
+      if (!engine.config().zero.load_from_fp32_weights && ct != DType::f32 && p.filled > 0) {
+        staging.resize(static_cast<size_t>(p.filled));
+        device.copy(staging.data(), p.view.master, staging.size() * sizeof(float));
+        for (float& x : staging) x = ct == DType::bf16 ? bf16_to_f32(f32_to_bf16(x)) : f16_to_f32(f32_to_f16(x));
+        device.copy(p.view.master, staging.data(), staging.size() * sizeof(float));
+      }
     }
   } catch (const std::exception& e) {
     mine.ok = false;

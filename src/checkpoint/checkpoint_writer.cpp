@@ -65,17 +65,15 @@ struct Piece {
   int64_t length = 0;
 };
 
-bool replicated(const Engine& engine, const UnitInfo& u, const ShardView& v) {
-  return engine.world_size() > 1 && v.length >= u.padded_numel;
-}
+// Stage 0 keeps whole units on every rank (local_shard() is the whole buffer there).
+bool replicated(const Engine& engine) { return engine.world_size() > 1 && engine.stage() == 0; }
 
 std::vector<Piece> pieces_of_rank(Engine& engine, int rank) {
   std::vector<Piece> out;
   for (size_t i = 0; i < engine.num_units(); ++i) {
     const UnitId id{static_cast<int32_t>(i)};
     const UnitInfo& u = engine.unit(id);
-    const ShardView v = engine.local_shard(id);
-    if (replicated(engine, u, v)) {
+    if (replicated(engine)) {
       if (rank == 0) out.push_back({id, 0, u.numel});
       continue;
     }

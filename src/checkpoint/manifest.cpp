@@ -169,7 +169,7 @@ std::string manifest_to_json(const CheckpointInfo& info) {
   // The config last: it is long, and a person reading the manifest wants the layout first.
   ordered_json config = ordered_json::parse(info.config_json, nullptr, false);
   m["config"] = config.is_discarded() ? ordered_json(info.config_json) : std::move(config);
-  return m.dump(1, '\t') + "\n";
+  return m.dump(2) + "\n";
 }
 
 CheckpointInfo manifest_from_json(std::string_view text, const std::filesystem::path& path) {

@@ -117,6 +117,30 @@ TEST_F(CheckpointTest, Fp16LossScalerStateComesBack) {
   EXPECT_EQ(first_bit_difference(gather_params(*second.engine), gather_params(*straight.engine)), "");
 }
 
+TEST_F(CheckpointTest, LoadFromFp32WeightsFalseStartsTheMasterFromTheBf16Weights) {
+  Config c = equivalence_config(3);
+  c.bf16.enabled = true;
+  MlpEngine m = make_mlp_engine(c, engine_world(), cpu_device());
+  train_steps(*m.engine, m.units, plan_, 0, 2);
+  save_checkpoint(*m.engine, dir(), "bf");
+  const auto saved = gather_all_state(*m.engine);
+  c.zero.load_from_fp32_weights = false;
+  MlpEngine r = make_mlp_engine(c, engine_world(), cpu_device());
+  load_checkpoint(*r.engine, dir());
+  const auto loaded = gather_all_state(*r.engine);
+  int rounded = 0;
+  for (const auto& [name, values] : saved) {
+    const std::vector<float>& got = loaded.at(name);
+    for (size_t i = 0; i < values.size(); ++i) {
+      const bool master = name.ends_with(".master");
+      const float want = master ? bf16_to_f32(f32_to_bf16(values[i])) : values[i];
+      ASSERT_EQ(got[i], want) << name << "[" << i << "]";
+      rounded += master && want != values[i];
+    }
+  }
+  EXPECT_GT(rounded, 100) << "the fp32 master should differ from its bf16 rounding somewhere";
+}
+
 TEST_F(CheckpointTest, LatestFollowsEachSaveAndATagCanBeReplaced) {
   MlpEngine m = engine();
   train_steps(*m.engine, m.units, plan_, 0, 1);
