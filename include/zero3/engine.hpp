@@ -115,6 +115,15 @@ struct ScheduleStats {
   std::vector<UnitId> gather_order;  // units in the order their all-gathers were issued
 };
 
+// Optimizer offload to nvme: what the swap of the fp32 master weights and Adam moments did since the last
+// reset_offload_stats() (all zero without it).
+struct OffloadStats {
+  uint64_t bytes_read = 0;     // from the swap file, padded to 4096 per tile
+  uint64_t bytes_written = 0;  // to the swap file
+  double io_wait_seconds = 0;  // the training thread blocked on swap I/O
+  double compute_seconds = 0;  // the training thread in the per-tile Adam step
+};
+
 // One entry of the recorded order.
 struct ScheduleEvent {
   UnitId unit;
@@ -242,7 +251,9 @@ class Engine {
 
   // Collective. Writes the unit's full fp32 master parameters (numel floats) to host memory `out`.
   void gather_master_params(UnitId unit, float* out);
-  // This rank's master slice and Adam state of `unit` (valid after materialize).
+  // This rank's master slice and Adam state of `unit` (valid after materialize). With optimizer offload to
+  // nvme the state lives in the swap file: the first call for a unit reads its whole slice into host
+  // staging (3 x length floats, kept until the next applied step or refresh_params(), which writes it back).
   ShardView local_shard(UnitId unit);
   // Collective. Recomputes every compute-dtype parameter from the fp32 master slices (after local_shard
   // writes) and drops stage-3 gathered copies.
@@ -277,6 +288,9 @@ class Engine {
   void reset_schedule_stats();
   // The order the schedule follows: the units entered during the last completed micro-step.
   std::vector<ScheduleEvent> recorded_order() const;
+
+  OffloadStats offload_stats() const;
+  void reset_offload_stats();
 
   TrainingState training_state() const;
   void restore_training_state(const TrainingState& state);

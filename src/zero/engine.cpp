@@ -110,13 +110,24 @@ double Engine::current_lr() const { return impl_->lr_scheduler_->lr_at(impl_->ap
 
 void Engine::gather_master_params(UnitId unit, float* out) { impl_->gather_master_params(unit, out); }
 
-ShardView Engine::local_shard(UnitId unit) {
-  impl_->require_materialized("local_shard");
-  detail::UnitState& u = impl_->unit_state(unit, "local_shard");
-  return ShardView{u.owned_begin, u.owned_len, u.master, u.exp_avg.as<float>(), u.exp_avg_sq.as<float>()};
-}
+ShardView Engine::local_shard(UnitId unit) { return impl_->local_shard(unit); }
 
 void Engine::refresh_params() { impl_->refresh_params(); }
+
+OffloadStats Engine::offload_stats() const {
+  OffloadStats s;
+  if (!impl_->opt_swap_) return s;
+  const offload::SwapperStats& w = impl_->opt_swap_->swapper().stats();
+  s.bytes_read = w.bytes_read;
+  s.bytes_written = w.bytes_written;
+  s.io_wait_seconds = w.io_wait_seconds;
+  s.compute_seconds = w.compute_seconds;
+  return s;
+}
+
+void Engine::reset_offload_stats() {
+  if (impl_->opt_swap_) impl_->opt_swap_->swapper().reset_stats();
+}
 
 const Config& Engine::config() const { return impl_->config_; }
 int Engine::rank() const { return impl_->rank_; }

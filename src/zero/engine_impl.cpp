@@ -89,14 +89,30 @@ EngineImpl::EngineImpl(const Config& config, std::shared_ptr<Communicator> comm,
                 " is not a ZeRO stage (0, 1, 2 or 3)");
   ZERO3_REQUIRE(!(config_.fp16.enabled && config_.bf16.enabled), ConfigError,
                 "fp16.enabled and bf16.enabled: both are true; choose one compute precision");
-  // On the cpu device everything already lives in host memory and the optimizer runs on the CPU, which is
-  // what offload to "cpu" asks for; NVMe, and offload from a GPU, need the offload tiers.
+  // On the cpu device everything already lives in host memory, which is what offload to "cpu" asks for:
+  // the optimizer step then runs the SIMD CPU Adam (cpu_adam_step) tile by tile, and the parameters need no
+  // moving (an honest no-op). Optimizer offload to nvme swaps the fp32 master weights and Adam moments to a
+  // per-rank file (optimizer_swap.hpp). Offload from a GPU device, and parameter offload to nvme, are not
+  // built yet.
   for (const auto& [key, off] :
        {std::pair<const char*, const OffloadConfig*>{"offload_optimizer", &z.offload_optimizer},
         {"offload_param", &z.offload_param}}) {
     if (off->device == OffloadDevice::none) continue;
-    if (off->device == OffloadDevice::cpu && device.type() == DeviceType::cpu) {
-      log::debug("engine: zero_optimization.", key, ".device = cpu on the cpu device: state stays in host memory");
+    const bool optimizer = off == &z.offload_optimizer;
+    if (!optimizer && off->device == OffloadDevice::nvme) {
+      ZERO3_REQUIRE(z.stage == 3, ConfigError,
+                    "zero_optimization.offload_param.device = nvme: needs stage 3 (stage is ", z.stage,
+                    "); below it every rank holds the full parameters");
+      if (config_.compute_dtype() == DType::f32) {
+        throw Unsupported(
+            "zero_optimization.offload_param.device = nvme with fp32 compute: the parameter slice is then the fp32 "
+            "master the optimizer steps; swapping it is not built yet (use bf16 or fp16, or offload_param cpu)");
+      }
+    }
+    if (device.type() == DeviceType::cpu && (off->device == OffloadDevice::cpu || off->device == OffloadDevice::nvme)) {
+      log::debug("engine: zero_optimization.", key, ".device = ", off->device == OffloadDevice::cpu ? "cpu" : "nvme",
+                 " on the cpu device");
+      if (optimizer) offload_optimizer_ = true;
       continue;
     }
     throw Unsupported(log::concat("zero_optimization.", key,
@@ -377,6 +393,8 @@ void EngineImpl::materialize() {
   } catch (const CommError&) {
     fail(std::current_exception());
   }
+  if (config_.zero.offload_optimizer.device == OffloadDevice::nvme) setup_optimizer_swap();
+  if (config_.zero.offload_param.device == OffloadDevice::nvme) setup_param_swap();
   materialized_ = true;
   log::debug("engine: materialized ", units_.size(), " units, ", params_.size(), " parameters, ", total_numel,
              " elements; this rank holds ", counters_.total(), " bytes");
@@ -448,11 +466,57 @@ void EngineImpl::init_owned_range(UnitState& u) {
   }
 }
 
-void EngineImpl::build_compute_copies(UnitState& u) {
+void EngineImpl::setup_optimizer_swap() {
+  // Preflight and preallocation happen here, before training starts: IoError/ConfigError naming nvme_path.
+  std::vector<int64_t> lens;
+  for (const UnitState& u : units_) lens.push_back(u.owned_len);
+  opt_swap_ = std::make_unique<OptimizerSwap>(config_, rank_, lens);
+  for (size_t i = 0; i < units_.size(); ++i) {
+    UnitState& u = units_[i];
+    opt_swap_->write_unit(i, u.master, u.exp_avg.as<float>(), u.exp_avg_sq.as<float>());
+    u.exp_avg = DeviceBuffer();
+    u.exp_avg_sq = DeviceBuffer();
+    // With fp32 compute the master array is also the parameter (the all-gather input or `full`): it stays,
+    // as a copy the step refreshes. With 16-bit compute only the swap holds fp32 values.
+    if (u.info.dtype != DType::f32) {
+      u.master_buf = DeviceBuffer();
+      u.master = nullptr;
+    }
+  }
+}
+
+void EngineImpl::setup_param_swap() {
+  // Persistent units were gathered by build_compute_copies; their full buffers stay, only slices move.
+  std::vector<size_t> bytes;
+  for (const UnitState& u : units_) bytes.push_back(u.compute_slice.bytes());
+  param_swap_ = std::make_unique<ParamSwap>(config_, rank_, bytes, dtype_size(compute_dtype_));
+  for (UnitState& u : units_) store_compute_slice(u);
+}
+
+void EngineImpl::load_compute_slice(UnitState& u, bool read) {
+  if (u.compute_slice.data() != nullptr) return;
+  u.compute_slice =
+      DeviceBuffer(device_, counters_, MemoryCategory::params, u.info.slice_numel * dtype_size(u.info.dtype));
+  if (read) {
+    param_swap_->read(static_cast<size_t>(u.info.id.index), u.compute_slice.data());
+  } else {
+    device_.fill_zero(u.compute_slice.data(), u.compute_slice.bytes());
+  }
+}
+
+void EngineImpl::store_compute_slice(UnitState& u) {
+  param_swap_->write(static_cast<size_t>(u.info.id.index), u.compute_slice.data());
+  u.compute_slice = DeviceBuffer();
+}
+
+void EngineImpl::build_compute_copies(UnitState& u, const float* master) {
   auto& k = device_.kernels();
   const DType ct = u.info.dtype;
+  if (master == nullptr) master = u.master;
   if (policy_.shard_params) {
-    if (ct != DType::f32) k.scale_copy(u.compute_slice.data(), ct, u.master, DType::f32, 1.0f, u.owned_len);
+    if (param_swap_) load_compute_slice(u, false);
+    if (ct != DType::f32) k.scale_copy(u.compute_slice.data(), ct, master, DType::f32, 1.0f, u.owned_len);
+    if (param_swap_) store_compute_slice(u);
     if (u.info.persistent) {
       issue_gather(u, false);
       wait_gather(u);
@@ -460,7 +524,7 @@ void EngineImpl::build_compute_copies(UnitState& u) {
     return;
   }
   if (ct != DType::f32) {
-    k.scale_copy(element_ptr(u.full.data(), ct, u.owned_begin), ct, u.master, DType::f32, 1.0f, u.owned_len);
+    k.scale_copy(element_ptr(u.full.data(), ct, u.owned_begin), ct, master, DType::f32, 1.0f, u.owned_len);
   }
   if (policy_.shard_optimizer) publish_params(u);
 }
@@ -541,6 +605,9 @@ void EngineImpl::issue_gather(UnitState& u, bool prefetch) {
     u.prefetched_unused = true;
     ahead_numel_ += u.info.numel;
   }
+  // NVMe parameter offload: the slice is read synchronously here, before the all-gather is queued; for a
+  // prefetch that is ahead of use, along the schedule. It is freed when the gather completes.
+  if (param_swap_) load_compute_slice(u, true);
   const void* in = ct == DType::f32 ? static_cast<const void*>(u.master) : u.compute_slice.data();
   void* out = u.full.data();
   std::string what = log::concat("all_gather of unit '", u.info.name, "' (", u.info.padded_numel, " elements, ",
@@ -566,6 +633,7 @@ void EngineImpl::wait_gather(UnitState& u) {
   stats_.gather_wait_seconds += queue_->blocked_seconds() - before;
   u.gather_ticket = nullptr;
   u.gather = GatherState::gathered;
+  if (param_swap_) u.compute_slice = DeviceBuffer();
 }
 
 void EngineImpl::release_gather(UnitState& u) {

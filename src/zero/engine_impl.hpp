@@ -15,6 +15,8 @@
 #include "optim/optimizer.hpp"
 #include "zero/comm_queue.hpp"
 #include "zero/device_buffer.hpp"
+#include "zero/optimizer_swap.hpp"
+#include "zero/param_swap.hpp"
 #include "zero/reducer.hpp"
 #include "zero/schedule.hpp"
 #include "zero3/engine.hpp"
@@ -142,6 +144,22 @@ class EngineImpl {
   int64_t reduced_base_ = 0;       // reducer count at the last reset_schedule_stats()
   double blocked_base_ = 0;        // queue's blocked time at the last reset_schedule_stats()
 
+  // Optimizer offload (cpu or nvme): the step runs cpu_adam_step on host memory. With nvme the master
+  // weights and moments live in opt_swap_ and local_shard() stages a unit's slice in host memory
+  // (staging_, by unit index) until the next step() or refresh_params().
+  bool offload_optimizer_ = false;
+  std::unique_ptr<OptimizerSwap> opt_swap_;
+  struct ShardStaging {
+    std::vector<float> master, exp_avg, exp_avg_sq;
+  };
+  std::unordered_map<size_t, ShardStaging> staging_;
+  ShardView local_shard(UnitId unit);
+  // Parameter offload to nvme (stage 3, 16-bit compute): a unit's compute_slice exists only from the read
+  // before its all-gather until the gather completes, and while the step or refresh_params() rebuilds it.
+  std::unique_ptr<ParamSwap> param_swap_;
+  void load_compute_slice(UnitState& u, bool read);
+  void store_compute_slice(UnitState& u);
+
   std::exception_ptr deferred_error_;  // from a scope destructor; thrown by the next call
   std::exception_ptr fatal_error_;     // a communication failure: thrown by every later call
 
@@ -150,7 +168,9 @@ class EngineImpl {
   void check_declarations_agree();
   void allocate_and_init(UnitState& u);
   void init_owned_range(UnitState& u);
-  void build_compute_copies(UnitState& u);
+  void build_compute_copies(UnitState& u, const float* master = nullptr);  // null: u.master
+  void setup_optimizer_swap();
+  void setup_param_swap();
   bool checking_order() const;
   void check_order(int64_t code, const std::string& doing);
   int64_t event_code(ScheduleEvent e) const;

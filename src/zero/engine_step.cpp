@@ -9,6 +9,7 @@
 
 #include "core/check.hpp"
 #include "device/device_kernels.hpp"
+#include "offload/cpu_adam.hpp"
 #include "optim/grad_norm.hpp"
 #include "zero/engine_impl.hpp"
 #include "zero3/error.hpp"
@@ -69,29 +70,69 @@ void EngineImpl::run_optimizer(const AdamStepConsts& consts, float grad_factor) 
   auto& k = device_.kernels();
   const int64_t tile = config_.zero.sub_group_size;
   DeviceBuffer f32_tile;  // gradients converted to fp32 when they accumulate in 16 bits
-  for (UnitState& u : units_) {
+  // The fp32 gradients of [a, a + n) of u's owned range, unscaled and clipped.
+  auto tile_grads = [&](UnitState& u, int64_t a, int64_t n) -> float* {
     void* g_all = owned_grads(u);
+    if (acc_dtype_ == DType::f32) {
+      float* g = static_cast<float*>(g_all) + a;
+      if (grad_factor != 1.0f) k.scale_copy(g, DType::f32, g, DType::f32, grad_factor, n);
+      return g;
+    }
+    if (f32_tile.bytes() < static_cast<size_t>(n) * sizeof(float)) {
+      f32_tile = DeviceBuffer(device_, counters_, MemoryCategory::buffers, static_cast<size_t>(n) * sizeof(float));
+    }
+    float* g = f32_tile.as<float>();
+    k.scale_copy(g, DType::f32, element_ptr(g_all, acc_dtype_, a), acc_dtype_, grad_factor, n);
+    return g;
+  };
+  // Where the updated compute-dtype parameters of [a, a + n) go (null: the master is the parameter).
+  auto compute_copy = [&](UnitState& u, int64_t a) -> void* {
+    const DType ct = u.info.dtype;
+    if (ct == DType::f32) return nullptr;
+    return policy_.shard_params ? element_ptr(u.compute_slice.data(), ct, a)
+                                : element_ptr(u.full.data(), ct, u.owned_begin + a);
+  };
+
+  if (opt_swap_) {
+    // NVMe: stream every tile (master, exp_avg, exp_avg_sq back to back) through the swapper's buffers, with
+    // reads ahead and writes behind per pipeline_read/pipeline_write; gradients stay in host memory. The
+    // compute copy is written in the same pass: the 16-bit parameters, or with fp32 compute the resident
+    // parameter array (u.master), which receives an exact copy of the updated master.
+    staging_.clear();  // local_shard() copies are stale after this step
+    opt_swap_->swapper().run(offload::SwapPass::read_write, [&](size_t t, std::span<std::byte> data) {
+      const OptimizerSwapTile& st = opt_swap_->tiles()[t];
+      UnitState& u = units_[st.unit];
+      const int64_t a = st.begin;
+      const int64_t n = std::clamp<int64_t>(u.owned_valid - a, 0, st.length);
+      if (n == 0) return;  // padding only
+      auto* p = reinterpret_cast<float*>(data.data());
+      float* m = p + st.length;
+      float* v = p + 2 * st.length;
+      void* copy = compute_copy(u, a);
+      DType copy_dtype = u.info.dtype;
+      if (copy == nullptr) {
+        copy = u.master + a;
+        copy_dtype = DType::f32;
+      }
+      cpu_adam_step(p, tile_grads(u, a, n), m, v, static_cast<size_t>(n), consts, copy, copy_dtype);
+    });
+    return;
+  }
+
+  for (UnitState& u : units_) {
     for (int64_t a = 0; a < u.owned_valid; a += tile) {
       int64_t n = std::min(tile, u.owned_valid - a);
-      float* g;
-      if (acc_dtype_ == DType::f32) {
-        g = static_cast<float*>(g_all) + a;
-        if (grad_factor != 1.0f) k.scale_copy(g, DType::f32, g, DType::f32, grad_factor, n);
+      float* g = tile_grads(u, a, n);
+      void* copy_out = compute_copy(u, a);
+      float* m = u.exp_avg.as<float>() + a;
+      float* v = u.exp_avg_sq.as<float>() + a;
+      if (offload_optimizer_) {
+        // CPU offload (only on the cpu device, where the state is already in host memory): the SIMD CPU Adam
+        // over the tile, writing the 16-bit copy in the same pass.
+        cpu_adam_step(u.master + a, g, m, v, static_cast<size_t>(n), consts, copy_out, u.info.dtype);
       } else {
-        if (f32_tile.bytes() < static_cast<size_t>(n) * sizeof(float)) {
-          f32_tile = DeviceBuffer(device_, counters_, MemoryCategory::buffers,
-                                  static_cast<size_t>(std::min(tile, u.owned_valid)) * sizeof(float));
-        }
-        g = f32_tile.as<float>();
-        k.scale_copy(g, DType::f32, element_ptr(g_all, acc_dtype_, a), acc_dtype_, grad_factor, n);
+        k.adam(u.master + a, g, m, v, n, consts, copy_out, u.info.dtype);
       }
-      void* copy_out = nullptr;
-      const DType ct = u.info.dtype;
-      if (ct != DType::f32) {
-        copy_out = policy_.shard_params ? element_ptr(u.compute_slice.data(), ct, a)
-                                        : element_ptr(u.full.data(), ct, u.owned_begin + a);
-      }
-      k.adam(u.master + a, g, u.exp_avg.as<float>() + a, u.exp_avg_sq.as<float>() + a, n, consts, copy_out, ct);
     }
   }
 }
@@ -159,7 +200,15 @@ StepResult EngineImpl::step() {
     result.clip_coef = coef;
     ++applied_steps_;
     AdamStepConsts consts = adam_step_consts(hyper, applied_steps_);
+    if (param_swap_) {
+      // NVMe parameter offload: the step writes every unit's 16-bit slice (padding stays zero), which then
+      // goes back to the swap; nothing needs reading first.
+      for (UnitState& u : units_) load_compute_slice(u, false);
+    }
     run_optimizer(consts, static_cast<float>(coef / scale));
+    if (param_swap_) {
+      for (UnitState& u : units_) store_compute_slice(u);
+    }
     for (UnitState& u : units_) {
       if (policy_.shard_optimizer && !policy_.shard_params) publish_params(u);
       if (policy_.shard_params && u.info.persistent) {
@@ -188,12 +237,24 @@ void EngineImpl::gather_master_params(UnitId unit, float* out) {
   UnitState& u = unit_state(unit, "gather_master_params");
   ZERO3_REQUIRE(out != nullptr, InvalidArgument, "Engine::gather_master_params: output is null for unit '", u.info.name,
                 "'");
+  const float* master = u.master;
+  std::vector<float> swapped;  // NVMe with 16-bit compute: the master slice read from the swap file
+  if (opt_swap_) {
+    const size_t idx = static_cast<size_t>(&u - units_.data());
+    if (auto it = staging_.find(idx); it != staging_.end()) {
+      master = it->second.master.data();
+    } else if (master == nullptr) {
+      swapped.resize(static_cast<size_t>(u.owned_len));
+      opt_swap_->read_unit(idx, swapped.data(), nullptr, nullptr);
+      master = swapped.data();
+    }
+  }
   if (!policy_.shard_optimizer) {
-    device_.copy(out, u.master, static_cast<size_t>(u.info.numel) * sizeof(float));
+    device_.copy(out, master, static_cast<size_t>(u.info.numel) * sizeof(float));
     return;
   }
   DeviceBuffer all(device_, counters_, MemoryCategory::buffers, u.info.padded_numel * sizeof(float));
-  const float* in = u.master;
+  const float* in = master;
   int64_t S = u.info.slice_numel;
   Communicator* comm = comm_.get();
   try {
@@ -205,16 +266,58 @@ void EngineImpl::gather_master_params(UnitId unit, float* out) {
   device_.copy(out, all.data(), static_cast<size_t>(u.info.numel) * sizeof(float));
 }
 
+ShardView EngineImpl::local_shard(UnitId unit) {
+  require_materialized("local_shard");
+  UnitState& u = unit_state(unit, "local_shard");
+  if (!opt_swap_) {
+    return ShardView{u.owned_begin, u.owned_len, u.master, u.exp_avg.as<float>(), u.exp_avg_sq.as<float>()};
+  }
+  // NVMe: the whole slice is read from the swap file into host staging (3 x owned_len floats; a read of the
+  // slice's share of the file) and kept until the next step() or refresh_params().
+  const size_t idx = static_cast<size_t>(&u - units_.data());
+  auto it = staging_.find(idx);
+  if (it == staging_.end()) {
+    ShardStaging st;
+    const auto len = static_cast<size_t>(u.owned_len);
+    st.master.resize(len);
+    st.exp_avg.resize(len);
+    st.exp_avg_sq.resize(len);
+    opt_swap_->read_unit(idx, st.master.data(), st.exp_avg.data(), st.exp_avg_sq.data());
+    it = staging_.emplace(idx, std::move(st)).first;
+  }
+  return ShardView{u.owned_begin, u.owned_len, it->second.master.data(), it->second.exp_avg.data(),
+                   it->second.exp_avg_sq.data()};
+}
+
 void EngineImpl::refresh_params() {
   check_usable();
   require_materialized("refresh_params");
   ZERO3_REQUIRE(open_scopes_ == 0, InvalidArgument, "Engine::refresh_params: close every scope first");
   try {
-    for (UnitState& u : units_) {
+    for (size_t i = 0; i < units_.size(); ++i) {
+      UnitState& u = units_[i];
       if (policy_.shard_params) release_gather(u);
-      build_compute_copies(u);
+      const float* master = nullptr;
+      if (opt_swap_) {
+        // NVMe: what local_shard() staged (and the caller may have changed) goes back to the swap file;
+        // the compute copies are rebuilt from it.
+        auto it = staging_.find(i);
+        if (it == staging_.end()) {
+          local_shard(u.info.id);
+          it = staging_.find(i);
+        }
+        ShardStaging& st = it->second;
+        opt_swap_->write_unit(i, st.master.data(), st.exp_avg.data(), st.exp_avg_sq.data());
+        if (u.info.dtype == DType::f32) {
+          std::copy(st.master.begin(), st.master.end(), u.master);
+        } else {
+          master = st.master.data();
+        }
+      }
+      build_compute_copies(u, master);
     }
     queue_->drain();
+    staging_.clear();
   } catch (const CommError&) {
     fail(std::current_exception());
   }
