@@ -93,8 +93,8 @@ struct LoadedCheckpoint {
 };
 
 // Saves the engine's state as DIR/TAG and points DIR/latest at it. Collective. `tag` is a file name: not
-// empty, no '/', not starting with '.', not "latest". An existing DIR/TAG is replaced (atomically where the
-// file system can exchange two directories; otherwise the old one is renamed away first and removed after).
+// empty, no '/' or control characters, not starting with '.', not "latest". An existing DIR/TAG is replaced (atomically
+// where the file system can exchange two directories; otherwise the old one is renamed away first and removed after).
 // Directories DIR/.tmp-* and DIR/.old-* left by interrupted saves are removed. The engine's state is not
 // changed. Throws InvalidArgument for a bad tag or a save inside a gradient accumulation window (the partial
 // gradients are not part of a checkpoint: save after the step() that ends the window), CheckpointError when a
@@ -139,7 +139,7 @@ struct CheckpointUnit {
   std::string name;
   DType dtype = DType::f32;
   int64_t numel = 0;         // elements of its parameters
-  int64_t slice_numel = 0;   // elements each rank owned (ceil(numel / world size); numel at stage 0)
+  int64_t slice_numel = 0;   // ceil(numel / world size): what each rank owns at stages 1-3
   int64_t padded_numel = 0;  // slice_numel * world size
   std::vector<CheckpointParam> params;
 };

@@ -52,7 +52,11 @@ void validate_tag(const std::string& tag) {
   };
   if (tag.empty()) bad("is empty");
   if (tag.size() > 200) bad("is longer than 200 bytes");
-  if (tag.find('/') != std::string::npos || tag.find('\0') != std::string::npos) bad("contains '/' or NUL");
+  if (tag.find('/') != std::string::npos) bad("contains '/'");
+  for (unsigned char c : tag) {
+    if (c < 0x20 || c == 0x7f) bad("contains a control character");
+  }
+  if (tag.front() == ' ' || tag.back() == ' ') bad("starts or ends with a space");
   if (tag[0] == '.') bad("starts with '.' (reserved for temporary directories)");
   if (tag == kLatestName) bad("is reserved: DIR/latest names the newest checkpoint");
 }

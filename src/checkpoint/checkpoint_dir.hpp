@@ -17,8 +17,8 @@ namespace zero3::ckpt {
 
 inline constexpr const char* kLatestName = "latest";
 
-// InvalidArgument unless `tag` is a plain file name: not empty, at most 200 bytes, no '/' or NUL, not
-// starting with '.', not "latest".
+// InvalidArgument unless `tag` is a plain file name: not empty, at most 200 bytes, no '/' or control
+// characters, no leading or trailing space, not starting with '.', not "latest".
 void validate_tag(const std::string& tag);
 
 // The tag DIR/latest holds (trailing whitespace dropped). CheckpointError when missing, empty or invalid.

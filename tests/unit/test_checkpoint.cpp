@@ -260,7 +260,8 @@ TEST_F(CheckpointTest, AnotherModelIsRefusedNamingTheFirstDifference) {
 
 TEST_F(CheckpointTest, SaveRefusesBadTagsAndPartialAccumulation) {
   MlpEngine m = engine();
-  for (const char* tag : {"", "latest", ".hidden", "a/b"}) {
+  for (const std::string& tag :
+       std::vector<std::string>{"", "latest", ".hidden", "a/b", "two\nlines", " padded", std::string(201, 'x')}) {
     EXPECT_THROW(save_checkpoint(*m.engine, dir(), tag), InvalidArgument) << tag;
   }
   Batch b = make_batch(plan_.dims, plan_.data_seed, 0, plan_.micro_batch);
