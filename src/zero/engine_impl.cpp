@@ -99,6 +99,10 @@ EngineImpl::EngineImpl(const Config& config, std::shared_ptr<Communicator> comm,
         {"offload_param", &z.offload_param}}) {
     if (off->device == OffloadDevice::none) continue;
     const bool optimizer = off == &z.offload_optimizer;
+    // DeepSpeed's rule, also applied by the memory plan: offloading the optimizer needs sharded state.
+    ZERO3_REQUIRE(!optimizer || z.stage >= 1, ConfigError,
+                  "zero_optimization.offload_optimizer.device: offloading the optimizer needs stage 1, 2 or 3 (stage "
+                  "is 0)");
     if (!optimizer && off->device == OffloadDevice::nvme) {
       ZERO3_REQUIRE(z.stage == 3, ConfigError,
                     "zero_optimization.offload_param.device = nvme: needs stage 3 (stage is ", z.stage,

@@ -1,6 +1,6 @@
 // The equivalence test with the offload tiers on the cpu device: optimizer offload to cpu and to nvme (a swap
 // file under /tmp, streamed through the Swapper at every step), parameter offload to cpu and, at stage 3 with
-// bf16, to nvme, at stages 0-3 and in fp32 and bf16. Each run is compared with the same engine without offload, bit for
+// bf16, to nvme, at stages 1-3 and in fp32 and bf16. Each run is compared with the same engine without offload, bit for
 // bit (the step runs the same CPU Adam kernel on the same values, only the place the state lives changes), and with the
 // reference model within the bounds of test_equivalence_options.cpp. A checkpoint saved with NVMe offload resumes
 // bit-identically, and the swap files are gone after the engine.
@@ -149,9 +149,9 @@ TEST_P(OffloadEquivalence, BitIdenticalToNoOffloadAndCloseToTheReference) {
 
 // bf16 bound: test_equivalence_options.cpp explains 5e-3.
 const Variant kVariants[] = {
-    {"stage0_optimizer_cpu", 0, Offload::optimizer_cpu, false, 1'000'000'000, 1e-5},
+    {"stage1_optimizer_cpu", 1, Offload::optimizer_cpu, false, 1'000'000'000, 1e-5},
     {"stage3_optimizer_cpu_bf16_tiles", 3, Offload::optimizer_cpu, true, 17, 5e-3},
-    {"stage0_optimizer_nvme", 0, Offload::optimizer_nvme, false, 1'000'000'000, 1e-5},
+    {"stage2_optimizer_nvme", 2, Offload::optimizer_nvme, false, 1'000'000'000, 1e-5},
     {"stage1_optimizer_nvme_tiles", 1, Offload::optimizer_nvme, false, 100, 1e-5},
     {"stage2_optimizer_nvme_bf16", 2, Offload::optimizer_nvme, true, 64, 5e-3},
     {"stage3_optimizer_nvme", 3, Offload::optimizer_nvme, false, 33, 1e-5},
@@ -209,6 +209,19 @@ TEST(OffloadConfigErrors, ParamNvmeIsUnsupportedAndNamed) {
     FAIL() << "expected Unsupported";
   } catch (const Unsupported& e) {
     EXPECT_NE(std::string(e.what()).find("zero_optimization.offload_param"), std::string::npos) << e.what();
+  }
+}
+
+// Optimizer offload at stage 0 is refused (as DeepSpeed does), naming the key.
+TEST(OffloadConfigErrors, OptimizerOffloadNeedsStageOne) {
+  auto comm = engine_world();
+  Config c = equivalence_config(0);
+  c.zero.offload_optimizer.device = OffloadDevice::cpu;
+  try {
+    Engine engine(c, comm, cpu_device());
+    FAIL() << "expected ConfigError";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("zero_optimization.offload_optimizer.device"), std::string::npos) << e.what();
   }
 }
 
