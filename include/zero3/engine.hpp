@@ -43,6 +43,12 @@
 // zero3.check_schedule_every_step) every scope entry is compared across ranks before any collective is
 // issued for it; a difference is a CommError on every rank naming the position, the units and the ranks.
 //
+// Offload (cpu device; docs/architecture.md, "Offload"): offload_optimizer cpu steps with the SIMD CPU Adam;
+// offload_optimizer nvme keeps the fp32 master and Adam moments in a per-rank swap file under nvme_path
+// (checked and preallocated by materialize(), removed by the destructor) and streams it at every step;
+// offload_param cpu is a no-op; offload_param nvme (stage 3, 16-bit compute) reads each unit's slice from its
+// swap file before the unit's all-gather. Results are bit-identical to the same run without offload.
+//
 // Threads: an Engine and its scopes are used from one thread. Collective calls (materialize, scopes at
 // stage 3 or in the first micro-step, step, gather_master_params, refresh_params) must be made by every
 // rank in the same order. Errors: every failure is a zero3::Error naming the unit, parameter, rank or

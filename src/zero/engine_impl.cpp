@@ -92,8 +92,8 @@ EngineImpl::EngineImpl(const Config& config, std::shared_ptr<Communicator> comm,
   // On the cpu device everything already lives in host memory, which is what offload to "cpu" asks for:
   // the optimizer step then runs the SIMD CPU Adam (cpu_adam_step) tile by tile, and the parameters need no
   // moving (an honest no-op). Optimizer offload to nvme swaps the fp32 master weights and Adam moments to a
-  // per-rank file (optimizer_swap.hpp). Offload from a GPU device, and parameter offload to nvme, are not
-  // built yet.
+  // per-rank file (optimizer_swap.hpp); parameter offload to nvme (stage 3, 16-bit compute) swaps the
+  // compute-dtype slices (param_swap.hpp). Offload from a GPU device is not built yet.
   for (const auto& [key, off] :
        {std::pair<const char*, const OffloadConfig*>{"offload_optimizer", &z.offload_optimizer},
         {"offload_param", &z.offload_param}}) {
