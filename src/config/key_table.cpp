@@ -902,7 +902,8 @@ std::vector<KeyEntry> build_table() {
               "DeepSpeed's universal checkpoint format is not read; zero3's own checkpoints load on any world "
               "size."),
       KEY_BOOL("checkpoint.use_node_local_storage", c.checkpoint.use_node_local_storage, "false",
-               "Each node's checkpoint directory is local to it: it holds its own ranks' files (load with the same ranks per node)."),
+               "Each node's checkpoint directory is local to it: it holds its own ranks' files (load with the "
+               "same ranks per node)."),
       SECTION("checkpoint.parallel_write", "Pipeline-parallel checkpoint writing."),
       IGNORED("checkpoint.parallel_write.pipeline_stage", "boolean", "false", not_default,
               "zero3 has no pipeline parallelism; every rank writes its own shard."),
