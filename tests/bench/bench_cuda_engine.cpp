@@ -184,8 +184,8 @@ struct EngineTiming {
   int64_t peak_bytes = 0;
 };
 
-EngineTiming time_engine(const Options& o, int stage, bool compute, Device& device,
-                         std::shared_ptr<Communicator> comm, Model& model) {
+EngineTiming time_engine(const Options& o, int stage, bool compute, Device& device, std::shared_ptr<Communicator> comm,
+                         Model& model) {
   const int64_t d = o.hidden;
   Config c = engine_config(stage, 12 * d * d);
   Engine engine(c, comm, device);

@@ -137,12 +137,11 @@ int main(int argc, char** argv) {
   line("scale_add f32 += f32", 12,
        time_ms(stream, opt.reps, [&] { k.scale_add(m, DType::f32, g, DType::f32, 0.25f, n, s); }));
   k.init_fill(m, FillSpec::zeros(), seed, 3, 0, n, s);
-  line("grad_stats f32 (sum of squares, NaN/Inf)", 4,
-       wall_ms(opt.reps, [&] { k.grad_stats(g, DType::f32, n, s); }));
+  line("grad_stats f32 (sum of squares, NaN/Inf)", 4, wall_ms(opt.reps, [&] { k.grad_stats(g, DType::f32, n, s); }));
   line("grad_stats bf16", 2, wall_ms(opt.reps, [&] { k.grad_stats(half, DType::bf16, n, s); }));
-  line("adam (fp32 p, g, m, v)", 28, time_ms(stream, opt.reps, [&] { k.adam(p, g, m, v, n, c, nullptr, DType::f32, s); }));
-  line("adam + bf16 copy-out", 30,
-       time_ms(stream, opt.reps, [&] { k.adam(p, g, m, v, n, c, half, DType::bf16, s); }));
+  line("adam (fp32 p, g, m, v)", 28,
+       time_ms(stream, opt.reps, [&] { k.adam(p, g, m, v, n, c, nullptr, DType::f32, s); }));
+  line("adam + bf16 copy-out", 30, time_ms(stream, opt.reps, [&] { k.adam(p, g, m, v, n, c, half, DType::bf16, s); }));
   line("init_fill uniform (Philox)", 4,
        time_ms(stream, opt.reps, [&] { k.init_fill(m, FillSpec::uniform(-1, 1), seed, 5, 0, n, s); }));
   line("init_fill normal (Philox, Box-Muller)", 4,

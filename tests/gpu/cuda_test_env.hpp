@@ -62,7 +62,6 @@ class CudaEnvironment : public ::testing::Environment {
   }
 };
 
-inline const ::testing::Environment* const kCudaEnvironment =
-    ::testing::AddGlobalTestEnvironment(new CudaEnvironment);
+inline const ::testing::Environment* const kCudaEnvironment = ::testing::AddGlobalTestEnvironment(new CudaEnvironment);
 
 }  // namespace zero3::testing_gpu

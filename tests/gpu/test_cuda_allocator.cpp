@@ -23,7 +23,7 @@ namespace {
 TEST(CudaAllocator, SizeClasses) {
   EXPECT_EQ(CachingAllocator::size_class(1), 512u);
   EXPECT_EQ(CachingAllocator::size_class(512), 512u);
-  EXPECT_EQ(CachingAllocator::size_class(513), 640u);   // 512 + 512/4
+  EXPECT_EQ(CachingAllocator::size_class(513), 640u);  // 512 + 512/4
   EXPECT_EQ(CachingAllocator::size_class(1000), 1024u);
   EXPECT_EQ(CachingAllocator::size_class(1025), 1280u);
   EXPECT_EQ(CachingAllocator::size_class(1 << 20), size_t{1} << 20);
@@ -77,8 +77,8 @@ TEST(CudaAllocator, ReusesFreedBlocksAndCountsExactly) {
   a.deallocate(p, size_of_p);
   void* q = a.allocate(CachingAllocator::size_class(size_of_p));
   EXPECT_EQ(q, p);
-  EXPECT_EQ(a.stats().bytes_in_use, expected - static_cast<int64_t>(size_of_p) +
-                                        static_cast<int64_t>(CachingAllocator::size_class(size_of_p)));
+  EXPECT_EQ(a.stats().bytes_in_use,
+            expected - static_cast<int64_t>(size_of_p) + static_cast<int64_t>(CachingAllocator::size_class(size_of_p)));
   a.deallocate(q, CachingAllocator::size_class(size_of_p));
   for (size_t i = 0; i < 4; ++i) {
     if (first[i] != p) a.deallocate(first[i], sizes[i]);

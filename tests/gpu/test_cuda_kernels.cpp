@@ -255,7 +255,7 @@ TEST_F(CudaKernelsTest, ScaleAddMatchesCpu) {
 
 TEST_F(CudaKernelsTest, GradStatsSameDoubleAsCpu) {
   std::vector<int64_t> sizes(std::begin(kSizes), std::end(kSizes));
-  sizes.push_back((int64_t{1} << 14) * 37);       // whole chunks only
+  sizes.push_back((int64_t{1} << 14) * 37);      // whole chunks only
   sizes.push_back((int64_t{1} << 14) * 70 + 5);  // more chunks than one warp holds, partial last chunk
   for (int64_t n : sizes) {
     std::vector<float> v = make_values(static_cast<size_t>(n), 400 + n, false);
@@ -325,13 +325,14 @@ TEST_F(CudaKernelsTest, AdamMatchesCpuBitForBit) {
               gpu_->kernels().adam(gp.as<float>(), gg.as<float>(), gm.as<float>(), gv.as<float>(), n, c,
                                    with_copy ? gcopy.data() : nullptr, copy);
             }
-            std::string what = std::string(adamw ? "adamw" : "adam") + (bias_correction ? " bc" : " no-bc") +
-                               " n " + std::to_string(n);
+            std::string what = std::string(adamw ? "adamw" : "adam") + (bias_correction ? " bc" : " no-bc") + " n " +
+                               std::to_string(n);
             EXPECT_TRUE(same_elements(as_bytes(cp), gp.download(), DType::f32, what + " p"));
             EXPECT_TRUE(same_elements(as_bytes(cm), gm.download(), DType::f32, what + " m"));
             EXPECT_TRUE(same_elements(as_bytes(cv), gv.download(), DType::f32, what + " v"));
             if (with_copy) {
-              EXPECT_TRUE(same_elements(ccopy, gcopy.download(), copy, what + " copy " + std::string(dtype_name(copy))));
+              EXPECT_TRUE(
+                  same_elements(ccopy, gcopy.download(), copy, what + " copy " + std::string(dtype_name(copy))));
             }
           }
         }
@@ -341,8 +342,9 @@ TEST_F(CudaKernelsTest, AdamMatchesCpuBitForBit) {
 }
 
 TEST_F(CudaKernelsTest, InitFillMatchesCpu) {
-  const FillSpec specs[] = {FillSpec::zeros(), FillSpec::ones(), FillSpec::constant(0.1),
-                            FillSpec::uniform(-0.05, 0.05), FillSpec::normal(0.0, 0.02), FillSpec::normal(1.0, 3.0)};
+  const FillSpec specs[] = {FillSpec::zeros(),           FillSpec::ones(),
+                            FillSpec::constant(0.1),     FillSpec::uniform(-0.05, 0.05),
+                            FillSpec::normal(0.0, 0.02), FillSpec::normal(1.0, 3.0)};
   const std::pair<int64_t, int64_t> ranges[] = {{0, 1}, {3, 10}, {5, 5}, {0, 1000003}, {1, 1000004}, {999, 16385}};
   for (const FillSpec& spec : specs) {
     for (auto [begin, end] : ranges) {

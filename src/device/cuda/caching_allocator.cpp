@@ -52,7 +52,8 @@ CachingAllocator::~CachingAllocator() {
   }
   // At process exit the CUDA runtime may already be gone; every call below then fails harmlessly.
   int previous = -1;
-  bool switched = cudaGetDevice(&previous) == cudaSuccess && previous != device_ && cudaSetDevice(device_) == cudaSuccess;
+  bool switched =
+      cudaGetDevice(&previous) == cudaSuccess && previous != device_ && cudaSetDevice(device_) == cudaSuccess;
   for (Pending& p : pending_) {
     cudaEventSynchronize(p.event);
     cudaEventDestroy(p.event);
@@ -95,10 +96,10 @@ void* CachingAllocator::allocate(size_t bytes) {
       size_t free_bytes = 0, total_bytes = 0;
       cudaMemGetInfo(&free_bytes, &total_bytes);
       cudaGetLastError();
-      throw CudaError(log::concat(where(), ": cannot allocate ", bytes, " bytes (block of ", klass,
-                                  " bytes): ", what, "; zero3 has ", stats_.bytes_in_use, " bytes in use and ",
-                                  stats_.bytes_reserved, " reserved here; the device reports ", free_bytes, " of ",
-                                  total_bytes, " bytes free"));
+      throw CudaError(log::concat(where(), ": cannot allocate ", bytes, " bytes (block of ", klass, " bytes): ", what,
+                                  "; zero3 has ", stats_.bytes_in_use, " bytes in use and ", stats_.bytes_reserved,
+                                  " reserved here; the device reports ", free_bytes, " of ", total_bytes,
+                                  " bytes free"));
     }
     ++stats_.device_mallocs;
     stats_.bytes_reserved += static_cast<int64_t>(klass);

@@ -1,7 +1,7 @@
 // Memory for the cuda backend: cudaMalloc'd device blocks (or cudaHostAlloc'd pinned host blocks, for
-// staging) kept in size-class free lists and handed out again, so a training step that frees and allocates the same sizes every iteration calls neither
-// cudaMalloc nor cudaFree once the first step has warmed the cache (cudaFree synchronizes the whole device,
-// which would serialize every stream).
+// staging) kept in size-class free lists and handed out again, so a training step that frees and allocates the same
+// sizes every iteration calls neither cudaMalloc nor cudaFree once the first step has warmed the cache (cudaFree
+// synchronizes the whole device, which would serialize every stream).
 //
 // Size classes: requests up to 1 MiB round up to 512 B, then to a quarter of their power of two (at most
 // 25% over); larger requests round up to a multiple of 2 MiB (cudaMalloc's own granularity). A block serves
@@ -34,16 +34,16 @@ namespace zero3::detail {
 enum class MemoryKind { device, pinned_host };
 
 struct CachingAllocatorStats {
-  int64_t bytes_in_use = 0;         // requested bytes of live allocations
+  int64_t bytes_in_use = 0;  // requested bytes of live allocations
   int64_t peak_bytes_in_use = 0;
-  int64_t bytes_reserved = 0;       // bytes obtained from cudaMalloc and not yet returned
+  int64_t bytes_reserved = 0;  // bytes obtained from cudaMalloc and not yet returned
   int64_t peak_bytes_reserved = 0;
-  int64_t bytes_cached = 0;         // of bytes_reserved: free blocks, ready for reuse
-  int64_t bytes_pending = 0;        // of bytes_reserved: freed, waiting for their stream to pass an event
-  int64_t allocations = 0;          // allocate() calls that returned memory
-  int64_t cache_hits = 0;           // of which were served from a free list
-  int64_t device_mallocs = 0;       // cudaMalloc (cudaHostAlloc) calls that succeeded
-  int64_t device_frees = 0;         // cudaFree (cudaFreeHost) calls
+  int64_t bytes_cached = 0;    // of bytes_reserved: free blocks, ready for reuse
+  int64_t bytes_pending = 0;   // of bytes_reserved: freed, waiting for their stream to pass an event
+  int64_t allocations = 0;     // allocate() calls that returned memory
+  int64_t cache_hits = 0;      // of which were served from a free list
+  int64_t device_mallocs = 0;  // cudaMalloc (cudaHostAlloc) calls that succeeded
+  int64_t device_frees = 0;    // cudaFree (cudaFreeHost) calls
 };
 
 class CachingAllocator {

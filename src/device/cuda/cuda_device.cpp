@@ -43,8 +43,8 @@ int checked_index(int index) {
   if (count == 0) throw CudaError(log::concat("cuda:", index, ": no CUDA device: ", why));
   if (index < 0 || index >= count) {
     throw InvalidArgument(log::concat("cuda:", index, ": this machine has ", count, " CUDA device",
-                                      count == 1 ? "" : "s", " (cuda:0", count > 1 ? log::concat("..cuda:", count - 1) : "",
-                                      ")"));
+                                      count == 1 ? "" : "s", " (cuda:0",
+                                      count > 1 ? log::concat("..cuda:", count - 1) : "", ")"));
   }
   return index;
 }

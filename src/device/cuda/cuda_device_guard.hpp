@@ -13,8 +13,10 @@ class CudaDeviceGuard {
  public:
   explicit CudaDeviceGuard(int device) {
     ZERO3_CUDA_CHECK(cudaGetDevice(&previous_));
-    if (previous_ != device) ZERO3_CUDA_CHECK(cudaSetDevice(device));
-    else previous_ = -1;
+    if (previous_ != device)
+      ZERO3_CUDA_CHECK(cudaSetDevice(device));
+    else
+      previous_ = -1;
   }
   ~CudaDeviceGuard() {
     // Restoring cannot fail for a device that was current a moment ago; an error here has nowhere to go.

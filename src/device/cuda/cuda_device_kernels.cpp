@@ -18,8 +18,8 @@ void CudaKernels::scale_copy(void* dst, DType dst_type, const void* src, DType s
   if (dst == src && dst_type == src_type && scale == 1.0f) return;
   CudaDeviceGuard guard(device_);
   if (dst_type == src_type && scale == 1.0f) {
-    ZERO3_CUDA_CHECK(cudaMemcpyAsync(dst, src, static_cast<size_t>(n) * dtype_size(dst_type),
-                                     cudaMemcpyDeviceToDevice, as_cuda(stream)));
+    ZERO3_CUDA_CHECK(cudaMemcpyAsync(dst, src, static_cast<size_t>(n) * dtype_size(dst_type), cudaMemcpyDeviceToDevice,
+                                     as_cuda(stream)));
     return;
   }
   cuda::launch_scale_copy(dst, dst_type, src, src_type, scale, n, as_cuda(stream));
@@ -59,8 +59,8 @@ GradStats CudaKernels::grad_stats(const void* x, DType type, int64_t n, Stream s
   return out;
 }
 
-void CudaKernels::adam(float* p, const float* g, float* m, float* v, int64_t n, const AdamStepConsts& c,
-                       void* copy_out, DType copy_type, Stream stream) {
+void CudaKernels::adam(float* p, const float* g, float* m, float* v, int64_t n, const AdamStepConsts& c, void* copy_out,
+                       DType copy_type, Stream stream) {
   if (n <= 0) return;
   CudaDeviceGuard guard(device_);
   cuda::launch_adam(p, g, m, v, n, c, copy_out, copy_type, as_cuda(stream));

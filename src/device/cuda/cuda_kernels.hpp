@@ -36,8 +36,8 @@ void launch_scale_add(void* dst, DType dst_type, const void* src, DType src_type
 // chunk_sums[c] = sum over chunk c (elements [c*kGradStatsChunk, min(n, (c+1)*kGradStatsChunk))) of
 // double(x)^2, added one element after the other in index order, as the cpu loop does; *non_finite is
 // incremented by the number of Inf/NaN elements (set it to 0 first). chunk_sums holds grad_stats_chunks(n).
-void launch_grad_stats_chunks(const void* x, DType type, int64_t n, double* chunk_sums,
-                              unsigned long long* non_finite, cudaStream_t stream);
+void launch_grad_stats_chunks(const void* x, DType type, int64_t n, double* chunk_sums, unsigned long long* non_finite,
+                              cudaStream_t stream);
 // One Adam/AdamW step (adam_update) per element; copy_out (may be null) receives the updated p.
 void launch_adam(float* p, const float* g, float* m, float* v, int64_t n, const AdamStepConsts& c, void* copy_out,
                  DType copy_type, cudaStream_t stream);

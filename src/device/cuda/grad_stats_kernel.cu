@@ -82,15 +82,15 @@ void launch_typed(const void* x, int64_t n, double* chunk_sums, unsigned long lo
   const int64_t chunks = grad_stats_chunks(n);
   const int64_t chunks_per_block = int64_t{kWarp} * kWarpsPerBlock;
   const int64_t blocks = (chunks + chunks_per_block - 1) / chunks_per_block;
-  grad_stats_kernel<T><<<static_cast<unsigned int>(blocks), kWarp * kWarpsPerBlock, 0, stream>>>(x, n, chunks,
-                                                                                                 chunk_sums, non_finite);
+  grad_stats_kernel<T>
+      <<<static_cast<unsigned int>(blocks), kWarp * kWarpsPerBlock, 0, stream>>>(x, n, chunks, chunk_sums, non_finite);
   ZERO3_CUDA_CHECK(cudaGetLastError());
 }
 
 }  // namespace
 
-void launch_grad_stats_chunks(const void* x, DType type, int64_t n, double* chunk_sums,
-                              unsigned long long* non_finite, cudaStream_t stream) {
+void launch_grad_stats_chunks(const void* x, DType type, int64_t n, double* chunk_sums, unsigned long long* non_finite,
+                              cudaStream_t stream) {
   if (n <= 0) return;
   switch (type) {
     case DType::f32:
