@@ -207,6 +207,10 @@ class Engine {
   // `config` must be resolved (no "auto" left in the fields the engine reads: ConfigError names the key).
   // `comm` is the data-parallel group; the engine shares it. `device` must outlive the engine.
   // Stage, optimizer, precision, buckets and schedule knobs all come from `config`.
+  // On a cuda device the communicator must be nccl (Unsupported otherwise), parameter and gradient views are
+  // device memory, and the engine orders its work against the device's default stream (CUDA's legacy default
+  // stream, Device::default_stream()): gathers and reductions run on streams of their own that wait for it,
+  // and it waits for them, through events. Run the model's kernels there, or order your stream with it.
   Engine(const Config& config, std::shared_ptr<Communicator> comm, Device& device);
   ~Engine();
   Engine(const Engine&) = delete;

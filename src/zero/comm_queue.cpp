@@ -2,6 +2,7 @@
 
 #include <chrono>
 
+#include "zero3/error.hpp"
 #include "zero3/log.hpp"
 
 namespace zero3::detail {
@@ -107,6 +108,11 @@ bool CommQueue::done(const Ticket& ticket) {
   return ticket->done;
 }
 
+void CommQueue::track(std::string what, WorkPtr work) {
+  std::lock_guard<std::mutex> lock(mu_);
+  tracked_.emplace_back(std::move(what), std::move(work));
+}
+
 void CommQueue::drain() {
   Ticket last;
   {
@@ -114,7 +120,28 @@ void CommQueue::drain() {
     last = last_;
   }
   wait(last);
+  std::vector<std::pair<std::string, WorkPtr>> tracked;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (error_) std::rethrow_exception(error_);
+    tracked.swap(tracked_);
+  }
+  auto start = std::chrono::steady_clock::now();
+  std::exception_ptr err;
+  for (auto& [what, work] : tracked) {
+    try {
+      work->wait();
+    } catch (const TimeoutError& e) {
+      if (!err) err = std::make_exception_ptr(TimeoutError(what + " failed: " + e.what()));
+    } catch (const CommError& e) {
+      if (!err) err = std::make_exception_ptr(CommError(what + " failed: " + e.what()));
+    } catch (...) {
+      if (!err) err = std::current_exception();
+    }
+  }
   std::lock_guard<std::mutex> lock(mu_);
+  blocked_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (err && !error_) error_ = err;
   if (error_) std::rethrow_exception(error_);
 }
 

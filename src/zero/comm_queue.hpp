@@ -5,6 +5,10 @@
 // on; a task issues its collective, waits for it, and does the work that depends on the result (for a
 // reduce-scatter, accumulating into the gradient slices). Otherwise each task runs inside submit().
 //
+// On a device with streams (cuda) a task only enqueues its collective on a stream and hands the Work to
+// track(); the stream order does the rest, and drain() waits for every tracked Work, so a failed or
+// timed-out collective still surfaces (at the latest at the next drain) with the name of its task.
+//
 // A task that throws poisons the queue: the tasks after it are not run (their collectives would no longer
 // match the other ranks') and every wait() rethrows the first error.
 #pragma once
@@ -17,6 +21,10 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <utility>
+#include <vector>
+
+#include "zero3/comm.hpp"
 
 namespace zero3::detail {
 
@@ -37,8 +45,11 @@ class CommQueue {
   // Blocks until the task ran; rethrows its error, or the error that poisoned the queue before it.
   void wait(const Ticket& ticket);
   bool done(const Ticket& ticket);
-  // Waits for every task submitted so far; rethrows the first error.
+  // Waits for every task submitted so far and every tracked Work; rethrows the first error.
   void drain();
+  // Called by a task whose collective completes on a stream: drain() waits for `work`; an error is
+  // rethrown as "<what> failed: <error>" and poisons the queue.
+  void track(std::string what, WorkPtr work);
 
   bool async() const { return async_; }
   // The error that poisoned the queue, or null.
@@ -60,6 +71,7 @@ class CommQueue {
   Ticket last_;
   bool stop_ = false;
   std::exception_ptr error_;
+  std::vector<std::pair<std::string, WorkPtr>> tracked_;
   double blocked_seconds_ = 0.0;
   std::thread thread_;
 };

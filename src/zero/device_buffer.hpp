@@ -56,7 +56,9 @@ class DeviceBuffer {
 
   void reset() noexcept {
     if (device_ != nullptr && bytes_ != 0) {
-      device_->deallocate(ptr_, bytes_);
+      // Work queued on the device's default stream (the engine's compute stream: its kernels and the user's)
+      // may still use the memory: on cuda the block is reused only once that stream has passed this point.
+      device_->deallocate_after(ptr_, bytes_, device_->default_stream());
       counters_->add(category_, -static_cast<int64_t>(bytes_));
     }
     ptr_ = nullptr;

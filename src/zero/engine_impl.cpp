@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
+#include <string_view>
 
 #include "core/check.hpp"
 #include "device/device_kernels.hpp"
@@ -149,7 +150,16 @@ EngineImpl::EngineImpl(const Config& config, std::shared_ptr<Communicator> comm,
                 "gradient_predivide_factor: ", config_.gradient_predivide_factor, " is not positive");
   adam_ = adam_hyper_from_config(config_);
   lr_scheduler_ = make_lr_scheduler(config_);
-  queue_ = std::make_unique<CommQueue>(overlap_);
+  compute_ = device.default_stream();
+  if (device.type() != DeviceType::cpu) {
+    // Collectives on device memory: only nccl works there (gloo and local read host memory).
+    ZERO3_REQUIRE(std::string_view(comm_->backend()) == "nccl", Unsupported, "Engine: device ", device.name(),
+                  " needs the nccl communicator; \"", comm_->backend(), "\" works on host memory only");
+    gather_stream_ = device.make_stream();
+    reduce_stream_ = device.make_stream();
+  }
+  // With streams, a task only enqueues its collective, so tasks run inline: overlap comes from the streams.
+  queue_ = std::make_unique<CommQueue>(overlap_ && gather_stream_ == nullptr);
   log::debug("engine: stage ", z.stage, ", world ", world_, ", compute ", dtype_name(compute_dtype_), ", grads ",
              dtype_name(acc_dtype_), ", communication ", dtype_name(comm_dtype_), ", accumulation ", gas_,
              ", overlap_comm ", overlap_ ? "on" : "off");
@@ -160,6 +170,13 @@ EngineImpl::~EngineImpl() {
   // poisoned the queue, so this does not wait on anything but the running operation.
   try {
     if (queue_ && !queue_->error()) queue_->drain();
+  } catch (const std::exception& e) {
+    log::warn("engine shutdown: ", e.what());
+  }
+  try {
+    // The streams may still be reading or writing buffers that are about to be freed.
+    if (gather_stream_) gather_stream_->synchronize();
+    if (reduce_stream_) reduce_stream_->synchronize();
   } catch (const std::exception& e) {
     log::warn("engine shutdown: ", e.what());
   }
@@ -298,13 +315,15 @@ void EngineImpl::check_declarations_agree() {
     unit_hashes.push_back(h);
     model = fnv1a(&h, sizeof h, model);
   }
-  if (ranks_agree(*queue_, *comm_, hash_to_floats(model), "materialize: comparing the model declarations")) return;
+  if (ranks_agree(*queue_, *comm_, hash_to_floats(model), "materialize: comparing the model declarations", &device_)) {
+    return;
+  }
 
   std::vector<int64_t> mine;
   for (uint64_t h : unit_hashes) {
     for (float f : hash_to_floats(h)) mine.push_back(static_cast<int64_t>(f));
   }
-  auto all = gather_from_ranks(*queue_, *comm_, mine, "materialize: exchanging the model declarations");
+  auto all = gather_from_ranks(*queue_, *comm_, mine, "materialize: exchanging the model declarations", &device_);
   size_t longest = 0;
   for (const auto& v : all) longest = std::max(longest, v.size());
   for (size_t k = 0; k < longest / 3; ++k) {
@@ -388,6 +407,7 @@ void EngineImpl::materialize() {
     ro.pre_scale = static_cast<float>(inv_gas / f);
     ro.post_scale = static_cast<float>(f / world_);
   }
+  ro.stream = reduce_stream_ ? reduce_stream_->get() : nullptr;
   reducer_ = std::make_unique<Reducer>(ro, device_, counters_, *comm_, *queue_);
 
   try {
@@ -558,12 +578,12 @@ std::string EngineImpl::describe_code(int64_t code) const {
 void EngineImpl::check_order(int64_t code, const std::string& doing) {
   std::string where = log::concat("micro-step ", micro_steps_, " (optimizer step ", global_steps_, ")");
   std::vector<float> mine{static_cast<float>(code)};
-  if (ranks_agree(*queue_, *comm_, mine, "schedule check before " + doing + " in " + where)) return;
+  if (ranks_agree(*queue_, *comm_, mine, "schedule check before " + doing + " in " + where, &device_)) return;
 
   std::vector<int64_t> history;
   for (const ScheduleEvent& e : schedule_->current()) history.push_back(event_code(e));
   history.push_back(code);
-  auto all = gather_from_ranks(*queue_, *comm_, history, "schedule check: exchanging the orders of " + where);
+  auto all = gather_from_ranks(*queue_, *comm_, history, "schedule check: exchanging the orders of " + where, &device_);
   size_t longest = 0;
   for (const auto& h : all) longest = std::max(longest, h.size());
   for (size_t i = 0; i < longest; ++i) {
@@ -618,9 +638,30 @@ void EngineImpl::issue_gather(UnitState& u, bool prefetch) {
                                  dtype_name(ct), prefetch ? ", prefetch" : "", ")");
   Communicator* comm = comm_.get();
   int rank = rank_;
-  u.gather_ticket = queue_->submit(what, [comm, out, in, S, ct, what, rank] {
+  Stream s = nullptr;
+  DeviceEvent* gathered = nullptr;
+  CommQueue* queue = queue_.get();
+  if (gather_stream_) {
+    // The gather stream starts after the compute stream's work so far: the optimizer's writes of the input
+    // slice, and the last use of the memory `full` recycles.
+    if (!u.gather_ready) {
+      u.gather_ready = device_.make_event();
+      u.gathered = device_.make_event();
+    }
+    s = gather_stream_->get();
+    u.gather_ready->record(compute_);
+    u.gather_ready->wait_on(s);
+    gathered = u.gathered.get();
+  }
+  u.gather_ticket = queue_->submit(what, [comm, out, in, S, ct, what, rank, s, gathered, queue] {
     try {
-      comm->all_gather_into(out, in, static_cast<size_t>(S), ct)->wait();
+      WorkPtr work = comm->all_gather_into(out, in, static_cast<size_t>(S), ct, s);
+      if (s == nullptr) {
+        work->wait();
+      } else {
+        gathered->record(s);
+        queue->track(log::concat(what, " on rank ", rank), std::move(work));
+      }
     } catch (const TimeoutError& e) {
       throw TimeoutError(log::concat(what, " on rank ", rank, " failed: ", e.what()));
     } catch (const CommError& e) {
@@ -636,6 +677,8 @@ void EngineImpl::wait_gather(UnitState& u) {
   queue_->wait(u.gather_ticket);
   stats_.gather_wait_seconds += queue_->blocked_seconds() - before;
   u.gather_ticket = nullptr;
+  // cuda: the compute stream (not the host) waits for the gather to land.
+  if (u.gathered) u.gathered->wait_on(compute_);
   u.gather = GatherState::gathered;
   if (param_swap_) u.compute_slice = DeviceBuffer();
 }
@@ -731,7 +774,7 @@ UnitScope EngineImpl::enter(UnitId unit, Phase phase) {
   void* grads = nullptr;
   if (phase == Phase::backward) {
     DeviceBuffer buf(device_, counters_, MemoryCategory::grads, u.info.padded_numel * dtype_size(acc_dtype_));
-    device_.fill_zero(buf.data(), buf.bytes());
+    device_.fill_zero(buf.data(), buf.bytes(), compute_);
     grads = buf.data();
     open_grads_.emplace(grads, std::move(buf));
   }
@@ -759,7 +802,7 @@ void EngineImpl::exit(UnitScope& scope) {
       if (policy_.shard_grads) {
         reducer_->add_scatter(u.info.name, grads, u.info.slice_numel, u.grad_acc.data());
       } else {
-        device_.kernels().scale_add(u.grad_acc.data(), acc_dtype_, grads, acc_dtype_, 1.0f, u.info.numel);
+        device_.kernels().scale_add(u.grad_acc.data(), acc_dtype_, grads, acc_dtype_, 1.0f, u.info.numel, compute_);
       }
     }
     if (policy_.shard_params && u.open_scopes == 0 && !u.info.persistent) {

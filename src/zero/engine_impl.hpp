@@ -60,6 +60,8 @@ struct UnitState {
   // Stage-3 schedule state.
   GatherState gather = GatherState::released;
   CommQueue::Ticket gather_ticket;
+  std::unique_ptr<DeviceEvent> gather_ready;  // cuda: the gather's inputs are ready (compute stream)
+  std::unique_ptr<DeviceEvent> gathered;      // cuda: the gather has landed (gather stream)
   int open_scopes = 0;
   bool prefetched_unused = false;  // gathered ahead by a prefetch and not entered since
   bool kept = false;               // closed, but kept gathered for its next use
@@ -128,6 +130,12 @@ class EngineImpl {
   int64_t ahead_numel_ = 0;  // elements gathered by prefetch and not yet entered
 
   std::unique_ptr<CommQueue> queue_;
+  // cuda: gathers run on gather_stream_ and reductions on reduce_stream_, ordered against the compute stream
+  // (the device's default stream, where the engine's kernels and the user's run) by events, never by the
+  // host. Null on cpu, where collectives complete inside their queue tasks.
+  Stream compute_ = nullptr;
+  std::unique_ptr<DeviceStream> gather_stream_;
+  std::unique_ptr<DeviceStream> reduce_stream_;
   std::unique_ptr<Schedule> schedule_;
   std::unique_ptr<Reducer> reducer_;
   std::unique_ptr<LrScheduler> lr_scheduler_;

@@ -12,6 +12,7 @@
 #include "offload/cpu_adam.hpp"
 #include "optim/grad_norm.hpp"
 #include "zero/engine_impl.hpp"
+#include "zero/rank_agreement.hpp"
 #include "zero3/error.hpp"
 #include "zero3/log.hpp"
 
@@ -53,7 +54,7 @@ void EngineImpl::publish_params(UnitState& u) {
 }
 
 void EngineImpl::zero_grads() {
-  for (UnitState& u : units_) device_.fill_zero(u.grad_acc.data(), u.grad_acc.bytes());
+  for (UnitState& u : units_) device_.fill_zero(u.grad_acc.data(), u.grad_acc.bytes(), compute_);
 }
 
 void EngineImpl::reduce_at_boundary() {
@@ -64,6 +65,7 @@ void EngineImpl::reduce_at_boundary() {
   }
   reducer_->flush();
   queue_->drain();
+  reducer_->join();  // cuda: the compute stream reads the accumulators after the reduce stream wrote them
 }
 
 void EngineImpl::run_optimizer(const AdamStepConsts& consts, float grad_factor) {
@@ -176,8 +178,10 @@ StepResult EngineImpl::step() {
     if (!std::isfinite(agreed[1])) agreed[0] = std::max(agreed[0], 1.0f);
     ReduceOp op = policy_.shard_optimizer ? ReduceOp::sum : ReduceOp::max;
     Communicator* comm = comm_.get();
+    DeviceMirror dagreed(&device_, agreed, 2);
     run_collective("all_reduce of the gradient statistics (Inf/NaN count, squared norm)",
-                   [&] { comm->all_reduce(agreed, 2, DType::f32, op)->wait(); });
+                   [&] { comm->all_reduce(dagreed.get(), 2, DType::f32, op)->wait(); });
+    dagreed.copy_back();
     const bool overflow = agreed[0] > 0.0f;
     const double scale = loss_scaler_.scale();
     const bool applied = loss_scaler_.update(overflow) && !overflow;

@@ -23,7 +23,31 @@ uint64_t fnv1a(const void* data, size_t bytes, uint64_t h) {
   return h;
 }
 
-bool ranks_agree(CommQueue& queue, Communicator& comm, const std::vector<float>& values, const std::string& what) {
+DeviceMirror::DeviceMirror(Device* device, float* host, size_t count)
+    : device_(device != nullptr && device->type() != DeviceType::cpu ? device : nullptr),
+      host_(host),
+      bytes_(count * sizeof(float)),
+      ptr_(host) {
+  if (device_ == nullptr) return;
+  ptr_ = static_cast<float*>(device_->allocate(bytes_));
+  try {
+    device_->copy(ptr_, host_, bytes_);
+  } catch (...) {
+    device_->deallocate(ptr_, bytes_);
+    throw;
+  }
+}
+
+DeviceMirror::~DeviceMirror() {
+  if (device_ != nullptr) device_->deallocate(ptr_, bytes_);
+}
+
+void DeviceMirror::copy_back() {
+  if (device_ != nullptr) device_->copy(host_, ptr_, bytes_);
+}
+
+bool ranks_agree(CommQueue& queue, Communicator& comm, const std::vector<float>& values, const std::string& what,
+                 Device* device) {
   if (comm.size() == 1) return true;
   // max over ranks of v and of -v: every rank holds v exactly when max(v) == -max(-v).
   size_t n = values.size();
@@ -32,8 +56,10 @@ bool ranks_agree(CommQueue& queue, Communicator& comm, const std::vector<float>&
     buf[i] = values[i];
     buf[n + i] = -values[i];
   }
-  auto ticket = queue.submit(what, [&] { comm.all_reduce(buf.data(), buf.size(), DType::f32, ReduceOp::max)->wait(); });
+  DeviceMirror dbuf(device, buf.data(), buf.size());
+  auto ticket = queue.submit(what, [&] { comm.all_reduce(dbuf.get(), buf.size(), DType::f32, ReduceOp::max)->wait(); });
   queue.wait(ticket);
+  dbuf.copy_back();
   for (size_t i = 0; i < n; ++i) {
     if (buf[i] != -buf[n + i]) return false;
   }
@@ -41,7 +67,8 @@ bool ranks_agree(CommQueue& queue, Communicator& comm, const std::vector<float>&
 }
 
 std::vector<std::vector<int64_t>> gather_from_ranks(CommQueue& queue, Communicator& comm,
-                                                    const std::vector<int64_t>& values, const std::string& what) {
+                                                    const std::vector<int64_t>& values, const std::string& what,
+                                                    Device* device) {
   const int world = comm.size();
   for (int64_t v : values) {
     if (v < 0 || v >= kMaxExactFloatInt) {
@@ -50,15 +77,26 @@ std::vector<std::vector<int64_t>> gather_from_ranks(CommQueue& queue, Communicat
   }
   std::vector<float> lengths(static_cast<size_t>(world));
   float mine = static_cast<float>(values.size());
-  queue.wait(
-      queue.submit(what + " (lengths)", [&] { comm.all_gather_into(lengths.data(), &mine, 1, DType::f32)->wait(); }));
+  {
+    DeviceMirror dlengths(device, lengths.data(), lengths.size());
+    DeviceMirror dmine(device, &mine, 1);
+    queue.wait(queue.submit(what + " (lengths)",
+                            [&] { comm.all_gather_into(dlengths.get(), dmine.get(), 1, DType::f32)->wait(); }));
+    dlengths.copy_back();
+  }
   size_t longest = 0;
   for (float l : lengths) longest = std::max(longest, static_cast<size_t>(l));
   std::vector<float> padded(std::max<size_t>(longest, 1), 0.0f);
   for (size_t i = 0; i < values.size(); ++i) padded[i] = static_cast<float>(values[i]);
   std::vector<float> all(padded.size() * static_cast<size_t>(world));
-  queue.wait(queue.submit(what + " (values)",
-                          [&] { comm.all_gather_into(all.data(), padded.data(), padded.size(), DType::f32)->wait(); }));
+  {
+    DeviceMirror dall(device, all.data(), all.size());
+    DeviceMirror dpadded(device, padded.data(), padded.size());
+    queue.wait(queue.submit(what + " (values)", [&] {
+      comm.all_gather_into(dall.get(), dpadded.get(), padded.size(), DType::f32)->wait();
+    }));
+    dall.copy_back();
+  }
   std::vector<std::vector<int64_t>> out(static_cast<size_t>(world));
   for (int r = 0; r < world; ++r) {
     auto len = static_cast<size_t>(lengths[static_cast<size_t>(r)]);

@@ -11,6 +11,7 @@
 
 #include "zero/comm_queue.hpp"
 #include "zero3/comm.hpp"
+#include "zero3/device.hpp"
 
 namespace zero3::detail {
 
@@ -22,12 +23,34 @@ std::vector<float> hash_to_floats(uint64_t hash);
 // 64-bit FNV-1a over bytes, continuing from `h`.
 uint64_t fnv1a(const void* data, size_t bytes, uint64_t h = 0xcbf29ce484222325ull);
 
+// A device copy of a host float array, for collectives on a communicator that works on device memory
+// (nccl): made from the host values, copied back by copy_back(). With no device, or the cpu device, get() is
+// the host array itself. Copies are synchronous.
+class DeviceMirror {
+ public:
+  DeviceMirror(Device* device, float* host, size_t count);
+  ~DeviceMirror();
+  DeviceMirror(const DeviceMirror&) = delete;
+  DeviceMirror& operator=(const DeviceMirror&) = delete;
+  float* get() const { return ptr_; }
+  void copy_back();
+
+ private:
+  Device* device_;
+  float* host_;
+  size_t bytes_;
+  float* ptr_;
+};
+
 // Collective: true when `values` (same length on every rank) are equal on every rank. One all-reduce.
-bool ranks_agree(CommQueue& queue, Communicator& comm, const std::vector<float>& values, const std::string& what);
+// `device`: where the communicator's buffers must live (null: host memory).
+bool ranks_agree(CommQueue& queue, Communicator& comm, const std::vector<float>& values, const std::string& what,
+                 Device* device = nullptr);
 
 // Collective: every rank's `values` (lengths may differ; entries are integers in [0, 2^24)), indexed by rank.
 std::vector<std::vector<int64_t>> gather_from_ranks(CommQueue& queue, Communicator& comm,
-                                                    const std::vector<int64_t>& values, const std::string& what);
+                                                    const std::vector<int64_t>& values, const std::string& what,
+                                                    Device* device = nullptr);
 
 // "0, 2, 5" for a list of ranks.
 std::string rank_list(const std::vector<int>& ranks);

@@ -21,7 +21,13 @@ std::string unit_names(const std::vector<std::string>& units) {
 }  // namespace
 
 Reducer::Reducer(ReducerOptions options, Device& device, MemoryCounters& counters, Communicator& comm, CommQueue& queue)
-    : opt_(options), device_(device), counters_(counters), comm_(comm), queue_(queue), world_(comm.size()) {
+    : opt_(options),
+      device_(device),
+      counters_(counters),
+      comm_(comm),
+      queue_(queue),
+      compute_(device.default_stream()),
+      world_(comm.size()) {
   int64_t per = opt_.mode == ReduceMode::reduce_scatter ? std::max<int64_t>(1, opt_.bucket_numel / world_)
                                                         : std::max<int64_t>(1, opt_.bucket_numel);
   chunk_ = std::max<int64_t>(1, std::min(per, opt_.max_useful_numel));
@@ -37,9 +43,11 @@ Reducer::Bucket& Reducer::current() {
     }
   }
   if (b.ticket) {
-    // The bucket's previous collective must be done before its buffer is written again.
+    // The bucket's previous collective must be done before its buffer is written again (with a reduce
+    // stream: the compute stream waits for it; the host does not).
     queue_.wait(b.ticket);
     b.ticket = nullptr;
+    if (opt_.stream != nullptr) b.reduced->wait_on(compute_);
   }
   return b;
 }
@@ -59,7 +67,7 @@ void Reducer::add_scatter(const std::string& unit, const void* grad, int64_t sli
     for (int r = 0; r < world_; ++r) {
       void* dst = static_cast<char*>(b.in.data()) + static_cast<size_t>(r * chunk_ + b.fill) * es;
       const void* src = element_ptr(grad, opt_.acc_dtype, static_cast<int64_t>(r) * slice_numel + a);
-      k.scale_copy(dst, opt_.comm_dtype, src, opt_.acc_dtype, opt_.pre_scale, take);
+      k.scale_copy(dst, opt_.comm_dtype, src, opt_.acc_dtype, opt_.pre_scale, take, compute_);
     }
     b.pieces.push_back({acc, a, take, b.fill});
     note_unit(b, unit);
@@ -78,7 +86,8 @@ void Reducer::add_all_reduce(const std::string& unit, void* acc, int64_t count) 
     Bucket& b = current();
     int64_t take = std::min(count - a, chunk_ - b.fill);
     void* dst = static_cast<char*>(b.in.data()) + static_cast<size_t>(b.fill) * es;
-    k.scale_copy(dst, opt_.comm_dtype, element_ptr(acc, opt_.acc_dtype, a), opt_.acc_dtype, opt_.pre_scale, take);
+    k.scale_copy(dst, opt_.comm_dtype, element_ptr(acc, opt_.acc_dtype, a), opt_.acc_dtype, opt_.pre_scale, take,
+                 compute_);
     b.pieces.push_back({acc, a, take, b.fill});
     note_unit(b, unit);
     b.fill += take;
@@ -91,6 +100,13 @@ void Reducer::flush() {
   if (buckets_[active_].fill > 0) launch();
 }
 
+void Reducer::join() {
+  if (opt_.stream == nullptr) return;
+  if (!joined_) joined_ = device_.make_event();
+  joined_->record(opt_.stream);
+  joined_->wait_on(compute_);
+}
+
 void Reducer::launch() {
   Bucket& b = buckets_[active_];
   const int64_t fill = b.fill;
@@ -100,7 +116,7 @@ void Reducer::launch() {
     for (int r = 1; r < world_; ++r) {
       device_.move(static_cast<char*>(b.in.data()) + static_cast<size_t>(r * fill) * es,
                    static_cast<char*>(b.in.data()) + static_cast<size_t>(r * chunk_) * es,
-                   static_cast<size_t>(fill) * es);
+                   static_cast<size_t>(fill) * es, compute_);
     }
   }
   const bool scatter = opt_.mode == ReduceMode::reduce_scatter;
@@ -113,13 +129,26 @@ void Reducer::launch() {
   b.pieces.clear();
   b.units.clear();
   b.fill = 0;
-  b.ticket = queue_.submit(what, [this, what, pieces = std::move(pieces), in, out, fill, scatter] {
+  const Stream s = opt_.stream;
+  DeviceEvent* reduced = nullptr;
+  if (s != nullptr) {
+    if (!b.filled) {
+      b.filled = device_.make_event();
+      b.reduced = device_.make_event();
+    }
+    b.filled->record(compute_);
+    b.filled->wait_on(s);
+    reduced = b.reduced.get();
+  }
+  b.ticket = queue_.submit(what, [this, what, pieces = std::move(pieces), in, out, fill, scatter, s, reduced] {
+    WorkPtr work;
     try {
       if (scatter) {
-        comm_.reduce_scatter(out, in, static_cast<size_t>(fill), opt_.comm_dtype, ReduceOp::sum)->wait();
+        work = comm_.reduce_scatter(out, in, static_cast<size_t>(fill), opt_.comm_dtype, ReduceOp::sum, s);
       } else {
-        comm_.all_reduce(in, static_cast<size_t>(fill), opt_.comm_dtype, ReduceOp::sum)->wait();
+        work = comm_.all_reduce(in, static_cast<size_t>(fill), opt_.comm_dtype, ReduceOp::sum, s);
       }
+      if (s == nullptr) work->wait();
     } catch (const TimeoutError& e) {
       throw TimeoutError(log::concat(what, " on rank ", comm_.rank(), " failed: ", e.what()));
     } catch (const CommError& e) {
@@ -131,10 +160,14 @@ void Reducer::launch() {
           static_cast<const char*>(out) + static_cast<size_t>(p.bucket_offset) * dtype_size(opt_.comm_dtype);
       void* dst = element_ptr(p.acc, opt_.acc_dtype, p.acc_offset);
       if (scatter) {
-        k.scale_add(dst, opt_.acc_dtype, src, opt_.comm_dtype, opt_.post_scale, p.length);
+        k.scale_add(dst, opt_.acc_dtype, src, opt_.comm_dtype, opt_.post_scale, p.length, s);
       } else {
-        k.scale_copy(dst, opt_.acc_dtype, src, opt_.comm_dtype, opt_.post_scale, p.length);
+        k.scale_copy(dst, opt_.acc_dtype, src, opt_.comm_dtype, opt_.post_scale, p.length, s);
       }
+    }
+    if (s != nullptr) {
+      reduced->record(s);
+      queue_.track(what + " on rank " + std::to_string(comm_.rank()), std::move(work));
     }
   });
   active_ ^= 1;

@@ -14,9 +14,16 @@
 // The copy into the bucket applies the pre-scale and converts to communication_data_type; adding into the
 // accumulator applies the post-scale and converts to grad_accum_dtype. Two buckets alternate: one fills on
 // the training thread while the other is reduced by the communication queue.
+//
+// With a reduce stream (cuda), a bucket is filled on the device's default stream (the compute stream), the
+// reduce stream waits for it through an event, runs the collective and the adds into the accumulators, and
+// the compute stream waits for the bucket's next fill through a second event: backward keeps computing
+// while earlier buckets are reduced, and the host never waits for a reduction. join() makes the compute
+// stream wait for everything launched so far (before the accumulators are read).
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -37,6 +44,7 @@ struct ReducerOptions {
   int64_t max_useful_numel = 0;  // the most one bucket can ever hold (all units together): caps the buffers
   float pre_scale = 1.0f;        // applied before the collective
   float post_scale = 1.0f;       // applied after it
+  Stream stream = nullptr;       // the reduce stream (cuda); null: each collective is waited for in its task
 };
 
 class Reducer {
@@ -50,8 +58,12 @@ class Reducer {
   void add_scatter(const std::string& unit, const void* grad, int64_t slice_numel, void* acc);
   void add_all_reduce(const std::string& unit, void* acc, int64_t count);
 
-  // Launches the partly filled bucket. The results are in the accumulators once the queue is drained.
+  // Launches the partly filled bucket. The results are in the accumulators once the queue is drained (and,
+  // with a reduce stream, for work queued on the compute stream after join()).
   void flush();
+  // With a reduce stream: work queued on the compute stream from now on runs after every reduction launched
+  // so far. No effect without one.
+  void join();
 
   int64_t reduced_elements() const { return reduced_elements_; }
 
@@ -69,6 +81,8 @@ class Reducer {
     std::vector<std::string> units;
     int64_t fill = 0;
     CommQueue::Ticket ticket;
+    std::unique_ptr<DeviceEvent> filled;   // recorded on the compute stream when the bucket is launched
+    std::unique_ptr<DeviceEvent> reduced;  // recorded on the reduce stream when the bucket may be refilled
   };
 
   Bucket& current();
@@ -80,6 +94,8 @@ class Reducer {
   MemoryCounters& counters_;
   Communicator& comm_;
   CommQueue& queue_;
+  Stream compute_;  // the device's default stream
+  std::unique_ptr<DeviceEvent> joined_;
   int world_;
   int64_t chunk_;  // C: elements per rank per bucket (all_reduce: elements per bucket)
   Bucket buckets_[2];

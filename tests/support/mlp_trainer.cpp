@@ -8,7 +8,7 @@ namespace zero3::testing {
 namespace {
 
 // A parameter view as fp32 values (16-bit compute copies are widened).
-std::vector<float> to_f32(const TensorView& v) {
+std::vector<float> host_to_f32(const TensorView& v) {
   std::vector<float> out(static_cast<size_t>(v.numel));
   for (int64_t i = 0; i < v.numel; ++i) {
     switch (v.dtype) {
@@ -27,7 +27,7 @@ std::vector<float> to_f32(const TensorView& v) {
 }
 
 // Adds fp32 values into a gradient view of any dtype.
-void add_into(const TensorView& g, const std::vector<float>& values) {
+void host_add_into(const TensorView& g, const std::vector<float>& values) {
   for (int64_t i = 0; i < g.numel; ++i) {
     float x = values[static_cast<size_t>(i)];
     switch (g.dtype) {
@@ -48,6 +48,26 @@ void add_into(const TensorView& g, const std::vector<float>& values) {
   }
 }
 
+// On a GPU the views are device memory: the layers' CPU math works on host copies.
+std::vector<float> to_f32(Device& dev, const TensorView& v) {
+  if (dev.type() == DeviceType::cpu) return host_to_f32(v);
+  std::vector<uint8_t> bytes(static_cast<size_t>(v.numel) * dtype_size(v.dtype));
+  dev.copy(bytes.data(), v.data, bytes.size());
+  TensorView h = v;
+  h.data = bytes.data();
+  return host_to_f32(h);
+}
+
+void add_into(Device& dev, const TensorView& g, const std::vector<float>& values) {
+  if (dev.type() == DeviceType::cpu) return host_add_into(g, values);
+  std::vector<uint8_t> bytes(static_cast<size_t>(g.numel) * dtype_size(g.dtype));
+  dev.copy(bytes.data(), g.data, bytes.size());
+  TensorView h = g;
+  h.data = bytes.data();
+  host_add_into(h, values);
+  dev.copy(g.data, bytes.data(), bytes.size());
+}
+
 }  // namespace
 
 MlpUnits declare_mlp(Engine& engine, const MlpDims& dims) {
@@ -58,29 +78,30 @@ MlpUnits declare_mlp(Engine& engine, const MlpDims& dims) {
 
 double mlp_micro_step(Engine& engine, const MlpUnits& units, const MlpDims& d, const Batch& batch, bool plant,
                       float plant_value) {
+  Device& dev = engine.device();
   const int64_t B = batch.size;
   std::vector<float> a1(B * d.h1), a1n(B * d.h1), a2(B * d.h2), y(B * d.out);
   {
     auto s = engine.forward_scope(units.fc1);
-    auto w = to_f32(s.param("w")), b = to_f32(s.param("b"));
+    auto w = to_f32(dev, s.param("w")), b = to_f32(dev, s.param("b"));
     linear_forward(w.data(), b.data(), batch.x.data(), a1.data(), B, d.in, d.h1);
     for (auto& x : a1) x = std::tanh(x);
   }
   {
     auto s = engine.forward_scope(units.norm);
-    auto g = to_f32(s.param("g"));
+    auto g = to_f32(dev, s.param("g"));
     for (int64_t i = 0; i < B; ++i)
       for (int64_t j = 0; j < d.h1; ++j) a1n[i * d.h1 + j] = a1[i * d.h1 + j] * g[j];
   }
   {
     auto s = engine.forward_scope(units.fc2);
-    auto w = to_f32(s.param("w")), b = to_f32(s.param("b"));
+    auto w = to_f32(dev, s.param("w")), b = to_f32(dev, s.param("b"));
     linear_forward(w.data(), b.data(), a1n.data(), a2.data(), B, d.h1, d.h2);
     for (auto& x : a2) x = std::tanh(x);
   }
   {
     auto s = engine.forward_scope(units.head);
-    auto w = to_f32(s.param("w")), b = to_f32(s.param("b"));
+    auto w = to_f32(dev, s.param("w")), b = to_f32(dev, s.param("b"));
     linear_forward(w.data(), b.data(), a2.data(), y.data(), B, d.h2, d.out);
   }
   std::vector<float> dy;
@@ -92,25 +113,25 @@ double mlp_micro_step(Engine& engine, const MlpUnits& units, const MlpDims& d, c
   std::vector<float> da2(B * d.h2), da1n(B * d.h1), da1(B * d.h1);
   {
     auto s = engine.backward_scope(units.head);
-    auto w = to_f32(s.param("w"));
+    auto w = to_f32(dev, s.param("w"));
     std::vector<float> gw(d.out * d.h2, 0.0f), gb(d.out, 0.0f);
     linear_backward(w.data(), a2.data(), dy.data(), gw.data(), gb.data(), da2.data(), B, d.h2, d.out);
-    add_into(s.grad("w"), gw);
-    add_into(s.grad("b"), gb);
+    add_into(dev, s.grad("w"), gw);
+    add_into(dev, s.grad("b"), gb);
   }
   for (size_t i = 0; i < da2.size(); ++i) da2[i] *= 1.0f - a2[i] * a2[i];
   {
     auto s = engine.backward_scope(units.fc2);
-    auto w = to_f32(s.param("w"));
+    auto w = to_f32(dev, s.param("w"));
     std::vector<float> gw(d.h2 * d.h1, 0.0f), gb(d.h2, 0.0f);
     linear_backward(w.data(), a1n.data(), da2.data(), gw.data(), gb.data(), da1n.data(), B, d.h1, d.h2);
     if (plant) gw[0] += plant_value;
-    add_into(s.grad("w"), gw);
-    add_into(s.grad("b"), gb);
+    add_into(dev, s.grad("w"), gw);
+    add_into(dev, s.grad("b"), gb);
   }
   {
     auto s = engine.backward_scope(units.norm);
-    auto g = to_f32(s.param("g"));
+    auto g = to_f32(dev, s.param("g"));
     std::vector<float> gg(d.h1, 0.0f);
     for (int64_t i = 0; i < B; ++i) {
       for (int64_t j = 0; j < d.h1; ++j) {
@@ -118,16 +139,16 @@ double mlp_micro_step(Engine& engine, const MlpUnits& units, const MlpDims& d, c
         da1[i * d.h1 + j] = da1n[i * d.h1 + j] * g[j];
       }
     }
-    add_into(s.grad("g"), gg);
+    add_into(dev, s.grad("g"), gg);
   }
   for (size_t i = 0; i < da1.size(); ++i) da1[i] *= 1.0f - a1[i] * a1[i];
   {
     auto s = engine.backward_scope(units.fc1);
-    auto w = to_f32(s.param("w"));
+    auto w = to_f32(dev, s.param("w"));
     std::vector<float> gw(d.h1 * d.in, 0.0f), gb(d.h1, 0.0f);
     linear_backward(w.data(), batch.x.data(), da1.data(), gw.data(), gb.data(), nullptr, B, d.in, d.h1);
-    add_into(s.grad("w"), gw);
-    add_into(s.grad("b"), gb);
+    add_into(dev, s.grad("w"), gw);
+    add_into(dev, s.grad("b"), gb);
   }
   return loss;
 }
