@@ -16,9 +16,7 @@
 #include <ostream>
 #include <string>
 
-#include "support/engine_world.hpp"
-#include "support/mlp_trainer.hpp"
-#include "support/reference_model.hpp"
+#include "support/equivalence_check.hpp"
 #include "zero3/engine.hpp"
 
 using namespace zero3;
@@ -26,62 +24,9 @@ using namespace zero3::testing;
 
 namespace {
 
-struct Variant {
-  std::string name;
-  int stage;
-  std::function<void(Config&)> change;
-  double tolerance;  // relative, on losses, gradient norms and final weights
-};
-
-std::string variant_name(const ::testing::TestParamInfo<Variant>& info) { return info.param.name; }
-void PrintTo(const Variant& v, std::ostream* os) { *os << v.name; }
-
 class Equivalence : public ::testing::TestWithParam<Variant> {};
 
-TEST_P(Equivalence, SameLossesAndWeightsAsTheReference) {
-  const Variant& v = GetParam();
-  auto comm = engine_world();
-  Config c = equivalence_config(v.stage);
-  if (v.change) v.change(c);
-  TrainPlan plan;
-  plan.world = comm->size();
-  plan.steps = 10;
-
-  Engine engine(c, comm, cpu_device());
-  MlpUnits units = declare_mlp(engine, plan.dims);
-  engine.materialize();
-  EngineRun run = train_mlp(engine, units, plan);
-  ReferenceRun ref = run_reference(c, plan);
-
-  const int rank = comm->rank();
-  const int64_t gas = engine.gradient_accumulation_steps();
-  ASSERT_EQ(static_cast<int64_t>(run.losses.size()), plan.steps * gas);
-  bool clipped = false;
-  double loss_err = 0;
-  for (int64_t t = 0; t < plan.steps; ++t) {
-    for (int64_t k = 0; k < gas; ++k) {
-      double want = ref.losses[static_cast<size_t>(t)][static_cast<size_t>(k)][static_cast<size_t>(rank)];
-      double got = run.losses[static_cast<size_t>(t * gas + k)];
-      EXPECT_NEAR(got, want, v.tolerance * std::fabs(want))
-          << "rank " << rank << ", step " << t << ", micro-step " << k;
-      loss_err = std::max(loss_err, std::fabs(got - want) / std::fabs(want));
-    }
-    const StepResult& r = run.steps[static_cast<size_t>(t * gas + gas - 1)];
-    ASSERT_TRUE(r.boundary);
-    EXPECT_TRUE(r.applied) << "step " << t;
-    EXPECT_NEAR(r.grad_norm, ref.grad_norms[static_cast<size_t>(t)],
-                v.tolerance * ref.grad_norms[static_cast<size_t>(t)])
-        << "step " << t;
-    EXPECT_NEAR(r.lr, ref.lrs[static_cast<size_t>(t)], 1e-9) << "step " << t;
-    clipped |= r.clip_coef < 1.0;
-  }
-  EXPECT_TRUE(clipped) << "the run should exercise gradient clipping";
-  std::string worst;
-  double err = max_relative_error(run.params, ref.params, &worst);
-  EXPECT_LE(err, v.tolerance) << "largest weight difference at " << worst;
-  RecordProperty("max_relative_weight_error", ::testing::PrintToString(err));
-  RecordProperty("max_relative_loss_error", ::testing::PrintToString(loss_err));
-}
+TEST_P(Equivalence, SameLossesAndWeightsAsTheReference) { expect_equal_to_reference(GetParam()); }
 
 // The 16-bit bounds. The engine and the reference round the same fp32 master weights to the compute type,
 // so they see identical inputs until fp32 round-off (about 1e-7 relative, from the order of the
