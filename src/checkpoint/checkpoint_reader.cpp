@@ -99,18 +99,6 @@ std::string model_difference(const CheckpointInfo& info, const Engine& engine) {
   return "";
 }
 
-float* part_pointer(const ShardView& v, StatePart part) {
-  switch (part) {
-    case StatePart::master:
-      return v.master;
-    case StatePart::exp_avg:
-      return v.exp_avg;
-    case StatePart::exp_avg_sq:
-      return v.exp_avg_sq;
-  }
-  return nullptr;
-}
-
 struct UnitPlan {
   UnitId id;
   ShardView view;
@@ -247,7 +235,7 @@ LoadedCheckpoint load_checkpoint(Engine& engine, const fs::path& dir, const std:
     for (const UnitPlan& p : plans) {
       const std::string& unit = engine.unit(p.id).name;
       for (StatePart part : ckpt::kStateParts) {
-        float* dst = part_pointer(p.view, part);
+        float* dst = ckpt::state_part_data(p.view, part);
         if (dst == nullptr) {
           throw CheckpointError("unit '" + unit + "' has no " + ckpt::state_part_name(part) + " on rank " +
                                 std::to_string(rank));

@@ -99,18 +99,6 @@ std::vector<Piece> my_pieces(Engine& engine) {
   return pieces;
 }
 
-const float* part_pointer(const ShardView& v, StatePart part) {
-  switch (part) {
-    case StatePart::master:
-      return v.master;
-    case StatePart::exp_avg:
-      return v.exp_avg;
-    case StatePart::exp_avg_sq:
-      return v.exp_avg_sq;
-  }
-  return nullptr;
-}
-
 // Appends `bytes` to the tensor being written and returns the CRC continued over them. Large pieces are checksummed
 // on a second thread while this one writes them: both only read the buffer, and the CRC (several GB/s) then
 // hides behind the write instead of adding to it.
@@ -165,7 +153,7 @@ WrittenShard write_shard(Engine& engine, const fs::path& path, const std::vector
     const ShardView v = engine.local_shard(p.unit);
     for (StatePart part : ckpt::kStateParts) {
       const std::string& name = decls[static_cast<size_t>(&p - pieces.data()) * 3 + static_cast<size_t>(part)].name;
-      const float* src = part_pointer(v, part);
+      const float* src = ckpt::state_part_data(v, part);
       if (src == nullptr) {
         throw CheckpointError("unit '" + engine.unit(p.unit).name + "' has no " + ckpt::state_part_name(part) +
                               " on rank " + std::to_string(engine.rank()));

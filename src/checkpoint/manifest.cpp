@@ -99,6 +99,18 @@ const char* state_part_name(StatePart part) {
   return "?";
 }
 
+float* state_part_data(const ShardView& view, StatePart part) {
+  switch (part) {
+    case StatePart::master:
+      return view.master;
+    case StatePart::exp_avg:
+      return view.exp_avg;
+    case StatePart::exp_avg_sq:
+      return view.exp_avg_sq;
+  }
+  return nullptr;
+}
+
 std::string shard_tensor_name(const std::string& unit, StatePart part) { return unit + "." + state_part_name(part); }
 
 std::string rank_file_name(int rank, int world_size) {

@@ -19,6 +19,8 @@ inline constexpr const char* kManifestName = "manifest.json";
 enum class StatePart : int { master = 0, exp_avg = 1, exp_avg_sq = 2 };
 inline constexpr StatePart kStateParts[] = {StatePart::master, StatePart::exp_avg, StatePart::exp_avg_sq};
 const char* state_part_name(StatePart part);  // "master", "exp_avg", "exp_avg_sq"
+// The array of `part` in a rank's shard of a unit.
+float* state_part_data(const ShardView& view, StatePart part);
 // "<unit>.<part>": the tensor's name in a shard file.
 std::string shard_tensor_name(const std::string& unit, StatePart part);
 
