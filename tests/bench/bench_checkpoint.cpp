@@ -25,6 +25,7 @@
 #include <string>
 #include <vector>
 
+#include "support/engine_world.hpp"
 #include "checkpoint/crc32c.hpp"
 #include "zero3/checkpoint.hpp"
 #include "zero3/comm.hpp"
@@ -111,7 +112,7 @@ int main(int argc, char** argv) {
   const int stage = argc > 4 ? std::atoi(argv[4]) : 3;
   const int repeat = 1 + (argc > 5 ? std::atoi(argv[5]) : 3);  // + a first round that sizes the plain files
 
-  std::shared_ptr<Communicator> comm = connect();
+  std::shared_ptr<Communicator> comm = connect(testing::host_comm_options());
   auto device = make_cpu_device();
   Config c;
   c.zero.stage = stage;

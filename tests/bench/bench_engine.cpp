@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "support/engine_world.hpp"
 #include "zero3/comm.hpp"
 #include "zero3/config.hpp"
 #include "zero3/engine.hpp"
@@ -84,9 +85,7 @@ Config bench_config(int stage, int64_t hidden) {
 
 int main(int argc, char** argv) {
   Options o = parse(argc, argv);
-  CommOptions co;
-  co.timeout = std::chrono::seconds(120);
-  std::shared_ptr<Communicator> comm(connect(co));
+  std::shared_ptr<Communicator> comm(connect(testing::host_comm_options(std::chrono::seconds(120))));
   auto device = make_cpu_device();
   const int64_t h = o.hidden, f = h * 8 / 3;
   if (comm->rank() == 0) {

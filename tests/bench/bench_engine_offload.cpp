@@ -16,6 +16,7 @@
 #include <string>
 
 // Benches link only the library: the equivalence model's sources are compiled in.
+#include "support/engine_world.hpp"
 #include "support/mlp_trainer.cpp"
 #include "support/reference_model.cpp"
 #include "zero3/comm.hpp"
@@ -87,7 +88,7 @@ int main(int argc, char** argv) {
     }
   }
   try {
-    auto comm = std::shared_ptr<Communicator>(connect(CommOptions{}));
+    auto comm = std::shared_ptr<Communicator>(connect(host_comm_options()));
     auto device = make_cpu_device();
     const MlpDims models[] = {MlpDims{}, MlpDims{wide / 4, wide, wide, wide / 4}};
     const char* model_names[] = {"equivalence MLP", "wide MLP"};

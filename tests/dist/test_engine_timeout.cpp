@@ -16,9 +16,7 @@ using namespace zero3;
 using namespace zero3::testing;
 
 TEST(Timeout, AGatherNobodyJoinsNamesTheUnit) {
-  CommOptions o;
-  o.timeout = std::chrono::seconds(2);
-  std::shared_ptr<Communicator> comm(connect(o));
+  std::shared_ptr<Communicator> comm(connect(host_comm_options(std::chrono::seconds(2))));
   ASSERT_EQ(comm->size(), 2);
   Config c = equivalence_config(3);
   c.gradient_accumulation_steps = 1;

@@ -1,20 +1,31 @@
 // The communicator of the engine's multi-rank tests: one per process, joined once through connect()
 // (under `zero3 launch -n N`: Gloo; alone: the local world of one), with a timeout short enough that a
-// broken test fails instead of hanging.
+// broken test fails instead of hanging. These tests train on the cpu device, so they name a host backend:
+// "auto" would pick nccl on a machine with a GPU, and nccl cannot reduce host memory.
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <memory>
+#include <string>
 
 #include "zero3/comm.hpp"
 #include "zero3/device.hpp"
 
 namespace zero3::testing {
 
+// Options for a communicator over host memory: gloo when this build has it, else what "auto" finds.
+inline CommOptions host_comm_options(std::chrono::milliseconds timeout = std::chrono::seconds(60)) {
+  CommOptions o;
+  o.timeout = timeout;
+  const auto names = available_backends();
+  if (std::find(names.begin(), names.end(), "gloo") != names.end()) o.backend = "gloo";
+  return o;
+}
+
 inline std::shared_ptr<Communicator> engine_world() {
   static std::shared_ptr<Communicator> world = [] {
-    CommOptions o;
-    o.timeout = std::chrono::seconds(60);
+    CommOptions o = host_comm_options();
     return std::shared_ptr<Communicator>(connect(o));
   }();
   return world;

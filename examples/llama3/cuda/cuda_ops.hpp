@@ -1,0 +1,173 @@
+// The Llama-3 ops on a CUDA device: the same operations as ops/*.hpp (same formulas, same layouts: row-major,
+// one row per token), on device memory, queued on a stream.
+//
+// Element types. Activations and weights are `act` = f32 or bf16 (zero3::DType::f32 / DType::bf16); weight
+// gradients are always f32 (accumulated, +=); per-row statistics (rstd, log-sum-exp) are f32. Every kernel
+// loads its operands into float, computes in float (reductions in float over a block, in a fixed order, so a
+// run repeats its bits) and rounds once when it stores (round-to-nearest-even to bf16). With act = f32 the
+// results are those of the CPU ops up to the order of the float sums (tests/gpu compare within a few ulp).
+//
+// Every function queues work on `stream` and returns at once; it throws zero3::CudaError when CUDA refuses a
+// launch and zero3::InvalidArgument for an unsupported dtype or shape (named). Pointers are device memory of
+// the current device unless said otherwise. n == 0 (no rows) queues nothing.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "zero3/dtype.hpp"
+
+namespace llama3::cuda {
+
+using zero3::DType;
+
+// ---- GEMM: cuBLAS behind the row-major convention of ops/gemm.hpp. ----
+//
+//   C (m, n) = alpha * op(A) (m, k) * op(B) (k, n) + beta * C,   op(X) = X, or X^T when trans_X
+//
+// lda, ldb, ldc: row strides in elements of A, B, C as stored. A and B share one type (f32 or bf16); C is
+// that type or f32 (weight gradients: bf16 inputs, f32 accumulator). Accumulation is f32 always
+// (CUBLAS_COMPUTE_32F; with f32 inputs the pedantic mode, no TF32, so f32 runs compare with the CPU).
+class Blas {
+ public:
+  explicit Blas(cudaStream_t stream);
+  ~Blas();
+  Blas(const Blas&) = delete;
+  Blas& operator=(const Blas&) = delete;
+
+  cudaStream_t stream() const { return stream_; }
+
+  void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const void* a, int64_t lda,
+            const void* b, int64_t ldb, float beta, void* c, int64_t ldc, DType ab_type, DType c_type);
+
+  // `count` independent products with the same shape; operand i at a + i*stride_a (elements), etc.
+  void gemm_strided_batched(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const void* a,
+                            int64_t lda, int64_t stride_a, const void* b, int64_t ldb, int64_t stride_b, float beta,
+                            void* c, int64_t ldc, int64_t stride_c, int64_t count, DType ab_type, DType c_type);
+
+ private:
+  cudaStream_t stream_;
+  void* handle_ = nullptr;  // cublasHandle_t
+};
+
+// ---- Embedding. ----
+
+// x (tokens, hidden) = table[ids] (ids on the device; every id must be in [0, vocab): the caller checks them
+// on the host, where they come from).
+void embedding_forward(const int32_t* ids, int64_t tokens, const void* table, int64_t hidden, void* x, DType act,
+                       cudaStream_t stream);
+
+// The rows of the table that a batch touches, grouped so the backward is deterministic without atomics:
+// rows[u] is the u-th distinct id in increasing order and its tokens are token_ids[offsets[u] .. offsets[u+1])
+// in increasing order. Built on the host from the host ids (EmbeddingGrouping::build), then uploaded.
+struct EmbeddingGrouping {
+  std::vector<int32_t> rows;       // distinct ids
+  std::vector<int32_t> offsets;    // rows.size() + 1
+  std::vector<int32_t> token_ids;  // tokens, grouped by id
+  static EmbeddingGrouping build(const int32_t* host_ids, int64_t tokens);
+};
+
+// dtable[rows[u]] += sum of dx over the tokens of row u (in token order). rows, offsets, token_ids: the
+// grouping's arrays in device memory; n_rows = rows.size(). dtable is f32 (vocab, hidden).
+void embedding_backward(const int32_t* rows, const int32_t* offsets, const int32_t* token_ids, int64_t n_rows,
+                        const void* dx, int64_t hidden, float* dtable, DType act, cudaStream_t stream);
+
+// ---- RMSNorm (ops/rmsnorm.hpp): one block per row. ----
+
+// y (rows, n) = w * (x * rstd); rstd (rows, f32) may be null. y may alias x. x, w, y: act.
+void rmsnorm_forward(const void* x, const void* w, void* y, float* rstd, int64_t rows, int64_t n, float eps,
+                     DType act, cudaStream_t stream);
+
+// dx = (or += when accumulate_dx) the input gradient; dw (n, f32) += the weight gradient (null skips it).
+// dw is summed over rows in a fixed order (a partial sum per block of rows, then the partials in order).
+void rmsnorm_backward(const void* x, const void* w, const float* rstd, const void* dy, void* dx, float* dw,
+                      int64_t rows, int64_t n, bool accumulate_dx, DType act, cudaStream_t stream);
+
+// ---- Rotary embeddings (ops/rope.hpp): cos and sin tables (n_tokens, half) in f32, in device memory. ----
+
+// Rotates n_heads heads of head_dim elements from column 0 of each row of x (row stride ld), in place.
+void rope_forward(void* x, int64_t ld, int64_t n_tokens, int64_t n_heads, int64_t head_dim, const float* cos,
+                  const float* sin, DType act, cudaStream_t stream);
+void rope_backward(void* dx, int64_t ld, int64_t n_tokens, int64_t n_heads, int64_t head_dim, const float* cos,
+                   const float* sin, DType act, cudaStream_t stream);
+
+// ---- SwiGLU (ops/swiglu.hpp): gu (rows, 2*inter) holds gate | up; act (rows, inter) = silu(gate) * up. ----
+
+void swiglu_forward(const void* gu, void* out, int64_t rows, int64_t inter, DType act, cudaStream_t stream);
+// dgu (rows, 2*inter) = gradient w.r.t. gate | up (overwritten).
+void swiglu_backward(const void* gu, const void* dout, void* dgu, int64_t rows, int64_t inter, DType act,
+                     cudaStream_t stream);
+
+// ---- Element-wise. ----
+
+// y = a + b (rows*n elements; y may alias a or b).
+void add(const void* a, const void* b, void* y, int64_t n, DType act, cudaStream_t stream);
+// dst = src converted (f32 <-> bf16, or a plain copy).
+void convert(const void* src, DType src_type, void* dst, DType dst_type, int64_t n, cudaStream_t stream);
+
+// ---- Attention (ops/attention.hpp), grouped-query and causal. ----
+//
+// Plan: per sequence and query head, S = Q K^T / sqrt(head_dim) through Blas (batched over heads, the kv
+// head of query head h being h / (n_heads / n_kv_heads)), a causal softmax kernel over each row of S that
+// also writes the row's log-sum-exp, then O = P V; backward recomputes P from the log-sum-exp. S and P live
+// in a workspace of score_elements() floats (f32 scores whatever act is), reused by every call.
+
+struct AttentionDims {
+  int64_t batch = 0, seq = 0, n_heads = 0, n_kv_heads = 0, head_dim = 0;
+};
+
+class Attention {
+ public:
+  explicit Attention(Blas& blas);
+  ~Attention();
+  Attention(const Attention&) = delete;
+  Attention& operator=(const Attention&) = delete;
+
+  // q (tokens, ldq), k (tokens, ldk), v (tokens, ldv): column blocks of the fused projection; out (tokens, ldo);
+  // lse (batch, n_heads, seq) f32.
+  void forward(const AttentionDims& d, const void* q, int64_t ldq, const void* k, int64_t ldk, const void* v,
+               int64_t ldv, void* out, int64_t ldo, float* lse, DType act);
+
+  // dq, dk, dv overwritten (dk, dv summed over the query heads of their group); they may be column blocks of
+  // one buffer.
+  void backward(const AttentionDims& d, const void* q, int64_t ldq, const void* k, int64_t ldk, const void* v,
+                int64_t ldv, const void* out, int64_t ldo, const float* lse, const void* dout, int64_t lddo, void* dq,
+                int64_t lddq, void* dk, int64_t lddk, void* dv, int64_t lddv, DType act);
+
+  // Device bytes the workspace holds now.
+  int64_t workspace_bytes() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// ---- Cross-entropy fused with the LM head, chunked over rows (ops/cross_entropy.hpp). ----
+//
+// x (n, hidden): the normalised final states (act); w (vocab, hidden): lm_head (act); targets (n) on the
+// device (kIgnoreIndex skips a row). For each chunk of rows: logits = x w^T in f32, one block per row turns
+// the row into its loss and, when dx is not null, grad_scale * (softmax - onehot) (rounded to act); then
+// dx (overwritten, act) and dw (f32, +=) through Blas. row_loss (n, f32, device) receives each row's loss
+// (0 for an ignored row); the caller sums it (in order, on the host or with sum_rows) so the result is
+// deterministic. The workspace holds chunk_rows * vocab f32 logits (and their act copy).
+class LmHeadLoss {
+ public:
+  explicit LmHeadLoss(Blas& blas);
+  ~LmHeadLoss();
+  LmHeadLoss(const LmHeadLoss&) = delete;
+  LmHeadLoss& operator=(const LmHeadLoss&) = delete;
+
+  void run(const void* x, const void* w, const int32_t* targets, int64_t n, int64_t hidden, int64_t vocab,
+           float grad_scale, void* dx, float* dw, float* row_loss, int64_t chunk_rows, DType act);
+
+  int64_t workspace_bytes() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace llama3::cuda
