@@ -1,0 +1,153 @@
+#!/usr/bin/env python3
+"""The peer that llama3_train's GPU figures are compared with: the same Llama-3 model trained with PyTorch
+FSDP2 (torch.distributed.fsdp.fully_shard) on the same GPU, batch and sequence length.
+
+The model is Hugging Face transformers' LlamaForCausalLM built from a config.json (random init, as
+llama3_train does without --init-from), float32 master weights, bf16 compute through FSDP2's
+MixedPrecisionPolicy (param_dtype bf16, reduce_dtype fp32), one fully_shard per decoder layer and one at the
+root (what DeepSpeed ZeRO-3 and zero3 gather: one unit per layer), AdamW, gradient clipping at 1.0,
+optional activation checkpointing per layer. Attention is transformers' "sdpa" by default (PyTorch's
+scaled_dot_product_attention, a fused flash kernel on H100/H200), or "eager" (two batched GEMMs and a
+softmax, the plan llama3_train's GPU attention follows) with --attention eager.
+
+Batches are random token ids (seeded), micro-batch x seq-len, every position a target; each optimizer step
+runs grad-accum micro-batches. The first --warmup steps are not timed. Prints one JSON object:
+
+  {"tokens_per_s": ..., "step_time_s": ..., "peak_gpu_bytes": ..., "mfu": ..., "params": ..., "losses": [...]}
+
+with peak_gpu_bytes = torch.cuda.max_memory_allocated() (what the caching allocator handed out, like
+zero3's peak) and MFU as llama3_train computes it: (6 * params + 12 * layers * hidden * seq) FLOPs per token
+times tokens/s over the GPU's peak dense bf16 FLOP/s (--peak-flops, or known from the device name).
+
+Runs as one process (world size 1; torchrun sets the variables for more). On a machine without a GPU it runs
+on the CPU with gloo (for checking the script; its figures mean nothing there).
+
+Usage: python3 examples/llama3/tools/fsdp2_reference.py --model configs/models/llama-3-1b-untied.json \
+           --micro-batch 4 --seq-len 1024 --steps 20 --warmup 3 [--grad-checkpointing] [--out result.json]
+"""
+
+import argparse
+import json
+import os
+import time
+
+import torch
+import torch.distributed as dist
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from transformers import LlamaConfig, LlamaForCausalLM
+
+# Dense bf16 peak FLOP/s by device name (the figures llama3_train uses).
+PEAK_BF16 = [("H200", 989e12), ("H100", 989e12), ("L40S", 362e12), ("A100", 312e12)]
+
+
+def peak_flops(name, given):
+    if given > 0:
+        return given
+    for key, value in PEAK_BF16:
+        if key in name:
+            return value
+    return 0.0
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", required=True, help="Hugging Face config.json of the model")
+    ap.add_argument("--micro-batch", type=int, default=4)
+    ap.add_argument("--seq-len", type=int, default=1024)
+    ap.add_argument("--grad-accum", type=int, default=1)
+    ap.add_argument("--steps", type=int, default=20, help="optimizer steps, warmup included")
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--lr", type=float, default=1e-4)
+    ap.add_argument("--seed", type=int, default=1234)
+    ap.add_argument("--grad-checkpointing", action="store_true")
+    ap.add_argument("--attention", choices=["sdpa", "eager"], default="sdpa")
+    ap.add_argument("--peak-flops", type=float, default=0.0, help="peak dense bf16 FLOP/s; 0: from the device name")
+    ap.add_argument("--out", help="also write the JSON result here")
+    args = ap.parse_args()
+    if args.steps <= args.warmup:
+        ap.error(f"--steps {args.steps} must exceed --warmup {args.warmup}")
+
+    cuda = torch.cuda.is_available()
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", "29517")
+    os.environ.setdefault("RANK", "0")
+    os.environ.setdefault("WORLD_SIZE", "1")
+    dist.init_process_group("nccl" if cuda else "gloo")
+    rank = dist.get_rank()
+    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0"))) if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+
+    with open(args.model) as f:
+        config = LlamaConfig.from_dict(json.load(f))
+    config.torch_dtype = torch.float32
+    config.use_cache = False
+    torch.manual_seed(args.seed)
+    with torch.device(device):
+        model = LlamaForCausalLM._from_config(config, attn_implementation=args.attention, torch_dtype=torch.float32)
+    if args.grad_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    n_params = sum(p.numel() for p in model.parameters())
+
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    for layer in model.model.layers:
+        fully_shard(layer, mp_policy=mp)
+    fully_shard(model, mp_policy=mp)
+    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0)
+
+    gen = torch.Generator(device="cpu").manual_seed(args.seed + rank)
+    tokens_per_step = args.micro_batch * args.seq_len * args.grad_accum * dist.get_world_size()
+    losses, times = [], []
+    if cuda:
+        torch.cuda.reset_peak_memory_stats(device)
+    for step in range(args.steps):
+        if cuda:
+            torch.cuda.synchronize(device)
+        t0 = time.perf_counter()
+        total = 0.0
+        for _ in range(args.grad_accum):
+            ids = torch.randint(0, config.vocab_size, (args.micro_batch, args.seq_len), generator=gen).to(device)
+            out = model(input_ids=ids, labels=ids)
+            (out.loss / args.grad_accum).backward()
+            total += out.loss.detach().float().item() / args.grad_accum
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        if cuda:
+            torch.cuda.synchronize(device)
+        times.append(time.perf_counter() - t0)
+        losses.append(total)
+
+    timed = times[args.warmup:]
+    step_time = sum(timed) / len(timed)
+    tokens_per_s = tokens_per_step / step_time
+    name = torch.cuda.get_device_name(device) if cuda else "cpu"
+    peak = peak_flops(name, args.peak_flops)
+    flops_per_token = 6 * n_params + 12 * config.num_hidden_layers * config.hidden_size * args.seq_len
+    per_gpu = tokens_per_s / dist.get_world_size()
+    result = {
+        "framework": f"torch {torch.__version__} FSDP2 ({args.attention} attention)",
+        "device": name,
+        "params": n_params,
+        "micro_batch": args.micro_batch,
+        "seq_len": args.seq_len,
+        "grad_accum": args.grad_accum,
+        "grad_checkpointing": args.grad_checkpointing,
+        "steps_timed": len(timed),
+        "step_time_s": step_time,
+        "tokens_per_s": tokens_per_s,
+        "mfu": flops_per_token * per_gpu / peak if peak > 0 else None,
+        "peak_gpu_bytes": torch.cuda.max_memory_allocated(device) if cuda else None,
+        "losses": losses,
+    }
+    if rank == 0:
+        text = json.dumps(result)
+        print(text, flush=True)
+        if args.out:
+            with open(args.out, "w") as f:
+                f.write(text + "\n")
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
