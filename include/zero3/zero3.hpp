@@ -11,5 +11,6 @@
 #include "zero3/device.hpp"
 #include "zero3/engine.hpp"
 #include "zero3/checkpoint.hpp"
+#include "zero3/crc32c.hpp"
 #include "zero3/memory_plan.hpp"
 #include "zero3/safetensors.hpp"

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "io/file_util.hpp"
+#include "zero3/crc32c.hpp"
 
 #if defined(__x86_64__)
 #include <nmmintrin.h>
@@ -185,3 +186,9 @@ FileChecksum checksum_file(const std::filesystem::path& path) {
 }
 
 }  // namespace zero3::ckpt
+
+namespace zero3 {
+
+uint32_t crc32c(const void* data, size_t size, uint32_t crc) { return ckpt::crc32c_update(crc, data, size); }
+
+}  // namespace zero3
