@@ -80,11 +80,10 @@ def main():
 
     with open(args.model) as f:
         config = LlamaConfig.from_dict(json.load(f))
-    config.torch_dtype = torch.float32
     config.use_cache = False
     torch.manual_seed(args.seed)
     with torch.device(device):
-        model = LlamaForCausalLM._from_config(config, attn_implementation=args.attention, torch_dtype=torch.float32)
+        model = LlamaForCausalLM._from_config(config, attn_implementation=args.attention, dtype=torch.float32)
     if args.grad_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     n_params = sum(p.numel() for p in model.parameters())
