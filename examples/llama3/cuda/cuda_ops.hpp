@@ -78,11 +78,13 @@ void embedding_backward(const int32_t* rows, const int32_t* offsets, const int32
 // ---- RMSNorm (ops/rmsnorm.hpp): one block per row. ----
 
 // y (rows, n) = w * (x * rstd); rstd (rows, f32) may be null. y may alias x. x, w, y: act.
-void rmsnorm_forward(const void* x, const void* w, void* y, float* rstd, int64_t rows, int64_t n, float eps,
-                     DType act, cudaStream_t stream);
+void rmsnorm_forward(const void* x, const void* w, void* y, float* rstd, int64_t rows, int64_t n, float eps, DType act,
+                     cudaStream_t stream);
 
 // dx = (or += when accumulate_dx) the input gradient; dw (n, f32) += the weight gradient (null skips it).
-// dw is summed over rows in a fixed order (a partial sum per block of rows, then the partials in order).
+// dw is summed over rows in a fixed order (a partial sum per block of rows, then the partials in order; the
+// partials are a stream-ordered cudaMallocAsync of a few floats per 128 rows and column). dx must not alias x
+// or dy (the weight gradient reads them after dx is written).
 void rmsnorm_backward(const void* x, const void* w, const float* rstd, const void* dy, void* dx, float* dw,
                       int64_t rows, int64_t n, bool accumulate_dx, DType act, cudaStream_t stream);
 
@@ -113,7 +115,9 @@ void convert(const void* src, DType src_type, void* dst, DType dst_type, int64_t
 // Plan: per sequence and query head, S = Q K^T / sqrt(head_dim) through Blas (batched over heads, the kv
 // head of query head h being h / (n_heads / n_kv_heads)), a causal softmax kernel over each row of S that
 // also writes the row's log-sum-exp, then O = P V; backward recomputes P from the log-sum-exp. S and P live
-// in a workspace of score_elements() floats (f32 scores whatever act is), reused by every call.
+// in a device workspace (f32 scores whatever act is; attention.cu says what else), reused by every call, grown
+// on demand with cudaMallocAsync on the Blas stream; heads are processed in chunks so that it stays near 1 GiB
+// (one kv head's scores at least). All work runs on the Blas stream.
 
 struct AttentionDims {
   int64_t batch = 0, seq = 0, n_heads = 0, n_kv_heads = 0, head_dim = 0;
@@ -150,9 +154,12 @@ class Attention {
 // x (n, hidden): the normalised final states (act); w (vocab, hidden): lm_head (act); targets (n) on the
 // device (kIgnoreIndex skips a row). For each chunk of rows: logits = x w^T in f32, one block per row turns
 // the row into its loss and, when dx is not null, grad_scale * (softmax - onehot) (rounded to act); then
-// dx (overwritten, act) and dw (f32, +=) through Blas. row_loss (n, f32, device) receives each row's loss
-// (0 for an ignored row); the caller sums it (in order, on the host or with sum_rows) so the result is
-// deterministic. The workspace holds chunk_rows * vocab f32 logits (and their act copy).
+// dx (overwritten, act) and dw (f32, +=) through Blas. row_loss (n, f32, device; null skips it) receives
+// each row's loss (0 for an ignored row); the caller sums it (in order, on the host or with sum_rows) so the
+// result is deterministic. Targets must be in [0, vocab) or kIgnoreIndex (count_targets checks them on the
+// host); any other value gives that row a NaN loss and a zero gradient. chunk_rows <= 0 picks
+// default_loss_chunk_rows(vocab). The workspace holds chunk_rows * vocab f32 logits (and their act copy with
+// bf16), on the Blas stream like all the work.
 class LmHeadLoss {
  public:
   explicit LmHeadLoss(Blas& blas);
@@ -169,5 +176,9 @@ class LmHeadLoss {
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };
+
+// out[0] (device) = the sum of values[0, n) (device) in double, in a fixed order (one block: strided per-thread
+// sums, then a tree), so a run repeats its bits. n == 0 writes 0.
+void sum_rows(const float* values, int64_t n, double* out, cudaStream_t stream);
 
 }  // namespace llama3::cuda

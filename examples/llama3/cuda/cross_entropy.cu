@@ -1,0 +1,171 @@
+// The LM head fused with cross-entropy on the device (cuda_ops.hpp LmHeadLoss; ops/cross_entropy.hpp), and
+// sum_rows.
+//
+// Per chunk of rows: logits = x_c w^T (Blas, f32 out) into the workspace; cross_entropy_rows_kernel, one block
+// per row, takes the row's max and sum of exp (block reductions, fixed order), writes the loss and, for the
+// backward, grad_scale * (softmax - onehot) over the row (in place in f32, or as a bf16 copy when act is bf16,
+// since the GEMMs that read it take A and B of one type); then dx_c = dlogits_c w (act) and dw += dlogits_c^T x_c
+// (f32) through Blas. Workspace: chunk_rows * vocab f32 (+ as many act elements with bf16), stream-ordered on
+// the Blas stream, grown on demand.
+#include <algorithm>
+#include <string>
+
+#include "cuda/cuda_check.hpp"
+#include "cuda/cuda_ops.hpp"
+#include "cuda/kernel_support.cuh"
+#include "ops/cross_entropy.hpp"
+
+namespace llama3::cuda {
+namespace {
+
+using namespace kernels;
+
+constexpr int kLossThreads = 512;
+constexpr int kSumThreads = 256;
+constexpr int64_t kAlign = 256;
+
+// The row's loss into row_loss[row] (if row_loss is set); with write_grad the row becomes
+// grad_scale * (softmax - onehot): in place, or rounded into grad_copy when that is set. An ignored row has loss 0
+// and gradient 0; a target outside [0, vocab) (the caller checks targets on the host) gives a NaN loss and a 0
+// gradient.
+template <typename T>
+__global__ void cross_entropy_rows_kernel(float* logits, T* grad_copy, const int32_t* targets, float* row_loss,
+                                          int64_t vocab, float grad_scale, bool write_grad) {
+  __shared__ ReduceScratch scratch;
+  const int64_t row = blockIdx.x;
+  float* x = logits + row * vocab;
+  T* gc = grad_copy != nullptr ? grad_copy + row * vocab : nullptr;
+  const int32_t target = targets[row];
+  if (target == kIgnoreIndex || target < 0 || target >= vocab) {
+    // The same branch for every thread of the block: no barrier is skipped by part of it.
+    if (write_grad) {
+      for (int64_t j = threadIdx.x; j < vocab; j += blockDim.x) {
+        if (gc != nullptr) {
+          store(gc, j, 0.0f);
+        } else {
+          x[j] = 0.0f;
+        }
+      }
+    }
+    if (row_loss != nullptr && threadIdx.x == 0) row_loss[row] = target == kIgnoreIndex ? 0.0f : NAN;
+    return;
+  }
+  const float xt = x[target];  // read before any thread overwrites the row
+  float mx = -INFINITY;
+  for (int64_t j = threadIdx.x; j < vocab; j += blockDim.x) mx = fmaxf(mx, x[j]);
+  mx = block_max(mx, scratch);
+  float sum = 0.0f;
+  for (int64_t j = threadIdx.x; j < vocab; j += blockDim.x) sum += expf(x[j] - mx);
+  sum = block_sum(sum, scratch);
+  if (row_loss != nullptr && threadIdx.x == 0) row_loss[row] = logf(sum) - (xt - mx);
+  if (!write_grad) return;
+  const float inv = grad_scale / sum;
+  for (int64_t j = threadIdx.x; j < vocab; j += blockDim.x) {
+    float g = expf(x[j] - mx) * inv;
+    if (j == target) g -= grad_scale;
+    if (gc != nullptr) {
+      store(gc, j, g);
+    } else {
+      x[j] = g;
+    }
+  }
+}
+
+// out[0] = sum of x[0, n) in double: thread t adds x[t], x[t + kSumThreads], ... in order, then a fixed tree.
+__global__ void sum_rows_kernel(const float* x, int64_t n, double* out) {
+  __shared__ double partial[kSumThreads];
+  double s = 0.0;
+  for (int64_t i = threadIdx.x; i < n; i += kSumThreads) s += static_cast<double>(x[i]);
+  partial[threadIdx.x] = s;
+  __syncthreads();
+  for (int width = kSumThreads / 2; width > 0; width /= 2) {
+    if (threadIdx.x < width) partial[threadIdx.x] += partial[threadIdx.x + width];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) out[0] = partial[0];
+}
+
+int64_t align_up(int64_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
+
+}  // namespace
+
+struct LmHeadLoss::Impl {
+  explicit Impl(Blas& b) : blas(b) {}
+  ~Impl() {
+    if (workspace != nullptr) cudaFreeAsync(workspace, blas.stream());
+  }
+
+  char* reserve(int64_t need) {
+    if (need > bytes) {
+      if (workspace != nullptr) {
+        void* old = workspace;
+        workspace = nullptr;
+        bytes = 0;
+        LLAMA3_CUDA_CHECK(cudaFreeAsync(old, blas.stream()));
+      }
+      LLAMA3_CUDA_CHECK(cudaMallocAsync(&workspace, static_cast<size_t>(need), blas.stream()));
+      bytes = need;
+    }
+    return static_cast<char*>(workspace);
+  }
+
+  Blas& blas;
+  void* workspace = nullptr;
+  int64_t bytes = 0;
+};
+
+LmHeadLoss::LmHeadLoss(Blas& blas) : impl_(std::make_unique<Impl>(blas)) {}
+LmHeadLoss::~LmHeadLoss() = default;
+
+int64_t LmHeadLoss::workspace_bytes() const { return impl_->bytes; }
+
+void LmHeadLoss::run(const void* x, const void* w, const int32_t* targets, int64_t n, int64_t hidden, int64_t vocab,
+                     float grad_scale, void* dx, float* dw, float* row_loss, int64_t chunk_rows, DType act) {
+  const char* op = "LmHeadLoss::run";
+  detail::check_act(act, op);
+  detail::check_non_negative(n, op, "n");
+  if (hidden <= 0 || vocab <= 0) {
+    throw zero3::InvalidArgument(std::string(op) + ": hidden " + std::to_string(hidden) + " and vocab " +
+                                 std::to_string(vocab) + " must be > 0");
+  }
+  if (n == 0) return;
+  if (chunk_rows <= 0) chunk_rows = default_loss_chunk_rows(vocab);
+  chunk_rows = std::min(chunk_rows, n);
+  const bool backward = dx != nullptr;
+  const bool copy = backward && act != DType::f32;
+  const int64_t es = static_cast<int64_t>(zero3::dtype_size(act));
+  const int64_t logits_bytes = align_up(chunk_rows * vocab * 4);
+  char* ws = impl_->reserve(logits_bytes + (copy ? chunk_rows * vocab * es : 0));
+  float* logits = reinterpret_cast<float*>(ws);
+  void* grad_copy = copy ? ws + logits_bytes : nullptr;
+  const void* grad = copy ? grad_copy : static_cast<const void*>(logits);
+  Blas& blas = impl_->blas;
+  cudaStream_t stream = blas.stream();
+  for (int64_t r0 = 0; r0 < n; r0 += chunk_rows) {
+    const int64_t rows = std::min(chunk_rows, n - r0);
+    const void* xc = static_cast<const char*>(x) + r0 * hidden * es;
+    blas.gemm(false, true, rows, vocab, hidden, 1.0f, xc, hidden, w, hidden, 0.0f, logits, vocab, act, DType::f32);
+    dispatch_act(act, op, [&](auto tag) {
+      using T = typename decltype(tag)::type;
+      cross_entropy_rows_kernel<T><<<row_blocks(rows, op), kLossThreads, 0, stream>>>(
+          logits, static_cast<T*>(grad_copy), targets + r0, row_loss != nullptr ? row_loss + r0 : nullptr, vocab,
+          grad_scale, backward);
+      LLAMA3_CUDA_CHECK_LAUNCH("cross_entropy_rows_kernel");
+    });
+    if (!backward) continue;
+    // dx_c = dlogits_c W ; dW += dlogits_c^T x_c
+    blas.gemm(false, false, rows, hidden, vocab, 1.0f, grad, vocab, w, hidden, 0.0f,
+              static_cast<char*>(dx) + r0 * hidden * es, hidden, act, act);
+    if (dw != nullptr) {
+      blas.gemm(true, false, vocab, hidden, rows, 1.0f, grad, vocab, xc, hidden, 1.0f, dw, hidden, act, DType::f32);
+    }
+  }
+}
+
+void sum_rows(const float* values, int64_t n, double* out, cudaStream_t stream) {
+  detail::check_non_negative(n, "sum_rows", "n");
+  sum_rows_kernel<<<1, kSumThreads, 0, stream>>>(values, n, out);
+  LLAMA3_CUDA_CHECK_LAUNCH("sum_rows_kernel");
+}
+
+}  // namespace llama3::cuda

@@ -1,0 +1,118 @@
+// What the example's kernels share (only for cuda/*.cu): float loads and round-to-nearest-even stores of the
+// activation types, block reductions in a fixed order, launch geometry, and the act -> C++ type dispatch.
+//
+// Reductions: block_sum / block_max combine the threads of a block with warp shuffles (xor butterfly) and then
+// the warps' results in warp order. For a given blockDim and input the result is always the same bits. Every
+// thread of the block must call them (they contain __syncthreads), and blockDim.x must be a multiple of 32 (at
+// most 1024).
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <utility>
+
+#include "cuda/cuda_check.hpp"
+#include "zero3/dtype.hpp"
+#include "zero3/error.hpp"
+
+namespace llama3::cuda::kernels {
+
+// ---- Element access: every kernel computes in float. ----
+
+__device__ __forceinline__ float load(const float* p, int64_t i) { return p[i]; }
+__device__ __forceinline__ float load(const __nv_bfloat16* p, int64_t i) { return __bfloat162float(p[i]); }
+
+__device__ __forceinline__ void store(float* p, int64_t i, float v) { p[i] = v; }
+__device__ __forceinline__ void store(__nv_bfloat16* p, int64_t i, float v) { p[i] = __float2bfloat16_rn(v); }
+
+// ---- Block reductions. ----
+
+inline constexpr int kWarp = 32;
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int offset = kWarp / 2; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
+  return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+  for (int offset = kWarp / 2; offset > 0; offset /= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, offset));
+  return v;
+}
+
+// Shared scratch of one reduction: a slot per warp and one for the result.
+struct ReduceScratch {
+  float warp[kWarp];
+  float result;
+};
+
+template <bool kMax>
+__device__ __forceinline__ float block_reduce(float v, ReduceScratch& s) {
+  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp, warps = blockDim.x / kWarp;
+  v = kMax ? warp_max(v) : warp_sum(v);
+  if (lane == 0) s.warp[warp] = v;
+  __syncthreads();
+  if (warp == 0) {
+    float r = lane < warps ? s.warp[lane] : (kMax ? -INFINITY : 0.0f);
+    r = kMax ? warp_max(r) : warp_sum(r);
+    if (lane == 0) s.result = r;
+  }
+  __syncthreads();
+  const float result = s.result;
+  __syncthreads();  // the scratch may be reused by the next reduction
+  return result;
+}
+
+__device__ __forceinline__ float block_sum(float v, ReduceScratch& s) { return block_reduce<false>(v, s); }
+__device__ __forceinline__ float block_max(float v, ReduceScratch& s) { return block_reduce<true>(v, s); }
+
+// ---- Launch geometry. ----
+
+inline constexpr int kElementThreads = 256;
+// Grid-stride loops: past this many blocks each thread takes several elements.
+inline constexpr int64_t kMaxElementBlocks = int64_t{1} << 20;
+
+inline unsigned int element_blocks(int64_t work) {
+  int64_t blocks = (work + kElementThreads - 1) / kElementThreads;
+  if (blocks > kMaxElementBlocks) blocks = kMaxElementBlocks;
+  return static_cast<unsigned int>(blocks < 1 ? 1 : blocks);
+}
+
+// One block per row: grid.x holds up to 2^31 - 1 blocks.
+inline unsigned int row_blocks(int64_t rows, const char* op) {
+  if (rows > int64_t{0x7fffffff}) {
+    throw zero3::InvalidArgument(std::string(op) + ": " + std::to_string(rows) +
+                                 " rows exceed the 2^31 - 1 blocks of a grid");
+  }
+  return static_cast<unsigned int>(rows);
+}
+
+__device__ __forceinline__ int64_t global_thread() {
+  return static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+}
+__device__ __forceinline__ int64_t grid_threads() { return static_cast<int64_t>(gridDim.x) * blockDim.x; }
+
+// ---- act -> C++ element type. ----
+
+template <typename T>
+struct TypeTag {
+  using type = T;
+};
+
+// Calls f(TypeTag<float>) or f(TypeTag<__nv_bfloat16>); throws InvalidArgument for any other act.
+template <typename F>
+void dispatch_act(zero3::DType act, const char* op, F&& f) {
+  detail::check_act(act, op);
+  if (act == zero3::DType::f32) {
+    std::forward<F>(f)(TypeTag<float>{});
+  } else {
+    std::forward<F>(f)(TypeTag<__nv_bfloat16>{});
+  }
+}
+
+}  // namespace llama3::cuda::kernels

@@ -1,0 +1,586 @@
+// Every CUDA op of the Llama-3 example (cuda/cuda_ops.hpp) against the CPU op of ops/ on the same inputs, at odd
+// sizes (37 rows, hidden 96, head_dim 16, seq 29, vocab 301, 4 query heads on 2 kv heads, ignored targets,
+// strided column blocks with padding that must stay untouched).
+//
+// Expectations. f32: the CPU result within a few float roundings (relative to the tensor's largest magnitude,
+// 1e-5 for single products and row reductions, 1e-4 for the chained attention backward), since only the order
+// of the sums differs; copies, conversions, adds and the embedding backward (the same additions in the same
+// order) are bit-exact. bf16: inputs are rounded to bf16 first and the CPU op runs in f32 on those values; the
+// device rounds its bf16 outputs (and P, dS, dlogits for the GEMMs), so 2e-2 of the largest magnitude. Two
+// runs of the same op give the same bits. Without a CUDA device the program prints why and exits 77 (skipped).
+#include "gpu/cuda_test_env.hpp"
+
+#if defined(LLAMA3_HAVE_CUDA)
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "cuda/cuda_ops.hpp"
+#include "ops/attention.hpp"
+#include "ops/cross_entropy.hpp"
+#include "ops/embedding.hpp"
+#include "ops/gemm.hpp"
+#include "ops/rmsnorm.hpp"
+#include "ops/rope.hpp"
+#include "ops/swiglu.hpp"
+#include "tests/grad_check.hpp"
+#include "zero3/dtype.hpp"
+#include "zero3/error.hpp"
+
+namespace {
+
+using llama3::testing::max_rel_diff;
+using llama3::testing::random_vector;
+using zero3::DType;
+namespace lc = llama3::cuda;
+
+constexpr double kF32Tol = 1e-5;
+constexpr double kBf16Tol = 2e-2;
+
+void cuda_ok(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(e));
+}
+
+class DeviceBuffer {
+ public:
+  explicit DeviceBuffer(size_t bytes) : bytes_(bytes) {
+    cuda_ok(cudaMalloc(&ptr_, std::max<size_t>(bytes, 1)), "cudaMalloc");
+    cuda_ok(cudaMemset(ptr_, 0, std::max<size_t>(bytes, 1)), "cudaMemset");
+  }
+  ~DeviceBuffer() { cudaFree(ptr_); }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  void* get() const { return ptr_; }
+  template <typename T>
+  T* as() const {
+    return static_cast<T*>(ptr_);
+  }
+  size_t bytes() const { return bytes_; }
+
+ private:
+  void* ptr_ = nullptr;
+  size_t bytes_;
+};
+
+// The values as the device sees them in type t (bf16: rounded to nearest even).
+std::vector<float> rounded(std::vector<float> v, DType t) {
+  if (t == DType::bf16)
+    for (auto& x : v) x = zero3::bf16_to_f32(zero3::f32_to_bf16(x));
+  return v;
+}
+
+std::vector<float> rand_vec(size_t n, uint64_t seed, DType t = DType::f32, double scale = 1.0) {
+  return rounded(random_vector<float>(n, seed, scale), t);
+}
+
+std::vector<uint8_t> encode(const std::vector<float>& v, DType t) {
+  std::vector<uint8_t> bytes(v.size() * zero3::dtype_size(t));
+  for (size_t i = 0; i < v.size(); ++i) {
+    if (t == DType::f32) {
+      std::memcpy(&bytes[i * 4], &v[i], 4);
+    } else {
+      const uint16_t h = zero3::f32_to_bf16(v[i]);
+      std::memcpy(&bytes[i * 2], &h, 2);
+    }
+  }
+  return bytes;
+}
+
+std::unique_ptr<DeviceBuffer> upload(const std::vector<float>& v, DType t) {
+  auto bytes = encode(v, t);
+  auto buf = std::make_unique<DeviceBuffer>(bytes.size());
+  cuda_ok(cudaMemcpy(buf->get(), bytes.data(), bytes.size(), cudaMemcpyHostToDevice), "upload");
+  return buf;
+}
+
+std::unique_ptr<DeviceBuffer> upload_ints(const std::vector<int32_t>& v) {
+  auto buf = std::make_unique<DeviceBuffer>(v.size() * 4);
+  cuda_ok(cudaMemcpy(buf->get(), v.data(), v.size() * 4, cudaMemcpyHostToDevice), "upload");
+  return buf;
+}
+
+std::vector<uint8_t> bytes_of(const void* p, size_t bytes, cudaStream_t stream) {
+  cuda_ok(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+  std::vector<uint8_t> out(bytes);
+  cuda_ok(cudaMemcpy(out.data(), p, bytes, cudaMemcpyDeviceToHost), "download");
+  return out;
+}
+
+std::vector<float> download(const void* p, size_t n, DType t, cudaStream_t stream) {
+  auto bytes = bytes_of(p, n * zero3::dtype_size(t), stream);
+  std::vector<float> out(n);
+  for (size_t i = 0; i < n; ++i) {
+    if (t == DType::f32) {
+      std::memcpy(&out[i], &bytes[i * 4], 4);
+    } else {
+      uint16_t h;
+      std::memcpy(&h, &bytes[i * 2], 2);
+      out[i] = zero3::bf16_to_f32(h);
+    }
+  }
+  return out;
+}
+
+// max |got - want| / max |want|; infinite when got holds a NaN or the sizes differ.
+double rel_err(const std::vector<float>& got, const std::vector<float>& want) {
+  if (got.size() != want.size()) return INFINITY;
+  for (float g : got)
+    if (std::isnan(g)) return INFINITY;
+  return max_rel_diff(got.data(), want.data(), got.size());
+}
+
+double tol(DType t, double f32_tol = kF32Tol) { return t == DType::f32 ? f32_tol : kBf16Tol; }
+
+// Columns [c0, c0 + width) of a (rows, ld) matrix.
+std::vector<float> columns(const std::vector<float>& m, int64_t rows, int64_t ld, int64_t c0, int64_t width) {
+  std::vector<float> out;
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < width; ++c) out.push_back(m[static_cast<size_t>(r * ld + c0 + c)]);
+  return out;
+}
+
+const DType kActs[] = {DType::f32, DType::bf16};
+
+class CudaOps : public ::testing::Test {
+ protected:
+  void SetUp() override { cuda_ok(cudaStreamCreate(&stream_), "cudaStreamCreate"); }
+  void TearDown() override {
+    cudaStreamSynchronize(stream_);
+    cudaStreamDestroy(stream_);
+  }
+  std::vector<float> get(const DeviceBuffer& b, size_t n, DType t) { return download(b.get(), n, t, stream_); }
+  cudaStream_t stream_ = nullptr;
+};
+
+// ---- GEMM ----
+
+TEST_F(CudaOps, GemmAllTransposesStridesAndTypes) {
+  lc::Blas blas(stream_);
+  const int64_t m = 37, n = 29, k = 96;
+  for (bool ta : {false, true}) {
+    for (bool tb : {false, true}) {
+      SCOPED_TRACE(std::string("trans_a ") + (ta ? "1" : "0") + " trans_b " + (tb ? "1" : "0"));
+      const int64_t lda = (ta ? m : k) + 3, ldb = (tb ? k : n) + 2, ldc = n + 5;
+      const size_t a_size = static_cast<size_t>((ta ? k : m) * lda), b_size = static_cast<size_t>((tb ? n : k) * ldb);
+      const size_t c_size = static_cast<size_t>(m * ldc);
+      // f32 -> f32, alpha 0.5, beta 2.
+      {
+        auto a = rand_vec(a_size, 1), b = rand_vec(b_size, 2), c = rand_vec(c_size, 3);
+        auto want = c;
+        llama3::gemm_loop<float>(ta, tb, m, n, k, 0.5f, a.data(), lda, b.data(), ldb, 2.0f, want.data(), ldc);
+        auto da = upload(a, DType::f32), db = upload(b, DType::f32), dc = upload(c, DType::f32);
+        blas.gemm(ta, tb, m, n, k, 0.5f, da->get(), lda, db->get(), ldb, 2.0f, dc->get(), ldc, DType::f32, DType::f32);
+        EXPECT_LT(rel_err(get(*dc, c_size, DType::f32), want), kF32Tol) << "f32";
+      }
+      // bf16 -> f32 (the weight-gradient case: beta 1 accumulates), and bf16 -> bf16 with beta 0.
+      {
+        auto a = rand_vec(a_size, 4, DType::bf16), b = rand_vec(b_size, 5, DType::bf16), c = rand_vec(c_size, 6);
+        auto want = c;
+        llama3::gemm_loop<float>(ta, tb, m, n, k, 1.0f, a.data(), lda, b.data(), ldb, 1.0f, want.data(), ldc);
+        auto da = upload(a, DType::bf16), db = upload(b, DType::bf16), dc = upload(c, DType::f32);
+        blas.gemm(ta, tb, m, n, k, 1.0f, da->get(), lda, db->get(), ldb, 1.0f, dc->get(), ldc, DType::bf16, DType::f32);
+        EXPECT_LT(rel_err(get(*dc, c_size, DType::f32), want), 1e-4) << "bf16 -> f32";
+
+        auto c16 = rand_vec(c_size, 7, DType::bf16);
+        auto want16 = c16;
+        llama3::gemm_loop<float>(ta, tb, m, n, k, 1.0f, a.data(), lda, b.data(), ldb, 0.0f, want16.data(), ldc);
+        auto dc16 = upload(c16, DType::bf16);
+        blas.gemm(ta, tb, m, n, k, 1.0f, da->get(), lda, db->get(), ldb, 0.0f, dc16->get(), ldc, DType::bf16,
+                  DType::bf16);
+        EXPECT_LT(rel_err(get(*dc16, c_size, DType::bf16), want16), 1e-2) << "bf16 -> bf16";
+      }
+      // Strided batch of 3, with gaps between the operands.
+      {
+        const int64_t count = 3, sa = static_cast<int64_t>(a_size) + 7, sb = static_cast<int64_t>(b_size) + 1,
+                      sc = static_cast<int64_t>(c_size) + 4;
+        auto a = rand_vec(static_cast<size_t>(sa * count), 8), b = rand_vec(static_cast<size_t>(sb * count), 9);
+        auto c = rand_vec(static_cast<size_t>(sc * count), 10);
+        auto want = c;
+        for (int64_t i = 0; i < count; ++i) {
+          llama3::gemm_loop<float>(ta, tb, m, n, k, 1.5f, a.data() + i * sa, lda, b.data() + i * sb, ldb, -1.0f,
+                                   want.data() + i * sc, ldc);
+        }
+        auto da = upload(a, DType::f32), db = upload(b, DType::f32), dc = upload(c, DType::f32);
+        blas.gemm_strided_batched(ta, tb, m, n, k, 1.5f, da->get(), lda, sa, db->get(), ldb, sb, -1.0f, dc->get(), ldc,
+                                  sc, count, DType::f32, DType::f32);
+        EXPECT_LT(rel_err(get(*dc, c.size(), DType::f32), want), kF32Tol) << "strided batched";
+      }
+    }
+  }
+}
+
+TEST_F(CudaOps, GemmRejectsUnsupportedTypesAndStrides) {
+  lc::Blas blas(stream_);
+  DeviceBuffer a(64 * 4), b(64 * 4), c(64 * 4);
+  EXPECT_THROW(
+      blas.gemm(false, false, 2, 2, 2, 1.0f, a.get(), 2, b.get(), 2, 0.0f, c.get(), 2, DType::f32, DType::bf16),
+      zero3::InvalidArgument);
+  EXPECT_THROW(blas.gemm(false, false, 2, 2, 2, 1.0f, a.get(), 2, b.get(), 2, 0.0f, c.get(), 2, DType::f16, DType::f16),
+               zero3::InvalidArgument);
+  EXPECT_THROW(blas.gemm(false, false, 2, 4, 2, 1.0f, a.get(), 2, b.get(), 2, 0.0f, c.get(), 4, DType::f32, DType::f32),
+               zero3::InvalidArgument);  // ldb 2 < n 4
+}
+
+// ---- RMSNorm ----
+
+TEST_F(CudaOps, RmsNormForwardAndBackward) {
+  const float eps = 1e-5f;
+  for (DType act : kActs) {
+    for (int64_t rows : {int64_t{37}, int64_t{300}}) {
+      for (int64_t n : {int64_t{96}, int64_t{1030}}) {
+        SCOPED_TRACE(std::string(zero3::dtype_name(act)) + " rows " + std::to_string(rows) + " n " + std::to_string(n));
+        const size_t sz = static_cast<size_t>(rows * n);
+        auto x = rand_vec(sz, 11, act, 2.0), w = rand_vec(static_cast<size_t>(n), 12, act);
+        auto dy = rand_vec(sz, 13, act), dx0 = rand_vec(sz, 14, act);
+        auto dw0 = rand_vec(static_cast<size_t>(n), 15, DType::f32, 0.1);
+        std::vector<float> y_ref(sz), rstd_ref(static_cast<size_t>(rows));
+        llama3::rmsnorm_forward<float>(x.data(), w.data(), y_ref.data(), rstd_ref.data(), rows, n, eps);
+        auto dx_ref = dx0, dw_ref = dw0, dx_over = dx0;
+        llama3::rmsnorm_backward<float>(x.data(), w.data(), rstd_ref.data(), dy.data(), dx_ref.data(), dw_ref.data(),
+                                        rows, n, true);
+        llama3::rmsnorm_backward<float>(x.data(), w.data(), rstd_ref.data(), dy.data(), dx_over.data(), nullptr, rows,
+                                        n, false);
+
+        auto dxd = upload(x, act), dwd = upload(w, act), ddy = upload(dy, act);
+        DeviceBuffer y(sz * zero3::dtype_size(act)), rstd(static_cast<size_t>(rows) * 4);
+        lc::rmsnorm_forward(dxd->get(), dwd->get(), y.get(), rstd.as<float>(), rows, n, eps, act, stream_);
+        EXPECT_LT(rel_err(get(y, sz, act), y_ref), tol(act)) << "y";
+        EXPECT_LT(rel_err(get(rstd, static_cast<size_t>(rows), DType::f32), rstd_ref), kF32Tol) << "rstd";
+
+        // In place (y aliases x).
+        auto x_inplace = upload(x, act);
+        lc::rmsnorm_forward(x_inplace->get(), dwd->get(), x_inplace->get(), nullptr, rows, n, eps, act, stream_);
+        EXPECT_LT(rel_err(get(*x_inplace, sz, act), y_ref), tol(act)) << "y in place";
+
+        // Backward from the CPU's rstd: dx accumulated and dw, then dx overwritten without dw.
+        auto rstd_cpu = upload(rstd_ref, DType::f32);
+        auto ddx = upload(dx0, act), ddw = upload(dw0, DType::f32);
+        lc::rmsnorm_backward(dxd->get(), dwd->get(), rstd_cpu->as<float>(), ddy->get(), ddx->get(), ddw->as<float>(),
+                             rows, n, true, act, stream_);
+        EXPECT_LT(rel_err(get(*ddx, sz, act), dx_ref), tol(act)) << "dx accumulated";
+        EXPECT_LT(rel_err(get(*ddw, static_cast<size_t>(n), DType::f32), dw_ref), tol(act)) << "dw";
+        lc::rmsnorm_backward(dxd->get(), dwd->get(), rstd_cpu->as<float>(), ddy->get(), ddx->get(), nullptr, rows, n,
+                             false, act, stream_);
+        EXPECT_LT(rel_err(get(*ddx, sz, act), dx_over), tol(act)) << "dx overwritten";
+      }
+    }
+  }
+}
+
+// ---- RoPE ----
+
+TEST_F(CudaOps, RopeForwardAndBackwardOnAStridedBlock) {
+  const int64_t tokens = 37, heads = 3, hd = 16, half = hd / 2, ld = heads * hd + 5;
+  std::vector<float> inv_freq(static_cast<size_t>(half));
+  for (int64_t i = 0; i < half; ++i) inv_freq[i] = 1.0f / std::pow(10000.0f, static_cast<float>(2 * i) / hd);
+  std::vector<int32_t> positions(static_cast<size_t>(tokens));
+  for (int64_t r = 0; r < tokens; ++r) positions[r] = static_cast<int32_t>((r * 7) % 29);
+  auto table = llama3::make_rope_table<float>(inv_freq, positions.data(), tokens);
+  auto dcos = upload(table.cos, DType::f32), dsin = upload(table.sin, DType::f32);
+  for (DType act : kActs) {
+    SCOPED_TRACE(std::string(zero3::dtype_name(act)));
+    auto x = rand_vec(static_cast<size_t>(tokens * ld), 21, act);
+    auto fwd = x, bwd = x;
+    llama3::rope_forward<float>(fwd.data(), ld, heads, hd, table);
+    llama3::rope_backward<float>(bwd.data(), ld, heads, hd, table);
+    auto d1 = upload(x, act), d2 = upload(x, act);
+    lc::rope_forward(d1->get(), ld, tokens, heads, hd, dcos->as<float>(), dsin->as<float>(), act, stream_);
+    lc::rope_backward(d2->get(), ld, tokens, heads, hd, dcos->as<float>(), dsin->as<float>(), act, stream_);
+    // The padding columns are compared too: they must be unchanged.
+    EXPECT_LT(rel_err(get(*d1, x.size(), act), fwd), tol(act)) << "forward";
+    EXPECT_LT(rel_err(get(*d2, x.size(), act), bwd), tol(act)) << "backward";
+  }
+}
+
+// ---- SwiGLU ----
+
+TEST_F(CudaOps, SwigluForwardAndBackward) {
+  const int64_t rows = 37;
+  for (DType act : kActs) {
+    for (int64_t inter : {int64_t{96}, int64_t{101}}) {
+      SCOPED_TRACE(std::string(zero3::dtype_name(act)) + " inter " + std::to_string(inter));
+      auto gu = rand_vec(static_cast<size_t>(rows * 2 * inter), 31, act, 4.0);
+      auto dh = rand_vec(static_cast<size_t>(rows * inter), 32, act);
+      std::vector<float> h_ref(dh.size()), dgu_ref(gu.size());
+      llama3::swiglu_forward<float>(gu.data(), h_ref.data(), rows, inter);
+      llama3::swiglu_backward<float>(gu.data(), dh.data(), dgu_ref.data(), rows, inter);
+      auto dgu_in = upload(gu, act), ddh = upload(dh, act);
+      DeviceBuffer h(dh.size() * zero3::dtype_size(act)), dgu(gu.size() * zero3::dtype_size(act));
+      lc::swiglu_forward(dgu_in->get(), h.get(), rows, inter, act, stream_);
+      lc::swiglu_backward(dgu_in->get(), ddh->get(), dgu.get(), rows, inter, act, stream_);
+      EXPECT_LT(rel_err(get(h, h_ref.size(), act), h_ref), tol(act)) << "forward";
+      EXPECT_LT(rel_err(get(dgu, dgu_ref.size(), act), dgu_ref), tol(act)) << "backward";
+    }
+  }
+}
+
+// ---- Element-wise ----
+
+TEST_F(CudaOps, AddAndConvertAreExact) {
+  const int64_t n = 1001;
+  auto a = rand_vec(static_cast<size_t>(n), 41, DType::f32, 3.0), b = rand_vec(static_cast<size_t>(n), 42);
+  // convert f32 -> bf16 rounds to nearest even, bf16 -> f32 is exact, equal types copy.
+  auto da = upload(a, DType::f32);
+  DeviceBuffer as16(static_cast<size_t>(n) * 2), back(static_cast<size_t>(n) * 4), copy(static_cast<size_t>(n) * 4);
+  lc::convert(da->get(), DType::f32, as16.get(), DType::bf16, n, stream_);
+  lc::convert(as16.get(), DType::bf16, back.get(), DType::f32, n, stream_);
+  lc::convert(da->get(), DType::f32, copy.get(), DType::f32, n, stream_);
+  EXPECT_EQ(bytes_of(as16.get(), as16.bytes(), stream_), encode(a, DType::bf16));
+  EXPECT_EQ(get(back, static_cast<size_t>(n), DType::f32), rounded(a, DType::bf16));
+  EXPECT_EQ(bytes_of(copy.get(), copy.bytes(), stream_), encode(a, DType::f32));
+  EXPECT_THROW(lc::convert(da->get(), DType::f32, as16.get(), DType::f16, n, stream_), zero3::InvalidArgument);
+
+  for (DType act : kActs) {
+    SCOPED_TRACE(std::string(zero3::dtype_name(act)));
+    auto ar = rounded(a, act), br = rounded(b, act);
+    std::vector<float> want(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) want[i] = ar[i] + br[i];
+    auto x = upload(ar, act), y = upload(br, act);
+    DeviceBuffer out(static_cast<size_t>(n) * zero3::dtype_size(act));
+    lc::add(x->get(), y->get(), out.get(), n, act, stream_);
+    EXPECT_EQ(bytes_of(out.get(), out.bytes(), stream_), encode(want, act));
+    lc::add(x->get(), y->get(), x->get(), n, act, stream_);  // y aliases a
+    EXPECT_EQ(bytes_of(x->get(), x->bytes(), stream_), encode(want, act));
+  }
+  EXPECT_THROW(lc::add(da->get(), da->get(), copy.get(), n, DType::f16, stream_), zero3::InvalidArgument);
+}
+
+// ---- Embedding ----
+
+TEST_F(CudaOps, EmbeddingForwardAndBackwardAreExact) {
+  const int64_t tokens = 300, vocab = 50, hidden = 96;
+  std::vector<int32_t> ids(static_cast<size_t>(tokens));
+  for (int64_t i = 0; i < tokens; ++i) ids[i] = static_cast<int32_t>((i * 37 + i / 7) % 47);  // ids 47..49 unused
+  auto grouping = lc::EmbeddingGrouping::build(ids.data(), tokens);
+  auto dids = upload_ints(ids), drows = upload_ints(grouping.rows), doffsets = upload_ints(grouping.offsets),
+       dtoks = upload_ints(grouping.token_ids);
+  for (DType act : kActs) {
+    SCOPED_TRACE(std::string(zero3::dtype_name(act)));
+    auto table = rand_vec(static_cast<size_t>(vocab * hidden), 51, act);
+    auto dx = rand_vec(static_cast<size_t>(tokens * hidden), 52, act);
+    auto dtable0 = rand_vec(table.size(), 53);
+    std::vector<float> x_ref(dx.size());
+    llama3::embedding_forward<float>(ids.data(), tokens, table.data(), vocab, hidden, x_ref.data());
+    auto dtable_ref = dtable0;
+    llama3::embedding_backward<float>(ids.data(), tokens, dx.data(), vocab, hidden, dtable_ref.data());
+
+    auto dt = upload(table, act), ddx = upload(dx, act), ddt = upload(dtable0, DType::f32);
+    DeviceBuffer x(dx.size() * zero3::dtype_size(act));
+    lc::embedding_forward(dids->as<int32_t>(), tokens, dt->get(), hidden, x.get(), act, stream_);
+    EXPECT_EQ(get(x, x_ref.size(), act), x_ref);
+    lc::embedding_backward(drows->as<int32_t>(), doffsets->as<int32_t>(), dtoks->as<int32_t>(),
+                           static_cast<int64_t>(grouping.rows.size()), ddx->get(), hidden, ddt->as<float>(), act,
+                           stream_);
+    EXPECT_EQ(get(*ddt, dtable_ref.size(), DType::f32), dtable_ref);  // same additions in the same order
+  }
+}
+
+// ---- Attention ----
+
+struct AttentionRun {
+  std::vector<float> out, lse, grads;  // grads: (tokens, ld_g) holding dq | dk | dv
+};
+
+class AttentionCase {
+ public:
+  AttentionCase(DType act, int64_t batch, int64_t seq, int64_t heads, int64_t kv_heads, int64_t hd)
+      : act(act), d{batch, seq, heads, kv_heads, hd} {
+    qw = heads * hd;
+    kw = kv_heads * hd;
+    tokens = batch * seq;
+    ld_qkv = qw + 2 * kw + 3;
+    ldo = qw + 1;
+    lddo = qw + 2;
+    ld_g = qw + 2 * kw + 1;
+    qkv = rand_vec(static_cast<size_t>(tokens * ld_qkv), 61, act);
+    dout = rand_vec(static_cast<size_t>(tokens * lddo), 62, act);
+  }
+
+  AttentionRun cpu() const {
+    AttentionRun r;
+    llama3::AttentionShape s{d.batch, d.seq, d.n_heads, d.n_kv_heads, d.head_dim};
+    llama3::AttentionIO<float> io{qkv.data(), ld_qkv, qkv.data() + qw, ld_qkv, qkv.data() + qw + kw, ld_qkv};
+    r.out.assign(static_cast<size_t>(tokens * ldo), 0.0f);
+    r.lse.assign(static_cast<size_t>(d.batch * d.n_heads * d.seq), 0.0f);
+    r.grads.assign(static_cast<size_t>(tokens * ld_g), 0.0f);
+    llama3::attention_forward<float>(s, io, r.out.data(), ldo, r.lse.data());
+    float* g = r.grads.data();
+    llama3::attention_backward<float>(s, io, r.lse.data(), dout.data(), lddo, g, ld_g, g + qw, ld_g, g + qw + kw, ld_g);
+    return r;
+  }
+
+  AttentionRun gpu(cudaStream_t stream) const {
+    lc::Blas blas(stream);
+    lc::Attention attention(blas);
+    const size_t es = zero3::dtype_size(act);
+    auto dqkv = upload(qkv, act), ddout = upload(dout, act);
+    DeviceBuffer out(static_cast<size_t>(tokens * ldo) * es), lse(static_cast<size_t>(d.batch * d.n_heads * d.seq) * 4),
+        grads(static_cast<size_t>(tokens * ld_g) * es);
+    auto at = [&](const DeviceBuffer& b, int64_t col) { return static_cast<char*>(b.get()) + col * es; };
+    const char* q = static_cast<const char*>(dqkv->get());
+    attention.forward(d, q, ld_qkv, q + qw * es, ld_qkv, q + (qw + kw) * es, ld_qkv, out.get(), ldo, lse.as<float>(),
+                      act);
+    attention.backward(d, q, ld_qkv, q + qw * es, ld_qkv, q + (qw + kw) * es, ld_qkv, out.get(), ldo, lse.as<float>(),
+                       ddout->get(), lddo, at(grads, 0), ld_g, at(grads, qw), ld_g, at(grads, qw + kw), ld_g, act);
+    EXPECT_GT(attention.workspace_bytes(), 0);
+    AttentionRun r;
+    r.out = download(out.get(), static_cast<size_t>(tokens * ldo), act, stream);
+    r.lse = download(lse.get(), static_cast<size_t>(d.batch * d.n_heads * d.seq), DType::f32, stream);
+    r.grads = download(grads.get(), static_cast<size_t>(tokens * ld_g), act, stream);
+    return r;
+  }
+
+  void expect_close(const AttentionRun& got, const AttentionRun& want) const {
+    EXPECT_LT(rel_err(got.out, want.out), tol(act, 5e-5)) << "out";
+    EXPECT_LT(rel_err(got.lse, want.lse), kF32Tol) << "lse";
+    const char* names[] = {"dq", "dk", "dv"};
+    const int64_t starts[] = {0, qw, qw + kw}, widths[] = {qw, kw, kw};
+    for (int i = 0; i < 3; ++i) {
+      EXPECT_LT(rel_err(columns(got.grads, tokens, ld_g, starts[i], widths[i]),
+                        columns(want.grads, tokens, ld_g, starts[i], widths[i])),
+                tol(act, 1e-4))
+          << names[i];
+    }
+    // The padding column of out and grads stays 0.
+    EXPECT_EQ(columns(got.out, tokens, ldo, qw, 1), std::vector<float>(static_cast<size_t>(tokens), 0.0f));
+    EXPECT_EQ(columns(got.grads, tokens, ld_g, qw + 2 * kw, 1), std::vector<float>(static_cast<size_t>(tokens), 0.0f));
+  }
+
+  DType act;
+  lc::AttentionDims d;
+  int64_t qw, kw, tokens, ld_qkv, ldo, lddo, ld_g;
+  std::vector<float> qkv, dout;
+};
+
+TEST_F(CudaOps, AttentionGroupedQueryForwardAndBackward) {
+  for (DType act : kActs) {
+    SCOPED_TRACE(std::string(zero3::dtype_name(act)) + " GQA 4/2");
+    AttentionCase c(act, 2, 29, 4, 2, 16);
+    c.expect_close(c.gpu(stream_), c.cpu());
+  }
+  for (DType act : kActs) {
+    SCOPED_TRACE(std::string(zero3::dtype_name(act)) + " MHA 3/3, 1 sequence of 40");
+    AttentionCase c(act, 1, 40, 3, 3, 16);
+    c.expect_close(c.gpu(stream_), c.cpu());
+  }
+  for (DType act : kActs) {
+    SCOPED_TRACE(std::string(zero3::dtype_name(act)) + " MQA 6/1");
+    AttentionCase c(act, 3, 17, 6, 1, 8);
+    c.expect_close(c.gpu(stream_), c.cpu());
+  }
+}
+
+// ---- Cross-entropy with the LM head ----
+
+TEST_F(CudaOps, LmHeadLossRowsGradientsAndSum) {
+  const int64_t n = 37, hidden = 96, vocab = 301;
+  std::vector<int32_t> targets(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i)
+    targets[i] = i % 5 == 3 ? llama3::kIgnoreIndex : static_cast<int32_t>((i * 131 + 7) % vocab);
+  targets[0] = 0;
+  targets[1] = static_cast<int32_t>(vocab - 1);
+  const int64_t count = llama3::count_targets(targets.data(), n, vocab);
+  const float grad_scale = 1.0f / static_cast<float>(count);
+  auto dtargets = upload_ints(targets);
+  for (DType act : kActs) {
+    auto x = rand_vec(static_cast<size_t>(n * hidden), 71, act),
+         w = rand_vec(static_cast<size_t>(vocab * hidden), 72, act);
+    auto dw0 = rand_vec(w.size(), 73, DType::f32, 0.01);
+    // Reference per-row losses: the CPU op's logits and row function.
+    std::vector<float> logits(static_cast<size_t>(n * vocab)), loss_ref(static_cast<size_t>(n));
+    llama3::gemm<float>(false, true, n, vocab, hidden, 1.0f, x.data(), hidden, w.data(), hidden, 0.0f, logits.data(),
+                        vocab);
+    for (int64_t r = 0; r < n; ++r)
+      loss_ref[r] = llama3::cross_entropy_row(logits.data() + r * vocab, vocab, targets[r], 1.0f, false);
+    auto dx_ref = std::vector<float>(x.size()), dw_ref = dw0;
+    const auto result = llama3::lm_head_cross_entropy<float>(x.data(), w.data(), targets.data(), n, hidden, vocab,
+                                                             grad_scale, dx_ref.data(), dw_ref.data(), 16);
+    auto dxd = upload(x, act), dwd = upload(w, act);
+    for (int64_t chunk : {int64_t{16}, int64_t{0}, int64_t{1000}}) {
+      SCOPED_TRACE(std::string(zero3::dtype_name(act)) + " chunk_rows " + std::to_string(chunk));
+      lc::Blas blas(stream_);
+      lc::LmHeadLoss loss(blas);
+      auto ddw = upload(dw0, DType::f32);
+      DeviceBuffer dx(x.size() * zero3::dtype_size(act)), row_loss(static_cast<size_t>(n) * 4), sum(8);
+      loss.run(dxd->get(), dwd->get(), dtargets->as<int32_t>(), n, hidden, vocab, grad_scale, dx.get(),
+               ddw->as<float>(), row_loss.as<float>(), chunk, act);
+      lc::sum_rows(row_loss.as<float>(), n, sum.as<double>(), stream_);
+      EXPECT_LT(rel_err(get(row_loss, static_cast<size_t>(n), DType::f32), loss_ref),
+                act == DType::f32 ? kF32Tol : 1e-4)
+          << "row losses";
+      auto sum_bytes = bytes_of(sum.get(), 8, stream_);
+      double total;
+      std::memcpy(&total, sum_bytes.data(), 8);
+      EXPECT_NEAR(total, result.loss_sum, std::fabs(result.loss_sum) * (act == DType::f32 ? 1e-5 : 2e-4)) << "sum";
+      EXPECT_LT(rel_err(get(dx, x.size(), act), dx_ref), tol(act)) << "dx";
+      EXPECT_LT(rel_err(get(*ddw, w.size(), DType::f32), dw_ref), tol(act)) << "dw";
+      EXPECT_GT(loss.workspace_bytes(), 0);
+
+      // Loss only: no gradient, row losses the same.
+      DeviceBuffer row_loss2(static_cast<size_t>(n) * 4);
+      loss.run(dxd->get(), dwd->get(), dtargets->as<int32_t>(), n, hidden, vocab, grad_scale, nullptr, nullptr,
+               row_loss2.as<float>(), chunk, act);
+      EXPECT_EQ(bytes_of(row_loss2.get(), row_loss2.bytes(), stream_),
+                bytes_of(row_loss.get(), row_loss.bytes(), stream_));
+    }
+  }
+}
+
+// ---- Determinism ----
+
+TEST_F(CudaOps, TwoRunsGiveTheSameBits) {
+  for (DType act : kActs) {
+    SCOPED_TRACE(std::string(zero3::dtype_name(act)));
+    AttentionCase c(act, 2, 29, 4, 2, 16);
+    const AttentionRun a = c.gpu(stream_), b = c.gpu(stream_);
+    EXPECT_EQ(encode(a.out, act), encode(b.out, act));
+    EXPECT_EQ(a.lse, b.lse);
+    EXPECT_EQ(encode(a.grads, act), encode(b.grads, act));
+
+    const int64_t rows = 300, n = 96;
+    auto x = rand_vec(static_cast<size_t>(rows * n), 81, act), w = rand_vec(static_cast<size_t>(n), 82, act);
+    auto dy = rand_vec(x.size(), 83, act);
+    auto dxd = upload(x, act), dwd = upload(w, act), ddy = upload(dy, act);
+    std::vector<std::vector<uint8_t>> dws;
+    for (int run = 0; run < 2; ++run) {
+      DeviceBuffer rstd(static_cast<size_t>(rows) * 4), y(x.size() * zero3::dtype_size(act)),
+          dx(x.size() * zero3::dtype_size(act)), dw(static_cast<size_t>(n) * 4);
+      lc::rmsnorm_forward(dxd->get(), dwd->get(), y.get(), rstd.as<float>(), rows, n, 1e-5f, act, stream_);
+      lc::rmsnorm_backward(dxd->get(), dwd->get(), rstd.as<float>(), ddy->get(), dx.get(), dw.as<float>(), rows, n,
+                           false, act, stream_);
+      dws.push_back(bytes_of(dw.get(), dw.bytes(), stream_));
+    }
+    EXPECT_EQ(dws[0], dws[1]);
+  }
+}
+
+TEST_F(CudaOps, UnsupportedTypesAndShapesAreNamed) {
+  DeviceBuffer buf(1024);
+  try {
+    lc::rmsnorm_forward(buf.get(), buf.get(), buf.get(), nullptr, 2, 4, 1e-5f, DType::f16, stream_);
+    FAIL() << "f16 accepted";
+  } catch (const zero3::InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("rmsnorm_forward"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(lc::rope_forward(buf.get(), 8, 2, 1, 7, buf.as<float>(), buf.as<float>(), DType::f32, stream_),
+               zero3::InvalidArgument);  // odd head_dim
+  lc::Blas blas(stream_);
+  lc::Attention attention(blas);
+  lc::AttentionDims d{1, 4, 3, 2, 8};  // 2 kv heads do not divide 3 heads
+  EXPECT_THROW(
+      attention.forward(d, buf.get(), 64, buf.get(), 64, buf.get(), 64, buf.get(), 64, buf.as<float>(), DType::f32),
+      zero3::InvalidArgument);
+  // No rows: nothing queued, nothing thrown.
+  lc::swiglu_forward(nullptr, nullptr, 0, 96, DType::bf16, stream_);
+  lc::embedding_forward(nullptr, 0, nullptr, 96, nullptr, DType::f32, stream_);
+}
+
+}  // namespace
+
+#endif  // LLAMA3_HAVE_CUDA
