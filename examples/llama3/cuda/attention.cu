@@ -178,9 +178,9 @@ void* offset(void* base, int64_t elements, int64_t element_size) {
 }  // namespace
 
 struct Attention::Impl {
-  explicit Impl(Blas& b) : blas(b) {}
+  explicit Impl(Blas& b) : blas(b), stream(b.stream()) {}
   ~Impl() {
-    if (workspace != nullptr) cudaFreeAsync(workspace, blas.stream());
+    if (workspace != nullptr) cudaFreeAsync(workspace, stream);
   }
 
   char* reserve(int64_t need) {
@@ -189,15 +189,16 @@ struct Attention::Impl {
         void* old = workspace;
         workspace = nullptr;
         bytes = 0;
-        LLAMA3_CUDA_CHECK(cudaFreeAsync(old, blas.stream()));
+        LLAMA3_CUDA_CHECK(cudaFreeAsync(old, stream));
       }
-      LLAMA3_CUDA_CHECK(cudaMallocAsync(&workspace, static_cast<size_t>(need), blas.stream()));
+      LLAMA3_CUDA_CHECK(cudaMallocAsync(&workspace, static_cast<size_t>(need), stream));
       bytes = need;
     }
     return static_cast<char*>(workspace);
   }
 
   Blas& blas;
+  cudaStream_t stream;  // the Blas stream: the workspace is freed on it
   void* workspace = nullptr;
   int64_t bytes = 0;
 };

@@ -90,9 +90,9 @@ int64_t align_up(int64_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign;
 }  // namespace
 
 struct LmHeadLoss::Impl {
-  explicit Impl(Blas& b) : blas(b) {}
+  explicit Impl(Blas& b) : blas(b), stream(b.stream()) {}
   ~Impl() {
-    if (workspace != nullptr) cudaFreeAsync(workspace, blas.stream());
+    if (workspace != nullptr) cudaFreeAsync(workspace, stream);
   }
 
   char* reserve(int64_t need) {
@@ -101,15 +101,16 @@ struct LmHeadLoss::Impl {
         void* old = workspace;
         workspace = nullptr;
         bytes = 0;
-        LLAMA3_CUDA_CHECK(cudaFreeAsync(old, blas.stream()));
+        LLAMA3_CUDA_CHECK(cudaFreeAsync(old, stream));
       }
-      LLAMA3_CUDA_CHECK(cudaMallocAsync(&workspace, static_cast<size_t>(need), blas.stream()));
+      LLAMA3_CUDA_CHECK(cudaMallocAsync(&workspace, static_cast<size_t>(need), stream));
       bytes = need;
     }
     return static_cast<char*>(workspace);
   }
 
   Blas& blas;
+  cudaStream_t stream;  // the Blas stream: the workspace is freed on it
   void* workspace = nullptr;
   int64_t bytes = 0;
 };
