@@ -1,0 +1,42 @@
+#include "support/stream_path_comm.hpp"
+
+#include "zero3/error.hpp"
+
+namespace zero3::testing {
+
+StreamPathComm::StreamPathComm(std::shared_ptr<Communicator> inner, StreamPathDevice& device)
+    : inner_(std::move(inner)), device_(device) {}
+
+WorkPtr StreamPathComm::all_gather_into(void* out, const void* in, size_t count, DType dtype, Stream stream) {
+  if (!device_.is_compute(stream)) side_stream_gathers_++;
+  device_.run_queued(stream);
+  inner_->all_gather_into(out, in, count, dtype)->wait();
+  return completed_work();
+}
+
+WorkPtr StreamPathComm::reduce_scatter(void* out, const void* in, size_t count, DType dtype, ReduceOp op,
+                                       Stream stream) {
+  if (!device_.is_compute(stream)) side_stream_reductions_++;
+  device_.run_queued(stream);
+  inner_->reduce_scatter(out, in, count, dtype, op)->wait();
+  return completed_work();
+}
+
+WorkPtr StreamPathComm::all_reduce(void* buf, size_t count, DType dtype, ReduceOp op, Stream stream) {
+  if (!device_.is_compute(stream)) side_stream_reductions_++;
+  device_.run_queued(stream);
+  inner_->all_reduce(buf, count, dtype, op)->wait();
+  return completed_work();
+}
+
+WorkPtr StreamPathComm::broadcast(void* buf, size_t count, DType dtype, int root, Stream stream) {
+  device_.run_queued(stream);
+  inner_->broadcast(buf, count, dtype, root)->wait();
+  return completed_work();
+}
+
+std::unique_ptr<Communicator> StreamPathComm::split(int, int) {
+  throw Unsupported("stream-path test communicator does not support split");
+}
+
+}  // namespace zero3::testing

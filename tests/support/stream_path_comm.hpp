@@ -1,0 +1,43 @@
+// The communicator of StreamPathDevice tests: reports "nccl" (the engine requires it on a cuda device) and runs
+// each collective on a real host communicator (gloo or local). A collective on a stream first runs the work
+// queued on that stream (nullptr: the compute stream), as the GPU would before starting it, then runs and
+// completes before returning, so its data is in place for whatever is queued on the stream after it.
+// It counts the collectives issued on streams other than the compute stream.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+
+#include "support/stream_path_device.hpp"
+#include "zero3/comm.hpp"
+
+namespace zero3::testing {
+
+class StreamPathComm final : public Communicator {
+ public:
+  // `device` must outlive this communicator.
+  StreamPathComm(std::shared_ptr<Communicator> inner, StreamPathDevice& device);
+
+  int rank() const override { return inner_->rank(); }
+  int size() const override { return inner_->size(); }
+  const char* backend() const override { return "nccl"; }
+  std::chrono::milliseconds timeout() const override { return inner_->timeout(); }
+  WorkPtr all_gather_into(void* out, const void* in, size_t count, DType dtype, Stream stream) override;
+  WorkPtr reduce_scatter(void* out, const void* in, size_t count, DType dtype, ReduceOp op, Stream stream) override;
+  WorkPtr all_reduce(void* buf, size_t count, DType dtype, ReduceOp op, Stream stream) override;
+  WorkPtr broadcast(void* buf, size_t count, DType dtype, int root, Stream stream) override;
+  void barrier() override { inner_->barrier(); }
+  std::unique_ptr<Communicator> split(int color, int key) override;
+
+  int64_t side_stream_gathers() const { return side_stream_gathers_.load(); }
+  int64_t side_stream_reductions() const { return side_stream_reductions_.load(); }
+
+ private:
+  std::shared_ptr<Communicator> inner_;
+  StreamPathDevice& device_;
+  std::atomic<int64_t> side_stream_gathers_{0};
+  std::atomic<int64_t> side_stream_reductions_{0};
+};
+
+}  // namespace zero3::testing
