@@ -4,7 +4,6 @@
 #include <cstring>
 #include <fstream>
 
-#include "ops/parallel.hpp"
 #include "zero3/dtype.hpp"
 #include "zero3/error.hpp"
 #include "zero3/log.hpp"
@@ -16,26 +15,6 @@ using Clock = std::chrono::steady_clock;
 namespace {
 
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
-
-template <typename T>
-int64_t capacity_bytes(const std::vector<T>& v) {
-  return static_cast<int64_t>(v.capacity() * sizeof(T));
-}
-
-template <typename T>
-void ensure(std::vector<T>& v, int64_t n) {
-  if (static_cast<int64_t>(v.size()) < n) v.resize(static_cast<size_t>(n));
-}
-
-int64_t cache_bytes(const LayerCache<float>& c) {
-  return capacity_bytes(c.rstd1) + capacity_bytes(c.qkv) + capacity_bytes(c.lse) + capacity_bytes(c.attn) +
-         capacity_bytes(c.h) + capacity_bytes(c.rstd2) + capacity_bytes(c.gu);
-}
-
-int64_t workspace_bytes(const LayerWorkspace<float>& w) {
-  return capacity_bytes(w.xn) + capacity_bytes(w.act) + capacity_bytes(w.y) + capacity_bytes(w.dh) +
-         capacity_bytes(w.dwide) + capacity_bytes(w.dmid);
-}
 
 zero3::ParamInit engine_init(const ParamSpec& p) {
   return p.init == ParamInit::ones ? zero3::ParamInit::ones() : zero3::ParamInit::normal(p.init_std);
@@ -80,45 +59,38 @@ EngineModel::EngineModel(zero3::Engine& engine, const ModelConfig& config, const
     }
     units_.push_back(engine_.add_unit(u.name, specs));
   }
+  ops_ = make_model_ops(engine_.device(), engine_.compute_dtype());
+  if (engine_.device().type() == zero3::DeviceType::cuda && engine_.grad_dtype() == zero3::DType::f16) {
+    throw zero3::Unsupported("the Llama-3 model on " + engine_.device().name() +
+                             " does not support data_types.grad_accum_dtype fp16 (the CUDA kernels convert f32 "
+                             "gradients to bf16 only; use fp32 or bf16)");
+  }
+  runner_ = std::make_unique<ModelRunner>(config_, *ops_);
 }
 
 // ---------------------------------------------------------------------------------------------------------
 // Scopes and dtype staging
 
-const float* EngineModel::params_f32(const zero3::UnitScope& scope, std::vector<float>& staging) const {
+const void* EngineModel::params_act(const zero3::UnitScope& scope) {
   const zero3::TensorView v = scope.flat_params();
-  if (v.dtype == zero3::DType::f32) return v.as<float>();
-  ensure(staging, v.numel);
-  const uint16_t* src = v.as<uint16_t>();
-  float* dst = staging.data();
-  const int64_t n = v.numel;
-  if (v.dtype == zero3::DType::bf16) {
-#pragma omp parallel for schedule(static) if (n >= kParallelMinWork)
-    for (int64_t i = 0; i < n; ++i) dst[i] = zero3::bf16_to_f32(src[i]);
-  } else {
-#pragma omp parallel for schedule(static) if (n >= kParallelMinWork)
-    for (int64_t i = 0; i < n; ++i) dst[i] = zero3::f16_to_f32(src[i]);
-  }
-  return dst;
+  if (v.dtype == ops_->act()) return v.data;
+  void* staging = runner_->param_staging(v.numel);
+  ops_->convert(v.data, v.dtype, staging, ops_->act(), v.numel);
+  return staging;
 }
 
-float* EngineModel::grads_f32(const zero3::UnitScope& scope, std::vector<float>& staging) const {
+float* EngineModel::grads_f32(const zero3::UnitScope& scope) {
   const zero3::TensorView g = scope.flat_grads();
   if (g.dtype == zero3::DType::f32) return g.as<float>();  // zeroed by the engine when the scope opened
-  ensure(staging, g.numel);
-  std::fill(staging.begin(), staging.begin() + g.numel, 0.0f);
-  return staging.data();
+  float* staging = runner_->grad_staging(g.numel);
+  ops_->zero(staging, static_cast<size_t>(g.numel) * sizeof(float));
+  return staging;
 }
 
-void EngineModel::commit_grads(const zero3::UnitScope& scope, const std::vector<float>& staging) const {
+void EngineModel::commit_grads(const zero3::UnitScope& scope) {
   const zero3::TensorView g = scope.flat_grads();
   if (g.dtype == zero3::DType::f32) return;
-  uint16_t* dst = g.as<uint16_t>();
-  const float* src = staging.data();
-  const int64_t n = g.numel;
-  const bool bf16 = g.dtype == zero3::DType::bf16;
-#pragma omp parallel for schedule(static) if (n >= kParallelMinWork)
-  for (int64_t i = 0; i < n; ++i) dst[i] = bf16 ? zero3::f32_to_bf16(src[i]) : zero3::f32_to_f16(src[i]);
+  ops_->convert(runner_->grad_staging(g.numel), zero3::DType::f32, g.data, g.dtype, g.numel);
 }
 
 // ---------------------------------------------------------------------------------------------------------
@@ -134,34 +106,22 @@ LossResult EngineModel::forward_backward(const int32_t* ids, const int32_t* targ
     zero3::log::warn_rank0("sequence length ", shape.seq, " exceeds the model's max_position_embeddings ",
                            config_.max_position_embeddings);
   }
-  const int64_t L = config_.num_hidden_layers, n = shape.tokens(), hid = config_.hidden_size;
-  if (!rope_ || rope_shape_.batch != shape.batch || rope_shape_.seq != shape.seq) {
-    std::vector<int32_t> pos = default_positions(shape);
-    rope_ = std::make_unique<RopeTable<float>>(make_rope_table<float>(rope_inv_freq(config_), pos.data(), n));
-    rope_shape_ = shape;
-  }
-  resid_.resize(static_cast<size_t>(L + 1));
-  for (auto& r : resid_) r.resize(static_cast<size_t>(n * hid));
-  const size_t n_caches = checkpointing_ ? 1 : static_cast<size_t>(L);
-  if (caches_.size() != n_caches) caches_.resize(n_caches);
-  dx_.resize(static_cast<size_t>(n * hid));
+  const int64_t L = config_.num_hidden_layers, n = shape.tokens();
+  runner_->begin_batch(ids, targets, shape, checkpointing_);
 
   // Forward: embedding and layers.
   auto t0 = Clock::now();
   {
     zero3::UnitScope s = engine_.forward_scope(units_.front());
-    const float* w = params_f32(s, param_staging_);
-    embed_forward(config_, embedding_view(config_, w), ids, n, resid_[0].data());
+    runner_->embed_forward(params_act(s));
     s.close();
   }
   for (int64_t i = 0; i < L; ++i) {
     zero3::UnitScope s = engine_.forward_scope(units_[static_cast<size_t>(1 + i)]);
-    const float* w = params_f32(s, param_staging_);
-    LayerCache<float>& cache = caches_[checkpointing_ ? 0 : static_cast<size_t>(i)];
-    layer_forward(config_, layer_view(config_, w), static_cast<const float*>(resid_[i].data()), resid_[i + 1].data(),
-                  shape, *rope_, cache, ws_);
+    runner_->layer_forward(i, params_act(s));
     s.close();
   }
+  ops_->synchronize();
   times_.forward += seconds_since(t0);
 
   // Backward: head (forward, loss and backward in one pass), layers in reverse, embedding.
@@ -177,43 +137,31 @@ LossResult EngineModel::forward_backward(const int32_t* ids, const int32_t* targ
   LossResult result;
   {
     zero3::UnitScope s = engine_.backward_scope(units_.back());
-    const float* w = params_f32(s, param_staging_);
-    float* g = grads_f32(s, grad_staging_);
-    result = head_forward_backward(config_, head_view(config_, w), static_cast<const float*>(resid_[L].data()), targets,
-                                   n, dx_.data(), head_view(config_, g), scaled);
+    const void* w = params_act(s);
+    result = runner_->head_forward_backward(w, grads_f32(s), scaled);
     if (scale != 1.0) {
       result.normalizer = normalizer;
       result.loss = normalizer > 0 ? result.loss_sum / normalizer : 0.0;
     }
-    commit_grads(s, grad_staging_);
+    commit_grads(s);
     s.close();
   }
   for (int64_t i = L - 1; i >= 0; --i) {
     zero3::UnitScope s = engine_.backward_scope(units_[static_cast<size_t>(1 + i)]);
-    const float* w = params_f32(s, param_staging_);
-    float* g = grads_f32(s, grad_staging_);
-    LayerCache<float>& cache = caches_[checkpointing_ ? 0 : static_cast<size_t>(i)];
-    layer_backward(config_, layer_view(config_, w), static_cast<const float*>(resid_[i].data()),
-                   static_cast<const float*>(dx_.data()), dx_.data(), layer_view(config_, g), shape, *rope_, cache, ws_,
-                   checkpointing_);
-    commit_grads(s, grad_staging_);
+    const void* w = params_act(s);
+    runner_->layer_backward(i, w, grads_f32(s));
+    commit_grads(s);
     s.close();
   }
   {
     zero3::UnitScope s = engine_.backward_scope(units_.front());
-    float* g = grads_f32(s, grad_staging_);
-    embed_backward(config_, ids, n, static_cast<const float*>(dx_.data()), embedding_view(config_, g));
-    commit_grads(s, grad_staging_);
+    runner_->embed_backward(grads_f32(s));
+    commit_grads(s);
     s.close();
   }
+  ops_->synchronize();
   times_.backward += seconds_since(t0);
   ++times_.micro_batches;
-
-  int64_t bytes = capacity_bytes(dx_) + workspace_bytes(ws_) + capacity_bytes(param_staging_) +
-                  capacity_bytes(grad_staging_) + capacity_bytes(rope_->cos) + capacity_bytes(rope_->sin);
-  for (const auto& r : resid_) bytes += capacity_bytes(r);
-  for (const auto& c : caches_) bytes += cache_bytes(c);
-  activation_bytes_ = std::max(activation_bytes_, bytes);
   return result;
 }
 
@@ -287,19 +235,35 @@ zero3::ModelDesc engine_model_desc(const ModelConfig& config, const std::string&
 }
 
 ActivationEstimate estimate_activations(const ModelConfig& c, const BatchShape& s, bool checkpointing,
-                                        int64_t element_bytes, bool widen_units) {
-  const int64_t n = s.tokens(), hid = c.hidden_size, L = c.num_hidden_layers;
+                                        zero3::DeviceType device, zero3::DType compute, zero3::DType grads) {
+  const bool cuda = device == zero3::DeviceType::cuda;
+  const zero3::DType act = cuda ? compute : zero3::DType::f32;
+  const int64_t act_bytes = static_cast<int64_t>(zero3::dtype_size(act)), n = s.tokens();
+  const RunnerBufferSizes runner = runner_buffer_sizes(c, s, checkpointing, act_bytes);
   ActivationEstimate e;
-  e.layer_inputs = (L + 1) * n * hid * element_bytes;
-  e.layer_caches = (checkpointing ? 1 : L) * layer_cache_elements(c, s) * element_bytes;
-  // The layer workspace, dx, and what the head holds while it runs: normalised states, their gradient, 1/rms.
-  e.workspace = (layer_workspace_elements(c, s) + n * hid + 2 * n * hid + n) * element_bytes;
-  e.loss_chunk = std::min(n, default_loss_chunk_rows(c.vocab_size)) * c.vocab_size * element_bytes;
-  if (widen_units) {
-    int64_t largest = 0;
-    for (const UnitLayout& u : model_unit_layouts(c)) largest = std::max(largest, u.numel);
-    e.unit_staging = largest * 4;
+  e.layer_inputs = runner.layer_inputs;
+  e.layer_caches = runner.caches;
+  e.workspace = runner.workspace + runner.batch;
+  const int64_t chunk = std::min(n, default_loss_chunk_rows(c.vocab_size));
+  const int64_t scores = s.seq * s.seq;
+  if (cuda) {
+    // cuda/attention.cu's backward plan (the larger one): per kv head of a chunk, f32 scores and dP, with bf16
+    // their 16-bit copies, chunks of kv heads up to 1 GiB; with bf16 two f32 (seq, kv_dim) accumulators.
+    const bool copies = act != zero3::DType::f32;
+    const int64_t per_head = scores * (8 + (copies ? 4 : 0));
+    const int64_t heads =
+        std::clamp<int64_t>((int64_t{1} << 30) / std::max<int64_t>(per_head, 1), 1, c.num_key_value_heads);
+    e.attention = heads * per_head + (copies ? 2 * s.seq * c.kv_dim() * 4 : 0);
+    e.loss_chunk = chunk * c.vocab_size * (4 + (copies ? act_bytes : 0));
+    e.workspace += n * 4 + (2 * n + 1) * 4;  // row losses; rows, offsets and token ids of the embedding grouping
+  } else {
+    e.attention = 2 * scores * 4;                   // P and dP of one head (ops/attention.cpp)
+    e.loss_chunk = chunk * (c.vocab_size + 1) * 4;  // logits and row losses (ops/cross_entropy.cpp)
   }
+  int64_t largest = 0;
+  for (const UnitLayout& u : model_unit_layouts(c)) largest = std::max(largest, u.numel);
+  if (compute != act) e.unit_staging += largest * act_bytes;
+  if (grads != zero3::DType::f32) e.unit_staging += largest * 4;
   return e;
 }
 

@@ -9,20 +9,24 @@
 //   its slice with the engine's counter-based generator) or from Hugging Face safetensors (a file, a
 //   directory or a sharded index; each rank reads only the byte ranges of its own slices).
 //
-// One micro-batch (forward_backward, collective at stage 3):
+// One micro-batch (forward_backward, collective at stage 3), run by a ModelRunner (model_runner.hpp) on the
+// backend of the engine's device (make_model_ops: CpuModelOps on cpu, CudaModelOps on cuda):
 //   forward scopes   embedding, layers 0..L-1             (layer inputs kept; per-layer caches without checkpointing)
 //   backward scopes  head (forward + loss + backward in one chunked pass), layers L-1..0, embedding
 // With activation checkpointing, layer i's backward scope re-runs its forward from the kept input first.
 //
-// Precision. The model's arithmetic is float32 (the CPU kernels of llama_model.hpp). With a 16-bit compute
-// dtype (bf16.enabled / fp16.enabled) the engine keeps 16-bit parameter copies (what is gathered and
-// communicated) and fp32 master weights; each gathered unit is widened to float32 for the kernels, so
-// activations and GEMMs are fp32 on bf16-rounded weights. Gradients are written in the engine's
-// data_types.grad_accum_dtype (fp32 by default; a 16-bit accumulator receives the rounded fp32 result).
+// Precision. Activations are the backend's act dtype: f32 on cpu (the kernels of ops/*.hpp; the same bits as
+// llama_model.cpp's model_forward_backward), the engine's compute dtype on cuda (f32 or bf16; fp16 on cuda is
+// zero3::Unsupported). A gathered unit whose dtype is not act (16-bit parameters on cpu) is converted into a
+// staging buffer first (on cpu: widened to f32, so activations and GEMMs are f32 on bf16-rounded weights).
+// Weight gradients are computed in f32; when data_types.grad_accum_dtype is 16-bit they go through an f32
+// staging buffer and are rounded into the engine's buffer when the scope closes.
 //
-// Threads: one thread drives the model (the engine's rule); the kernels use OpenMP inside.
+// Threads: one thread drives the model (the engine's rule); the cpu kernels use OpenMP inside; on cuda the
+// work is queued on the device's default stream and the host waits once per micro-batch, for the loss.
 // Errors: zero3 errors from the engine (named unit, rank, collective); InvalidArgument for a bad batch;
-// IoError for a safetensors file whose tensors do not match the model (named tensor and shapes).
+// IoError for a safetensors file whose tensors do not match the model (named tensor and shapes);
+// Unsupported for a device or dtype the backends lack.
 #pragma once
 
 #include <chrono>
@@ -32,9 +36,11 @@
 #include <string>
 #include <vector>
 
+#include "backend/model_ops.hpp"
 #include "llama_layout.hpp"
 #include "llama_model.hpp"
 #include "model_config.hpp"
+#include "model_runner.hpp"
 #include "zero3/engine.hpp"
 #include "zero3/memory_plan.hpp"
 #include "zero3/safetensors.hpp"
@@ -48,7 +54,8 @@ struct EngineModelOptions {
 };
 
 // Seconds spent since the last reset, summed over micro-batches. The time blocked on collectives inside them
-// is the engine's ScheduleStats::comm_wait_seconds.
+// is the engine's ScheduleStats::comm_wait_seconds. On cuda each phase ends with a wait for its queued work,
+// so the times are the GPU's, not the host's queueing.
 struct PhaseTimes {
   double forward = 0;   // embedding and layer forwards, scope entries and exits included
   double backward = 0;  // head, layer backwards (with recomputation) and embedding backward, scopes included
@@ -57,8 +64,10 @@ struct PhaseTimes {
 
 class EngineModel {
  public:
-  // Declares the units on `engine`, which must not be materialized yet. Throws zero3::Unsupported for tied
-  // embeddings, zero3::IoError when options.init_from lacks a parameter or holds one of another shape.
+  // Declares the units on `engine`, which must not be materialized yet, and makes the backend of its device.
+  // Throws zero3::Unsupported for tied embeddings or a device/dtype without a backend (fp16 or 16-bit
+  // gradients other than bf16 on cuda), zero3::IoError when options.init_from lacks a parameter or holds one
+  // of another shape.
   EngineModel(zero3::Engine& engine, const ModelConfig& config, const EngineModelOptions& options = {});
 
   const ModelConfig& config() const { return config_; }
@@ -89,13 +98,16 @@ class EngineModel {
 
   const PhaseTimes& times() const { return times_; }
   void reset_times() { times_ = {}; }
-  // Host bytes the activations, caches and float staging of the last micro-batch held at their peak.
-  int64_t activation_bytes() const { return activation_bytes_; }
+  // Bytes the runner has allocated at its peak (layer inputs, caches, workspace, batch, dtype staging), in the
+  // backend's memory: host memory on cpu, device memory on cuda (where the kernels' own workspaces come on
+  // top: ops().workspace_bytes()).
+  int64_t activation_bytes() const { return runner_->peak_allocated_bytes(); }
+  ModelOps& ops() const { return *ops_; }
 
  private:
-  const float* params_f32(const zero3::UnitScope& scope, std::vector<float>& staging) const;
-  float* grads_f32(const zero3::UnitScope& scope, std::vector<float>& staging) const;
-  void commit_grads(const zero3::UnitScope& scope, const std::vector<float>& staging) const;
+  const void* params_act(const zero3::UnitScope& scope);
+  float* grads_f32(const zero3::UnitScope& scope);
+  void commit_grads(const zero3::UnitScope& scope);
 
   zero3::Engine& engine_;
   ModelConfig config_;
@@ -103,17 +115,10 @@ class EngineModel {
   std::vector<zero3::UnitId> units_;
   bool checkpointing_ = true;
 
-  // Per-batch state, reused across micro-batches of the same shape.
-  BatchShape rope_shape_{};
-  std::unique_ptr<RopeTable<float>> rope_;
-  std::vector<std::vector<float>> resid_;  // (L + 1) x (tokens, hidden): layer inputs, then the final states
-  std::vector<LayerCache<float>> caches_;  // one (checkpointing) or L
-  LayerWorkspace<float> ws_;
-  std::vector<float> dx_;  // (tokens, hidden)
-  std::vector<float> param_staging_, grad_staging_;
+  std::unique_ptr<ModelOps> ops_;
+  std::unique_ptr<ModelRunner> runner_;  // per-batch buffers, reused across micro-batches
 
   PhaseTimes times_;
-  int64_t activation_bytes_ = 0;
 };
 
 // The LossOptions::normalizer that turns the engine's average over ranks and micro-batches into the mean over
@@ -125,20 +130,24 @@ double step_loss_normalizer(zero3::Communicator& comm, int64_t local_targets, in
 // The units exactly as EngineModel declares them, for zero3::plan_memory.
 zero3::ModelDesc engine_model_desc(const ModelConfig& config, const std::string& name = "llama");
 
-// What one rank's activations take during a micro-batch of `shape`, by part (bytes at `element_bytes` per
-// activation element), as EngineModel allocates them:
+// What one rank's activations take during a micro-batch of `shape`, by part, as EngineModel allocates them on a
+// `device` whose engine computes in `compute` and accumulates gradients in `grads`:
 struct ActivationEstimate {
   int64_t layer_inputs = 0;  // L + 1 residual streams (the only per-layer state with checkpointing)
-  int64_t layer_caches = 0;  // one LayerCache (checkpointing) or L of them
-  int64_t workspace = 0;     // LayerWorkspace, the head's normalised states and dx
+  int64_t layer_caches = 0;  // one layer cache (checkpointing) or L of them
+  int64_t workspace = 0;     // layer workspace, dx, the head's 1/rms, ids, targets, rope tables (+ cuda: row losses,
+                             // the embedding backward's grouping)
+  int64_t attention = 0;     // the attention op's score scratch (cpu: one head; cuda: as cuda/attention.cu plans it)
   int64_t loss_chunk = 0;    // one chunk of logits in the chunked cross-entropy
-  int64_t unit_staging = 0;  // float copies of one gathered unit and its gradients (16-bit compute only)
-  int64_t total() const { return layer_inputs + layer_caches + workspace + loss_chunk + unit_staging; }
+  int64_t unit_staging = 0;  // the largest unit converted to the activation dtype (16-bit parameters on cpu) and
+                             // its f32 gradients (16-bit grad_accum_dtype)
+  int64_t total() const { return layer_inputs + layer_caches + workspace + attention + loss_chunk + unit_staging; }
 };
 
-// element_bytes: 4 for the CPU path (float32 activations), 2 for a bf16 activation path.
-// widen_units: the compute dtype is 16-bit and the kernels take float32 (CPU path).
+// Activations are f32 on cpu and `compute` on cuda (ModelOps::act; f16 is counted at 2 bytes although the cuda
+// backend refuses it).
 ActivationEstimate estimate_activations(const ModelConfig& config, const BatchShape& shape, bool checkpointing,
-                                        int64_t element_bytes, bool widen_units);
+                                        zero3::DeviceType device, zero3::DType compute,
+                                        zero3::DType grads = zero3::DType::f32);
 
 }  // namespace llama3

@@ -170,15 +170,14 @@ int dry_run(const TrainOptions& o, zero3::Config cfg, const ModelConfig& mc) {
   const int64_t world = o.world_size > 0 ? o.world_size : launch.world_size;
   const int64_t per_node = o.ranks_per_node > 0 ? o.ranks_per_node : std::min<int64_t>(launch.local_world_size, world);
   resolve_config(cfg, o, mc, world);
-  const bool gpu = o.device == "cuda" || cfg.zero3.device == "cuda";
+  const bool gpu = o.device == "cuda" || (o.device == "auto" && cfg.zero3.device.rfind("cuda", 0) == 0);
   if (o.device == "cpu") cfg.zero3.device = "cpu";
   const zero3::DType compute = cfg.compute_dtype();
-  const bool half = compute != zero3::DType::f32;
+  const zero3::DType grads = cfg.grad_accum_dtype.value_or(zero3::DType::f32);
   const BatchShape shape{*cfg.train_micro_batch_size_per_gpu, o.seq_len};
-  // A GPU path keeps activations in the compute dtype; this build's CPU path computes in fp32 on widened units.
-  const int64_t act_bytes = gpu && half ? 2 : 4;
-  const ActivationEstimate act = estimate_activations(mc, shape, o.grad_checkpointing, act_bytes, !gpu && half);
-  const ActivationEstimate cpu_act = estimate_activations(mc, shape, o.grad_checkpointing, 4, half);
+  // On a GPU the activations are in the compute dtype; on the CPU they are fp32 (16-bit units widened).
+  const zero3::DeviceType where = gpu ? zero3::DeviceType::cuda : zero3::DeviceType::cpu;
+  const ActivationEstimate act = estimate_activations(mc, shape, o.grad_checkpointing, where, compute, grads);
 
   zero3::MemoryPlanOptions po;
   po.world_size = world;
@@ -204,21 +203,21 @@ int dry_run(const TrainOptions& o, zero3::Config cfg, const ModelConfig& mc) {
       static_cast<long long>(*cfg.gradient_accumulation_steps), static_cast<long long>(*cfg.train_batch_size),
       static_cast<long long>(*cfg.train_batch_size * o.seq_len));
   std::printf("\nactivations per rank (%s, activation checkpointing %s, %lld tokens per micro-batch):\n",
-              gpu && half ? "bf16/fp16 GPU path" : "fp32 CPU path", o.grad_checkpointing ? "on" : "off",
-              static_cast<long long>(shape.tokens()));
+              gpu ? (compute == zero3::DType::f32 ? "fp32 GPU path" : "bf16 GPU path") : "fp32 CPU path",
+              o.grad_checkpointing ? "on" : "off", static_cast<long long>(shape.tokens()));
+  if (gpu && compute == zero3::DType::f16) {
+    std::printf("  (fp16 is not supported by the model's CUDA kernels: a run would stop; counted as 2 bytes)\n");
+  }
   auto row = [](const char* what, int64_t bytes) { std::printf("  %-62s %10s\n", what, format_bytes(bytes).c_str()); };
   row(o.grad_checkpointing ? "layer inputs kept for recomputation (L+1 x tokens x hidden)"
                            : "residual streams (L+1 x tokens x hidden)",
       act.layer_inputs);
   row(o.grad_checkpointing ? "one layer's cache, refilled in backward" : "every layer's cache", act.layer_caches);
-  row("layer workspace, head states, dx", act.workspace);
+  row("layer workspace, dx, the batch's ids, targets and rope tables", act.workspace);
+  row(gpu ? "attention scores (kv heads in chunks up to 1 GiB)" : "attention scores of one head", act.attention);
   row("one chunk of logits (chunked cross-entropy)", act.loss_chunk);
-  if (act.unit_staging > 0) row("fp32 copy of the largest gathered unit", act.unit_staging);
+  if (act.unit_staging > 0) row("dtype staging of the largest unit (parameters, gradients)", act.unit_staging);
   row("total", act.total());
-  if (gpu && half) {
-    std::printf("  (this build runs the model on the CPU in fp32: %s per rank there)\n",
-                format_bytes(cpu_act.total()).c_str());
-  }
   std::printf("\n%s\n", zero3::format_memory_plan(plan).c_str());
   return 0;
 }
