@@ -30,6 +30,13 @@ EngineModel::EngineModel(zero3::Engine& engine, const ModelConfig& config, const
       config_(config),
       layouts_(model_unit_layouts(config)),
       checkpointing_(options.activation_checkpointing) {
+  // The backend first: a device or dtype it lacks fails before anything is declared.
+  ops_ = make_model_ops(engine_.device(), engine_.compute_dtype());
+  if (engine_.device().type() == zero3::DeviceType::cuda && engine_.grad_dtype() == zero3::DType::f16) {
+    throw zero3::Unsupported("the Llama-3 model on " + engine_.device().name() +
+                             " does not support data_types.grad_accum_dtype fp16 (the CUDA kernels convert f32 "
+                             "gradients to bf16 only; use fp32 or bf16)");
+  }
   std::shared_ptr<const st::ShardedSafetensorsReader> weights;
   if (!options.init_from.empty()) {
     weights = std::make_shared<const st::ShardedSafetensorsReader>(options.init_from);
@@ -58,12 +65,6 @@ EngineModel::EngineModel(zero3::Engine& engine, const ModelConfig& config, const
       specs.emplace_back(p.name, p.shape, std::move(init));
     }
     units_.push_back(engine_.add_unit(u.name, specs));
-  }
-  ops_ = make_model_ops(engine_.device(), engine_.compute_dtype());
-  if (engine_.device().type() == zero3::DeviceType::cuda && engine_.grad_dtype() == zero3::DType::f16) {
-    throw zero3::Unsupported("the Llama-3 model on " + engine_.device().name() +
-                             " does not support data_types.grad_accum_dtype fp16 (the CUDA kernels convert f32 "
-                             "gradients to bf16 only; use fp32 or bf16)");
   }
   runner_ = std::make_unique<ModelRunner>(config_, *ops_);
 }

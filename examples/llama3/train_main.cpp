@@ -22,6 +22,7 @@
 #include "data/tokenizer.hpp"
 #include "engine_model.hpp"
 #include "metrics.hpp"
+#include "mfu.hpp"
 #include "model_config.hpp"
 #include "progress.hpp"
 #include "train_options.hpp"
@@ -35,6 +36,10 @@
 #include "zero3/memory_plan.hpp"
 #include "zero3/safetensors.hpp"
 #include "zero3/version.hpp"
+
+#if LLAMA3_HAVE_CUDA
+#include "cuda/cuda_model_ops.hpp"
+#endif
 
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
@@ -241,6 +246,24 @@ std::string fmt(const char* f, double x) {
   return buf;
 }
 
+// N of "cuda:N".
+int parse_gpu_index(const std::string& device) {
+  const std::string digits = device.substr(5);
+  if (device.compare(0, 5, "cuda:") != 0 || digits.empty() || digits.size() > 4 ||
+      digits.find_first_not_of("0123456789") != std::string::npos) {
+    throw zero3::InvalidArgument("device '" + device + "': expected cuda or cuda:N");
+  }
+  return std::stoi(digits);
+}
+
+// The product name of the device the model runs on (the MFU peak is looked up by it).
+std::string gpu_product_name(const zero3::Device& device) {
+#if LLAMA3_HAVE_CUDA
+  if (device.type() == zero3::DeviceType::cuda) return cuda_device_name(device.index());
+#endif
+  return device.type() == zero3::DeviceType::cpu ? "host" : device.name();
+}
+
 void check_checkpoint_flags(const TrainOptions& o) {
   if ((o.resume || o.save_interval > 0) && o.save_dir.empty()) {
     throw zero3::InvalidArgument(std::string(o.resume ? "--resume" : "--save-interval") +
@@ -267,21 +290,26 @@ int64_t extra_int(const zero3::CheckpointExtras& e, const std::string& key, cons
 }
 
 int train(const TrainOptions& o, zero3::Config cfg, const ModelConfig& mc, const std::string& model_json) {
-  // The example's model has CPU kernels only; the engine's own CUDA device is not enough to run it.
+  // Where the model runs: --device, else the config's zero3.device; "auto" means the CPU.
   std::string device_name = o.device;
   if (device_name == "auto") device_name = cfg.zero3.device == "auto" ? "cpu" : cfg.zero3.device;
-  if (device_name.rfind("cuda", 0) == 0) {
-    throw zero3::Unsupported("--device " + device_name +
-                             ": not yet supported by the example (the Llama-3 model has CPU kernels only; "
-                             "use --device cpu, or --dry-run to plan a GPU job)");
+  const bool gpu = device_name.rfind("cuda", 0) == 0;
+  if (!gpu && device_name != "cpu") {
+    throw zero3::InvalidArgument("device '" + device_name + "' (--device or zero3.device): expected cpu or cuda");
   }
-  cfg.zero3.device = "cpu";
+  cfg.zero3.device = gpu ? "cuda" : "cpu";
   check_checkpoint_flags(o);
 
-  // Join the job. CPU tensors travel over Gloo (or no network at all for one rank).
+  // Join the job. CPU tensors travel over Gloo (or no network at all for one rank), GPU tensors over NCCL, one
+  // GPU per rank: local rank i uses cuda:i unless --device names one.
   const zero3::LaunchInfo launch = zero3::detect_launch();
+  const int gpu_index = device_name.size() > 5 ? parse_gpu_index(device_name) : launch.local_rank;
   zero3::CommOptions co;
-  co.backend = cfg.zero3.comm_backend == "auto" ? (launch.world_size > 1 ? "gloo" : "local") : cfg.zero3.comm_backend;
+  co.backend = cfg.zero3.comm_backend != "auto" ? cfg.zero3.comm_backend
+               : gpu                            ? "nccl"
+               : launch.world_size > 1          ? "gloo"
+                                                : "local";
+  if (gpu) co.device = gpu_index;
   co.timeout = std::chrono::seconds(cfg.zero3.comm_timeout_s);
   co.network = o.network != "auto"                                    ? o.network
                : cfg.zero3.network == zero3::NetworkTransport::efa    ? "efa"
@@ -292,6 +320,9 @@ int train(const TrainOptions& o, zero3::Config cfg, const ModelConfig& mc, const
   resolve_config(cfg, o, mc, world);
   const int64_t micro = *cfg.train_micro_batch_size_per_gpu, gas = *cfg.gradient_accumulation_steps;
   const zero3::DType compute = cfg.compute_dtype();
+  std::unique_ptr<zero3::Device> device = zero3::make_device(gpu ? "cuda:" + std::to_string(gpu_index) : "cpu");
+  const std::string hardware = gpu_product_name(*device);
+  const std::optional<double> peak_flops = gpu ? peak_bf16_flops(hardware) : std::nullopt;
 
   if (rank == 0) {
     std::printf("llama3_train (zero3 %s)\n", zero3::version().c_str());
@@ -304,13 +335,21 @@ int train(const TrainOptions& o, zero3::Config cfg, const ModelConfig& mc, const
         "steps\n",
         static_cast<long long>(micro), static_cast<long long>(o.seq_len), static_cast<long long>(gas), world,
         static_cast<long long>(micro * o.seq_len * gas * world), static_cast<long long>(o.steps));
-    std::printf("  precision  %s\n",
-                compute == zero3::DType::f32
-                    ? "fp32"
-                    : (std::string(precision_name(compute)) +
-                       " parameter copies (gathered and communicated), fp32 master weights and Adam state; the CPU "
-                       "kernels compute in fp32 on the widened weights (no 16-bit arithmetic on CPU)")
-                          .c_str());
+    std::string peak = !gpu         ? ""
+                       : peak_flops ? ", peak dense bf16 " + fmt("%.0f", *peak_flops / 1e12) + " TFLOP/s"
+                                    : ", peak FLOP/s unknown: MFU n/a";
+    std::printf("  device     %s (%s)%s\n", device->name().c_str(), hardware.c_str(), peak.c_str());
+    std::string precision = precision_name(compute);
+    if (compute != zero3::DType::f32 && gpu) {
+      precision +=
+          " parameters, activations and GEMM inputs on the GPU (f32 accumulation and weight gradients), fp32 "
+          "master weights and Adam state";
+    } else if (compute != zero3::DType::f32) {
+      precision +=
+          " parameter copies (gathered and communicated), fp32 master weights and Adam state; the CPU kernels compute "
+          "in fp32 on the widened weights (no 16-bit arithmetic on CPU)";
+    }
+    std::printf("  precision  %s\n", precision.c_str());
     std::printf("  checkpointing (activations) %s\n", o.grad_checkpointing ? "on" : "off");
     std::printf("  resolved DeepSpeed config (%s):\n%s\n", o.deepspeed.c_str(), zero3::to_json(cfg).c_str());
     std::fflush(stdout);
@@ -340,7 +379,6 @@ int train(const TrainOptions& o, zero3::Config cfg, const ModelConfig& mc, const
                   " steps per epoch), tokenized in ", fmt("%.2f", seconds_since(t_data)), " s");
 
   // The model on the engine.
-  std::unique_ptr<zero3::Device> device = zero3::make_device("cpu");
   zero3::Engine engine(cfg, comm, *device);
   EngineModelOptions mo;
   mo.activation_checkpointing = o.grad_checkpointing;
@@ -409,6 +447,12 @@ int train(const TrainOptions& o, zero3::Config cfg, const ModelConfig& mc, const
     if (cfg.tensorboard.enabled) log::warn("tensorboard: event files are not written by llama3_train; use csv_monitor");
   }
   ProgressBar bar(o.steps, start_step, rank == 0 && ProgressBar::stdout_is_terminal());
+
+  // The device's peak: the engine's and the model's buffers (Device counters on cuda, runner bytes on the host)
+  // plus the CUDA kernels' own workspaces.
+  auto device_peak = [&] {
+    return device->peak_bytes_in_use() + model.ops().workspace_bytes() + (gpu ? 0 : model.activation_bytes());
+  };
 
   // Training.
   const BatchShape shape{micro, o.seq_len};
@@ -487,6 +531,8 @@ int train(const TrainOptions& o, zero3::Config cfg, const ModelConfig& mc, const
       m.mem_buffers = mem.buffers;
       m.mem_activations = model.activation_bytes();
       m.mem_peak = mem.peak_total;
+      m.mem_device_peak = device_peak();
+      m.mfu = model_flops_utilization(mc, o.seq_len, m.tokens_per_s / world, peak_flops);
       if (metrics) metrics->write(m);
       monitor->write_event("Train/Samples/train_loss", loss, m.samples);
       monitor->write_event("Train/Samples/lr", r.lr, m.samples);
@@ -498,13 +544,20 @@ int train(const TrainOptions& o, zero3::Config cfg, const ModelConfig& mc, const
       }
       const bool print = (step + 1) % print_every == 0 || step == start_step || step + 1 == o.steps;
       if (print) {
+        const double window_tokens_per_s = window_steps * static_cast<double>(tokens_per_step) / window_time;
         curve.emplace_back(step + 1, loss);
         bar.clear();
         std::string line = "step " + std::to_string(step + 1) + "/" + std::to_string(o.steps) + " | loss " +
                            fmt("%.4f", loss) + " | lr " + fmt("%.3e", r.lr) + " | grad norm " +
                            fmt("%.4f", r.grad_norm) + (r.applied ? "" : " (overflow: skipped)") + " | " +
-                           fmt("%.0f", window_steps * static_cast<double>(tokens_per_step) / window_time) +
-                           " tokens/s | mem " + describe_memory(mem, model.activation_bytes());
+                           fmt("%.0f", window_tokens_per_s) + " tokens/s";
+        if (gpu) {
+          const std::optional<double> mfu =
+              model_flops_utilization(mc, o.seq_len, window_tokens_per_s / world, peak_flops);
+          line += mfu ? " | MFU " + fmt("%.1f", *mfu * 100) + "%" : std::string(" | MFU n/a");
+        }
+        line += " | mem " + describe_memory(mem, model.activation_bytes());
+        if (gpu) line += " | peak GPU " + format_bytes(m.mem_device_peak);
         if (cfg.wall_clock_breakdown) {
           const double n = static_cast<double>(window_steps);
           line += " | time/step: forward " + fmt("%.1f", window_fwd / n * 1e3) + " ms, backward " +

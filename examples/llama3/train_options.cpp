@@ -83,7 +83,8 @@ const std::vector<Flag>& flags() {
        [](TrainOptions& o, const std::string& v) {
          o.precision = one_of("precision", v, {"bf16", "fp16", "fp32"});
        }},
-      {"device", Kind::text, "cpu|cuda|auto", "where the model runs (default auto: cpu; cuda is not yet supported)",
+      {"device", Kind::text, "cpu|cuda|auto",
+       "where the model runs (default auto: the config's zero3.device, else cpu; cuda: local rank i on GPU i, NCCL)",
        [](TrainOptions& o, const std::string& v) {
          o.device = one_of("device", v, {"cpu", "cuda", "auto"});
        }},

@@ -1,0 +1,326 @@
+// The Llama-3 model on a GPU: EngineModel on the cuda device (CudaModelOps, a one-rank NCCL communicator, ZeRO
+// stage 3) against the same EngineModel on the cpu device, and against Hugging Face's golden fixture.
+//
+//   Fp32EqualsTheCpuModel   3 optimizer steps of 2 micro-batches (AdamW, weight decay, clipping) from the same
+//                           safetensors weights, with and without activation checkpointing: every loss within
+//                           1e-4 relative, every gathered parameter within 1e-4 of its tensor's largest |w|. Only
+//                           the order of the float sums differs (cuBLAS pedantic f32 vs OpenBLAS, block
+//                           reductions vs row loops); Adam's eps is 1e-4 as in tests/dist/test_engine_training.cpp,
+//                           so a gradient that is pure rounding noise does not become a full-size update.
+//   GoldenFixtureInFp32     tests/golden (transformers' LlamaForCausalLM, float32) through the engine on the GPU:
+//                           the two sequences as two micro-batches, loss within 1e-4 relative, every parameter's
+//                           gradient within 1e-4 of its tensor's largest |gradient| (read back as exp_avg after one
+//                           AdamW step with beta1 = 0, as tests/dist/test_engine_golden.cpp does).
+//   Bf16LossFalls           bf16 compute (bf16 activations and GEMM inputs) on a repeated batch: 30 steps take the
+//                           loss below 60% of its start; every loss finite.
+//   Fp16IsRefused           fp16 compute on cuda is zero3::Unsupported at construction, with a sentence naming it.
+// Without a CUDA device the program prints why and exits 77 (skipped).
+#include "gpu/cuda_test_env.hpp"
+
+#if defined(LLAMA3_HAVE_CUDA) && ZERO3_HAVE_NCCL
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "engine_model.hpp"
+#include "llama_model.hpp"
+#include "zero3/comm.hpp"
+#include "zero3/engine.hpp"
+#include "zero3/error.hpp"
+#include "zero3/safetensors.hpp"
+
+namespace {
+
+using namespace llama3;
+namespace fs = std::filesystem;
+namespace st = zero3::safetensors;
+
+std::shared_ptr<zero3::Communicator> world_of_one(const std::string& backend) {
+  zero3::CommOptions o;
+  o.backend = backend;
+  o.device = 0;
+  o.timeout = std::chrono::seconds(120);
+  zero3::LaunchInfo launch;
+  launch.launcher = "test";
+  return std::shared_ptr<zero3::Communicator>(zero3::make_communicator(o, launch, nullptr));
+}
+
+fs::path temp_dir(const std::string& name) {
+  fs::path d = fs::temp_directory_path() / ("llama3_cuda_model_" + std::to_string(getpid()) + "_" + name);
+  fs::remove_all(d);
+  fs::create_directories(d);
+  return d;
+}
+
+// Odd sizes (tests/dist/test_engine_training.cpp): hidden 24, 3 heads on 1 kv head, ffn 40, 3 layers, vocab 37.
+ModelConfig odd_config() {
+  ModelConfig c;
+  c.hidden_size = 24;
+  c.intermediate_size = 40;
+  c.num_hidden_layers = 3;
+  c.num_attention_heads = 3;
+  c.num_key_value_heads = 1;
+  c.head_dim = 8;
+  c.vocab_size = 37;
+  c.rms_norm_eps = 1e-5;
+  c.rope_theta = 500000.0;
+  c.max_position_embeddings = 64;
+  c.initializer_range = 0.2;
+  validate(c, "odd_config");
+  return c;
+}
+
+constexpr int64_t kBatch = 2, kSeq = 7, kGas = 2;
+
+struct MicroBatch {
+  std::vector<int32_t> ids, targets;
+};
+
+MicroBatch make_batch(const ModelConfig& c, int64_t step, int64_t micro) {
+  std::mt19937_64 rng(static_cast<uint64_t>(1000 * step + 100 * micro + 17));
+  std::uniform_int_distribution<int32_t> tok(0, static_cast<int32_t>(c.vocab_size - 1));
+  const int64_t n = kBatch * kSeq;
+  std::vector<int32_t> stream(static_cast<size_t>(n + 1));
+  for (auto& t : stream) t = tok(rng);
+  MicroBatch b;
+  b.ids.assign(stream.begin(), stream.end() - 1);
+  b.targets.assign(stream.begin() + 1, stream.end());
+  for (int64_t i = 0; i < n; ++i)
+    if ((i + step + micro) % 5 == 0) b.targets[static_cast<size_t>(i)] = kIgnoreIndex;
+  return b;
+}
+
+zero3::Config train_config(bool bf16) {
+  zero3::Config c;
+  c.zero.stage = 3;
+  c.bf16.enabled = bf16;
+  c.train_micro_batch_size_per_gpu = kBatch;
+  c.gradient_accumulation_steps = kGas;
+  c.gradient_clipping = 0.5;
+  c.optimizer.present = true;
+  c.optimizer.type = zero3::OptimizerType::adamw;
+  c.optimizer.lr = 1e-2;
+  c.optimizer.weight_decay = 0.01;
+  c.optimizer.eps = 1e-4;
+  c.zero.reduce_bucket_size = 700;
+  c.zero.prefetch_bucket_size = 3000;
+  c.zero.param_persistence_threshold = 1000;  // embedding and head stay gathered, layers come and go
+  c.zero3.seed = 99;
+  return c;
+}
+
+struct TrainRun {
+  std::vector<double> losses;
+  std::vector<std::vector<float>> params;  // per unit, gathered after the last step
+};
+
+TrainRun train(zero3::Device& device, const std::string& backend, const zero3::Config& cfg, const ModelConfig& mc,
+               const fs::path& init_from, bool checkpointing, int64_t steps) {
+  zero3::Engine engine(cfg, world_of_one(backend), device);
+  EngineModelOptions opt;
+  opt.activation_checkpointing = checkpointing;
+  opt.init_from = init_from;
+  EngineModel model(engine, mc, opt);
+  engine.materialize();
+  TrainRun run;
+  for (int64_t step = 0; step < steps; ++step) {
+    int64_t total = 0;
+    for (int64_t k = 0; k < kGas; ++k)
+      total += count_targets(make_batch(mc, step, k).targets.data(), kBatch * kSeq, mc.vocab_size);
+    LossOptions lo;
+    lo.normalizer = static_cast<double>(total) / static_cast<double>(kGas);
+    for (int64_t k = 0; k < kGas; ++k) {
+      const MicroBatch b = make_batch(mc, step, k);
+      run.losses.push_back(model.forward_backward(b.ids.data(), b.targets.data(), BatchShape{kBatch, kSeq}, lo).loss);
+      engine.step();
+    }
+  }
+  for (size_t u = 0; u < model.num_units(); ++u) {
+    run.params.emplace_back(static_cast<size_t>(model.layouts()[u].numel));
+    model.gather_unit(u, run.params.back().data());
+  }
+  return run;
+}
+
+TEST(CudaModel, Fp32EqualsTheCpuModel) {
+  const ModelConfig mc = odd_config();
+  const zero3::Config cfg = train_config(false);
+  auto cpu = zero3::make_cpu_device();
+  auto gpu = zero3::make_device("cuda");
+  // Both runs start from the same weights: the cpu engine's meta init, exported.
+  const fs::path dir = temp_dir("init");
+  {
+    zero3::Engine engine(cfg, world_of_one("local"), *cpu);
+    EngineModel model(engine, mc);
+    engine.materialize();
+    model.save_hf(dir, st::Dtype::f32, 0);
+  }
+  for (bool checkpointing : {true, false}) {
+    SCOPED_TRACE(checkpointing ? "checkpointing" : "no checkpointing");
+    const TrainRun want = train(*cpu, "local", cfg, mc, dir / "model.safetensors", checkpointing, 3);
+    const TrainRun got = train(*gpu, "nccl", cfg, mc, dir / "model.safetensors", checkpointing, 3);
+    ASSERT_EQ(got.losses.size(), want.losses.size());
+    for (size_t i = 0; i < want.losses.size(); ++i)
+      EXPECT_NEAR(got.losses[i], want.losses[i], 1e-4 * std::fabs(want.losses[i])) << "micro-step " << i;
+    double worst = 0;
+    const std::vector<UnitLayout> layouts = model_unit_layouts(mc);
+    for (size_t u = 0; u < layouts.size(); ++u) {
+      for (const ParamSpec& p : layouts[u].params) {
+        double scale = 0, diff = 0;
+        for (int64_t i = p.offset; i < p.offset + p.numel; ++i) {
+          scale = std::max(scale, std::fabs(static_cast<double>(want.params[u][static_cast<size_t>(i)])));
+          diff = std::max(diff, std::fabs(static_cast<double>(got.params[u][static_cast<size_t>(i)]) -
+                                          want.params[u][static_cast<size_t>(i)]));
+        }
+        EXPECT_LE(diff, 1e-4 * scale) << p.name;
+        worst = std::max(worst, diff / std::max(scale, 1e-30));
+      }
+    }
+    std::printf("[fp32, checkpointing %s] last loss %.9f (cpu %.9f), worst parameter difference %.3g\n",
+                checkpointing ? "on" : "off", got.losses.back(), want.losses.back(), worst);
+  }
+  EXPECT_EQ(gpu->bytes_in_use(), 0) << "the engine and the model left device memory behind";
+  fs::remove_all(dir);
+}
+
+// ---- Hugging Face's golden fixture ----
+
+fs::path golden_dir() {
+  if (const char* d = std::getenv("LLAMA3_GOLDEN_DIR")) return d;
+  if (const char* s = std::getenv("ZERO3_SOURCE_DIR")) return fs::path(s) / "examples/llama3/tests/golden";
+  return fs::path(LLAMA3_SOURCE_DIR) / "tests/golden";
+}
+
+template <typename T>
+std::vector<T> read_all(const st::SafetensorsReader& r, const std::string& name) {
+  const st::TensorInfo& info = r.tensor(name);
+  std::vector<T> v(static_cast<size_t>(info.numel()));
+  r.read_range(name, 0, info.numel(), v.data());
+  return v;
+}
+
+TEST(CudaModel, GoldenFixtureInFp32) {
+  const fs::path dir = golden_dir();
+  const ModelConfig mc = load_model_config((dir / "config.json").string());
+  st::SafetensorsReader batch(dir / "batch.safetensors");
+  const auto ids = read_all<int32_t>(batch, "input_ids");
+  const auto labels = read_all<int32_t>(batch, "labels");
+  const double want_loss = read_all<double>(batch, "loss").at(0);
+  const int64_t S = batch.tensor("input_ids").shape.at(0), T = batch.tensor("input_ids").shape.at(1);
+  std::vector<int32_t> targets(ids.size(), kIgnoreIndex);  // position t predicts labels[t + 1]
+  for (int64_t b = 0; b < S; ++b)
+    for (int64_t t = 0; t + 1 < T; ++t) targets[b * T + t] = labels[b * T + t + 1];
+  st::SafetensorsReader grads(dir / "grads.safetensors");
+
+  auto gpu = zero3::make_device("cuda");
+  for (bool checkpointing : {true, false}) {
+    SCOPED_TRACE(checkpointing ? "checkpointing" : "no checkpointing");
+    zero3::Config cfg;
+    cfg.zero.stage = 3;
+    cfg.train_micro_batch_size_per_gpu = 1;
+    cfg.gradient_accumulation_steps = S;
+    cfg.gradient_clipping = 0.0;
+    cfg.optimizer.present = true;
+    cfg.optimizer.type = zero3::OptimizerType::adamw;
+    cfg.optimizer.lr = 1e-3;
+    cfg.optimizer.beta1 = 0.0;  // exp_avg after the first step = the gradient
+    cfg.optimizer.weight_decay = 0.0;
+    cfg.zero.param_persistence_threshold = 100;
+    zero3::Engine engine(cfg, world_of_one("nccl"), *gpu);
+    EngineModelOptions opt;
+    opt.init_from = dir / "model.safetensors";
+    opt.activation_checkpointing = checkpointing;
+    EngineModel model(engine, mc, opt);
+    engine.materialize();
+    ASSERT_EQ(model.ops().act(), zero3::DType::f32);
+
+    // The engine averages over micro-batches: normalise each by the batch's target count over S.
+    const int64_t count = count_targets(targets.data(), S * T, mc.vocab_size);
+    LossOptions lo;
+    lo.normalizer = static_cast<double>(count) / static_cast<double>(S);
+    double loss_sum = 0;
+    zero3::StepResult r;
+    for (int64_t b = 0; b < S; ++b) {
+      loss_sum += model.forward_backward(ids.data() + b * T, targets.data() + b * T, BatchShape{1, T}, lo).loss_sum;
+      r = engine.step();
+    }
+    ASSERT_TRUE(r.applied);
+    const double loss = loss_sum / static_cast<double>(count);
+    EXPECT_NEAR(loss, want_loss, 1e-4 * want_loss);
+
+    double worst = 0;
+    std::string worst_name;
+    for (size_t u = 0; u < model.num_units(); ++u) {
+      const zero3::ShardView shard = engine.local_shard(model.unit(u));
+      for (const ParamSpec& p : model.layouts()[u].params) {
+        std::vector<float> want(static_cast<size_t>(p.numel));
+        grads.read_as_f32(p.name, 0, p.numel, want.data());
+        double scale = 0, diff = 0;
+        for (int64_t i = 0; i < p.numel; ++i) {
+          scale = std::max(scale, std::fabs(static_cast<double>(want[static_cast<size_t>(i)])));
+          diff = std::max(diff, std::fabs(static_cast<double>(shard.exp_avg[p.offset + i]) - want[i]));
+        }
+        EXPECT_LE(diff, 1e-4 * scale) << p.name;
+        if (diff / scale > worst) worst = diff / scale, worst_name = p.name;
+      }
+    }
+    std::printf(
+        "[golden, cuda fp32, checkpointing %s] loss %.9f vs transformers %.9f (rel %.2g); worst gradient %.3g "
+        "(%s)\n",
+        checkpointing ? "on" : "off", loss, want_loss, std::fabs(loss - want_loss) / want_loss, worst,
+        worst_name.c_str());
+  }
+}
+
+TEST(CudaModel, Bf16LossFalls) {
+  const ModelConfig mc = odd_config();
+  zero3::Config cfg = train_config(true);
+  cfg.gradient_accumulation_steps = 1;
+  auto gpu = zero3::make_device("cuda");
+  zero3::Engine engine(cfg, world_of_one("nccl"), *gpu);
+  EngineModel model(engine, mc);
+  engine.materialize();
+  ASSERT_EQ(model.ops().act(), zero3::DType::bf16);
+  const MicroBatch b = make_batch(mc, 0, 0);
+  std::vector<double> losses;
+  for (int step = 0; step < 30; ++step) {
+    losses.push_back(model.forward_backward(b.ids.data(), b.targets.data(), BatchShape{kBatch, kSeq}).loss);
+    engine.step();
+    ASSERT_TRUE(std::isfinite(losses.back())) << "step " << step;
+  }
+  std::printf("[bf16 on cuda] loss %.4f -> %.4f over 30 steps; activations %lld bytes\n", losses.front(), losses.back(),
+              static_cast<long long>(model.activation_bytes()));
+  EXPECT_LT(losses.back(), 0.6 * losses.front());
+  EXPECT_GT(model.activation_bytes(), 0);
+}
+
+TEST(CudaModel, Fp16IsRefused) {
+  zero3::Config cfg = train_config(false);
+  cfg.fp16.enabled = true;
+  auto gpu = zero3::make_device("cuda");
+  zero3::Engine engine(cfg, world_of_one("nccl"), *gpu);
+  try {
+    EngineModel model(engine, odd_config());
+    FAIL() << "fp16 compute on cuda was accepted";
+  } catch (const zero3::Unsupported& e) {
+    EXPECT_NE(std::string(e.what()).find("f16"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+
+#else
+
+TEST(CudaModel, NotInThisBuild) {}
+
+#endif
