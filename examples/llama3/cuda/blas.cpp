@@ -32,6 +32,10 @@ void check_cublas(cublasStatus_t s, const std::string& what) {
 
 cudaDataType_t cuda_type(DType t) { return t == DType::f32 ? CUDA_R_32F : CUDA_R_16BF; }
 
+// cuBLAS wants every leading dimension >= 1, even for a matrix it does not read (k == 0 leaves A and B unread,
+// and check_shape lets their row stride be 0 then).
+int cublas_ld(int64_t ld) { return static_cast<int>(ld < 1 ? 1 : ld); }
+
 struct GemmShape {
   bool trans_a, trans_b;
   int64_t m, n, k, lda, ldb, ldc, count;
@@ -84,12 +88,11 @@ void Blas::gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, flo
   cublasHandle_t h = as_handle(handle_);
   check_cublas(cublasSetMathMode(h, ab_type == DType::f32 ? CUBLAS_PEDANTIC_MATH : CUBLAS_DEFAULT_MATH),
                "cublasSetMathMode");
-  check_cublas(
-      cublasGemmEx(h, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, static_cast<int>(n),
-                   static_cast<int>(m), static_cast<int>(k), &alpha, b, cuda_type(ab_type), static_cast<int>(ldb), a,
-                   cuda_type(ab_type), static_cast<int>(lda), &beta, c, cuda_type(c_type), static_cast<int>(ldc),
-                   CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
-      g.describe("cublasGemmEx"));
+  check_cublas(cublasGemmEx(h, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, trans_a ? CUBLAS_OP_T : CUBLAS_OP_N,
+                            static_cast<int>(n), static_cast<int>(m), static_cast<int>(k), &alpha, b,
+                            cuda_type(ab_type), cublas_ld(ldb), a, cuda_type(ab_type), cublas_ld(lda), &beta, c,
+                            cuda_type(c_type), cublas_ld(ldc), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+               g.describe("cublasGemmEx"));
 }
 
 void Blas::gemm_strided_batched(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const void* a,
@@ -104,12 +107,12 @@ void Blas::gemm_strided_batched(bool trans_a, bool trans_b, int64_t m, int64_t n
   cublasHandle_t h = as_handle(handle_);
   check_cublas(cublasSetMathMode(h, ab_type == DType::f32 ? CUBLAS_PEDANTIC_MATH : CUBLAS_DEFAULT_MATH),
                "cublasSetMathMode");
-  check_cublas(cublasGemmStridedBatchedEx(
-                   h, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, static_cast<int>(n),
-                   static_cast<int>(m), static_cast<int>(k), &alpha, b, cuda_type(ab_type), static_cast<int>(ldb),
-                   static_cast<long long>(stride_b), a, cuda_type(ab_type), static_cast<int>(lda),
-                   static_cast<long long>(stride_a), &beta, c, cuda_type(c_type), static_cast<int>(ldc),
-                   static_cast<long long>(stride_c), static_cast<int>(count), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+  check_cublas(cublasGemmStridedBatchedEx(h, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, trans_a ? CUBLAS_OP_T : CUBLAS_OP_N,
+                                          static_cast<int>(n), static_cast<int>(m), static_cast<int>(k), &alpha, b,
+                                          cuda_type(ab_type), cublas_ld(ldb), static_cast<long long>(stride_b), a,
+                                          cuda_type(ab_type), cublas_ld(lda), static_cast<long long>(stride_a), &beta,
+                                          c, cuda_type(c_type), cublas_ld(ldc), static_cast<long long>(stride_c),
+                                          static_cast<int>(count), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
                g.describe("cublasGemmStridedBatchedEx"));
 }
 
