@@ -132,6 +132,12 @@ void rmsnorm_backward(const void* x, const void* w, const float* rstd, const voi
   detail::check_non_negative(n, "rmsnorm_backward", "n");
   detail::check_act(act, "rmsnorm_backward");
   if (rows == 0 || n == 0) return;
+  // Every argument is checked before the first launch.
+  if (rstd == nullptr) throw zero3::InvalidArgument("rmsnorm_backward: rstd is null (the forward's rstd is needed)");
+  const int64_t col_blocks = (n + kWarp - 1) / kWarp;
+  if (dw != nullptr && col_blocks > int64_t{0x7fffffff}) {
+    throw zero3::InvalidArgument("rmsnorm_backward: n = " + std::to_string(n) + " is too wide");
+  }
   dispatch_act(act, "rmsnorm_backward", [&](auto tag) {
     using T = typename decltype(tag)::type;
     const T* xt = static_cast<const T*>(x);
@@ -143,10 +149,6 @@ void rmsnorm_backward(const void* x, const void* w, const float* rstd, const voi
     // At most kMaxGridY chunks (grid.y), each of at least kDwChunkRows rows.
     const int64_t chunk_rows = std::max(kDwChunkRows, (rows + kMaxGridY - 1) / kMaxGridY);
     const int64_t chunks = (rows + chunk_rows - 1) / chunk_rows;
-    const int64_t col_blocks = (n + kWarp - 1) / kWarp;
-    if (col_blocks > int64_t{0x7fffffff}) {
-      throw zero3::InvalidArgument("rmsnorm_backward: n = " + std::to_string(n) + " is too wide");
-    }
     StreamScratch partial(static_cast<size_t>(chunks * n) * sizeof(float), stream);
     const dim3 grid(static_cast<unsigned int>(col_blocks), static_cast<unsigned int>(chunks));
     const dim3 block(kWarp, kDwRowThreads);
