@@ -20,8 +20,8 @@
 // Workspace (one device allocation, grown on demand, stream-ordered on the Blas stream): per unit (a kv head of
 // the current chunk) seq*seq f32 scores, plus in backward seq*seq f32 dP, plus with bf16 the bf16 copies of P
 // (and dS); with bf16 in backward also two (seq, n_kv_heads*head_dim) f32 accumulators. The chunk c is the
-// largest number of kv heads whose scores fit kWorkspaceCap (at least one, whatever its size). Masked
-// entries (key > query) are computed by the GEMMs and set to exactly 0 by the kernels, as the CPU op does.
+// largest number of kv heads whose scores (and copies) fit the workspace cap (at least one, whatever its size).
+// Masked entries (key > query) are computed by the GEMMs and set to exactly 0 by the kernels, as the CPU op does.
 #include <algorithm>
 #include <cmath>
 #include <string>
@@ -36,7 +36,6 @@ namespace {
 using namespace kernels;
 
 constexpr int kSoftmaxThreads = 256;
-constexpr int64_t kWorkspaceCap = int64_t{1} << 30;
 constexpr int64_t kAlign = 256;
 
 int64_t align_up(int64_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
@@ -144,12 +143,12 @@ struct Plan {
   int64_t s = 0, dp = 0, p_copy = 0, ds_copy = 0, dk_acc = 0, dv_acc = 0, bytes = 0;
 };
 
-Plan make_plan(const AttentionDims& d, DType act, bool backward) {
+Plan make_plan(const AttentionDims& d, DType act, bool backward, int64_t workspace_cap) {
   const bool copies = act != DType::f32;
   const int64_t scores = d.seq * d.seq;
   const int64_t per_unit = scores * (4 + (backward ? 4 : 0) + (copies ? 2 : 0) + (copies && backward ? 2 : 0));
   Plan p;
-  p.units = std::clamp<int64_t>(kWorkspaceCap / std::max<int64_t>(per_unit, 1), 1, d.n_kv_heads);
+  p.units = std::clamp<int64_t>(workspace_cap / std::max<int64_t>(per_unit, 1), 1, d.n_kv_heads);
   int64_t at = 0;
   auto region = [&](int64_t bytes) {
     const int64_t start = at;
@@ -178,7 +177,7 @@ void* offset(void* base, int64_t elements, int64_t element_size) {
 }  // namespace
 
 struct Attention::Impl {
-  explicit Impl(Blas& b) : blas(b), stream(b.stream()) {}
+  Impl(Blas& b, int64_t cap) : blas(b), stream(b.stream()), workspace_cap(cap) {}
   ~Impl() {
     if (workspace != nullptr) cudaFreeAsync(workspace, stream);
   }
@@ -199,11 +198,17 @@ struct Attention::Impl {
 
   Blas& blas;
   cudaStream_t stream;  // the Blas stream: the workspace is freed on it
+  int64_t workspace_cap;
   void* workspace = nullptr;
   int64_t bytes = 0;
 };
 
-Attention::Attention(Blas& blas) : impl_(std::make_unique<Impl>(blas)) {}
+Attention::Attention(Blas& blas, int64_t workspace_cap) {
+  if (workspace_cap <= 0) {
+    throw zero3::InvalidArgument("Attention: workspace_cap = " + std::to_string(workspace_cap) + " must be > 0");
+  }
+  impl_ = std::make_unique<Impl>(blas, workspace_cap);
+}
 Attention::~Attention() = default;
 
 int64_t Attention::workspace_bytes() const { return impl_->bytes; }
@@ -221,7 +226,7 @@ void Attention::forward(const AttentionDims& d, const void* q, int64_t ldq, cons
   if (d.batch == 0 || seq == 0) return;
   const int64_t es = static_cast<int64_t>(zero3::dtype_size(act));
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(hd)));
-  const Plan plan = make_plan(d, act, false);
+  const Plan plan = make_plan(d, act, false, impl_->workspace_cap);
   char* ws = impl_->reserve(plan.bytes);
   float* s = reinterpret_cast<float*>(ws + plan.s);
   void* p_copy = act == DType::f32 ? nullptr : ws + plan.p_copy;
@@ -273,7 +278,7 @@ void Attention::backward(const AttentionDims& d, const void* q, int64_t ldq, con
   const bool f32 = act == DType::f32;
   const int64_t es = static_cast<int64_t>(zero3::dtype_size(act));
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(hd)));
-  const Plan plan = make_plan(d, act, true);
+  const Plan plan = make_plan(d, act, true, impl_->workspace_cap);
   char* ws = impl_->reserve(plan.bytes);
   float* s = reinterpret_cast<float*>(ws + plan.s);
   float* dp = reinterpret_cast<float*>(ws + plan.dp);

@@ -116,16 +116,20 @@ void convert(const void* src, DType src_type, void* dst, DType dst_type, int64_t
 // head of query head h being h / (n_heads / n_kv_heads)), a causal softmax kernel over each row of S that
 // also writes the row's log-sum-exp, then O = P V; backward recomputes P from the log-sum-exp. S and P live
 // in a device workspace (f32 scores whatever act is; attention.cu says what else), reused by every call, grown
-// on demand with cudaMallocAsync on the Blas stream; heads are processed in chunks so that it stays near 1 GiB
-// (one kv head's scores at least). All work runs on the Blas stream.
+// on demand with cudaMallocAsync on the Blas stream; heads are processed in chunks of kv heads so that the
+// scores and their copies stay within workspace_cap bytes (1 GiB by default; one kv head's at least, whatever
+// the cap). All work runs on the Blas stream.
 
 struct AttentionDims {
   int64_t batch = 0, seq = 0, n_heads = 0, n_kv_heads = 0, head_dim = 0;
 };
 
+inline constexpr int64_t kDefaultAttentionWorkspaceCap = int64_t{1} << 30;
+
 class Attention {
  public:
-  explicit Attention(Blas& blas);
+  // workspace_cap > 0 (InvalidArgument otherwise).
+  explicit Attention(Blas& blas, int64_t workspace_cap = kDefaultAttentionWorkspaceCap);
   ~Attention();
   Attention(const Attention&) = delete;
   Attention& operator=(const Attention&) = delete;

@@ -1,6 +1,8 @@
 // Every CUDA op of the Llama-3 example (cuda/cuda_ops.hpp) against the CPU op of ops/ on the same inputs, at odd
 // sizes (37 rows, hidden 96, head_dim 16, seq 29, vocab 301, 4 query heads on 2 kv heads, ignored targets,
-// strided column blocks with padding that must stay untouched).
+// strided column blocks with padding that must stay untouched), with rows longer than a block (seq 300, vocab
+// 1100, n 1030), attention split into chunks of kv heads by a small workspace cap, and the last partial chunk of
+// the LM head loss.
 //
 // Expectations. f32: the CPU result within a few float roundings (relative to the tensor's largest magnitude,
 // 1e-5 for single products and row reductions, 1e-4 for the chained attention backward), since only the order
@@ -215,6 +217,26 @@ TEST_F(CudaOps, GemmAllTransposesStridesAndTypes) {
   }
 }
 
+// beta 0 ignores what C held (the attention and loss workspaces are never cleared); k 0 leaves beta * C, with
+// A's row stride 0 (A has no columns).
+TEST_F(CudaOps, GemmIgnoresCWithBetaZeroAndTakesKZero) {
+  lc::Blas blas(stream_);
+  const int64_t m = 5, n = 7, k = 3;
+  auto a = rand_vec(static_cast<size_t>(m * k), 111), b = rand_vec(static_cast<size_t>(k * n), 112);
+  std::vector<float> c(static_cast<size_t>(m * n), NAN), want(c.size());
+  llama3::gemm_loop<float>(false, false, m, n, k, 1.0f, a.data(), k, b.data(), n, 0.0f, want.data(), n);
+  auto da = upload(a, DType::f32), db = upload(b, DType::f32), dc = upload(c, DType::f32);
+  blas.gemm(false, false, m, n, k, 1.0f, da->get(), k, db->get(), n, 0.0f, dc->get(), n, DType::f32, DType::f32);
+  EXPECT_LT(rel_err(get(*dc, c.size(), DType::f32), want), kF32Tol) << "beta 0 over NaN";
+
+  auto c2 = rand_vec(static_cast<size_t>(m * n), 113);
+  std::vector<float> twice(c2.size());
+  for (size_t i = 0; i < c2.size(); ++i) twice[i] = 2.0f * c2[i];
+  auto dc2 = upload(c2, DType::f32);
+  blas.gemm(false, false, m, n, 0, 1.0f, da->get(), 0, db->get(), n, 2.0f, dc2->get(), n, DType::f32, DType::f32);
+  EXPECT_EQ(get(*dc2, c2.size(), DType::f32), twice) << "k 0";
+}
+
 TEST_F(CudaOps, GemmRejectsUnsupportedTypesAndStrides) {
   lc::Blas blas(stream_);
   DeviceBuffer a(64 * 4), b(64 * 4), c(64 * 4);
@@ -385,6 +407,7 @@ TEST_F(CudaOps, EmbeddingForwardAndBackwardAreExact) {
 
 struct AttentionRun {
   std::vector<float> out, lse, grads;  // grads: (tokens, ld_g) holding dq | dk | dv
+  int64_t workspace_bytes = 0;
 };
 
 class AttentionCase {
@@ -415,9 +438,9 @@ class AttentionCase {
     return r;
   }
 
-  AttentionRun gpu(cudaStream_t stream) const {
+  AttentionRun gpu(cudaStream_t stream, int64_t workspace_cap = lc::kDefaultAttentionWorkspaceCap) const {
     lc::Blas blas(stream);
-    lc::Attention attention(blas);
+    lc::Attention attention(blas, workspace_cap);
     const size_t es = zero3::dtype_size(act);
     auto dqkv = upload(qkv, act), ddout = upload(dout, act);
     DeviceBuffer out(static_cast<size_t>(tokens * ldo) * es), lse(static_cast<size_t>(d.batch * d.n_heads * d.seq) * 4),
@@ -430,6 +453,7 @@ class AttentionCase {
                        ddout->get(), lddo, at(grads, 0), ld_g, at(grads, qw), ld_g, at(grads, qw + kw), ld_g, act);
     EXPECT_GT(attention.workspace_bytes(), 0);
     AttentionRun r;
+    r.workspace_bytes = attention.workspace_bytes();
     r.out = download(out.get(), static_cast<size_t>(tokens * ldo), act, stream);
     r.lse = download(lse.get(), static_cast<size_t>(d.batch * d.n_heads * d.seq), DType::f32, stream);
     r.grads = download(grads.get(), static_cast<size_t>(tokens * ld_g), act, stream);
@@ -474,61 +498,147 @@ TEST_F(CudaOps, AttentionGroupedQueryForwardAndBackward) {
     AttentionCase c(act, 3, 17, 6, 1, 8);
     c.expect_close(c.gpu(stream_), c.cpu());
   }
+  // Rows longer than the softmax kernels' block: each thread takes several keys of a row.
+  for (DType act : kActs) {
+    SCOPED_TRACE(std::string(zero3::dtype_name(act)) + " GQA 4/2, 1 sequence of 300");
+    AttentionCase c(act, 1, 300, 4, 2, 8);
+    c.expect_close(c.gpu(stream_), c.cpu());
+  }
+}
+
+// A small workspace cap splits the kv heads into chunks (the last one shorter): per kv head, seq^2 = 841 scores
+// take 3364 bytes in f32 forward, 6728 in f32 backward, 5046 in bf16 forward and 10092 in bf16 backward. The caps
+// give chunks of 2+1 kv heads (f32 forward at 8000, f32 backward and bf16 forward at 14000, bf16 backward at
+// 25000) and of 1+1+1.
+TEST_F(CudaOps, AttentionChunksOfKvHeads) {
+  for (DType act : kActs) {
+    AttentionCase c(act, 2, 29, 6, 3, 8);
+    const AttentionRun want = c.cpu();
+    const int64_t unchunked = c.gpu(stream_).workspace_bytes;
+    for (int64_t cap : {int64_t{8000}, int64_t{14000}, int64_t{25000}}) {
+      SCOPED_TRACE(std::string(zero3::dtype_name(act)) + " GQA 6/3, workspace cap " + std::to_string(cap));
+      const AttentionRun got = c.gpu(stream_, cap);
+      c.expect_close(got, want);
+      // The backward's plan is the larger one: the workspace shrinks when the cap splits the backward.
+      const int64_t backward_per_kv_head = 29 * 29 * (act == DType::f32 ? 8 : 12);
+      if (cap < 3 * backward_per_kv_head) {
+        EXPECT_LT(got.workspace_bytes, unchunked) << "the cap did not split the kv heads";
+      }
+    }
+  }
+  lc::Blas blas(stream_);
+  EXPECT_THROW(lc::Attention(blas, 0), zero3::InvalidArgument);
 }
 
 // ---- Cross-entropy with the LM head ----
 
+// vocab 301 fits one pass of the row kernel's 512 threads; 1100 takes three per thread.
 TEST_F(CudaOps, LmHeadLossRowsGradientsAndSum) {
-  const int64_t n = 37, hidden = 96, vocab = 301;
-  std::vector<int32_t> targets(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i)
-    targets[i] = i % 5 == 3 ? llama3::kIgnoreIndex : static_cast<int32_t>((i * 131 + 7) % vocab);
-  targets[0] = 0;
-  targets[1] = static_cast<int32_t>(vocab - 1);
-  const int64_t count = llama3::count_targets(targets.data(), n, vocab);
-  const float grad_scale = 1.0f / static_cast<float>(count);
+  const int64_t n = 37, hidden = 96;
+  for (int64_t vocab : {int64_t{301}, int64_t{1100}}) {
+    std::vector<int32_t> targets(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i)
+      targets[i] = i % 5 == 3 ? llama3::kIgnoreIndex : static_cast<int32_t>((i * 131 + 7) % vocab);
+    targets[0] = 0;
+    targets[1] = static_cast<int32_t>(vocab - 1);
+    const int64_t count = llama3::count_targets(targets.data(), n, vocab);
+    const float grad_scale = 1.0f / static_cast<float>(count);
+    auto dtargets = upload_ints(targets);
+    for (DType act : kActs) {
+      auto x = rand_vec(static_cast<size_t>(n * hidden), 71, act),
+           w = rand_vec(static_cast<size_t>(vocab * hidden), 72, act);
+      auto dw0 = rand_vec(w.size(), 73, DType::f32, 0.01);
+      // Reference per-row losses: the CPU op's logits and row function.
+      std::vector<float> logits(static_cast<size_t>(n * vocab)), loss_ref(static_cast<size_t>(n));
+      llama3::gemm<float>(false, true, n, vocab, hidden, 1.0f, x.data(), hidden, w.data(), hidden, 0.0f, logits.data(),
+                          vocab);
+      for (int64_t r = 0; r < n; ++r)
+        loss_ref[r] = llama3::cross_entropy_row(logits.data() + r * vocab, vocab, targets[r], 1.0f, false);
+      auto dx_ref = std::vector<float>(x.size()), dw_ref = dw0;
+      const auto result = llama3::lm_head_cross_entropy<float>(x.data(), w.data(), targets.data(), n, hidden, vocab,
+                                                               grad_scale, dx_ref.data(), dw_ref.data(), 16);
+      auto dxd = upload(x, act), dwd = upload(w, act);
+      for (int64_t chunk : {int64_t{16}, int64_t{0}, int64_t{1000}}) {
+        SCOPED_TRACE(std::string(zero3::dtype_name(act)) + " vocab " + std::to_string(vocab) + " chunk_rows " +
+                     std::to_string(chunk));
+        lc::Blas blas(stream_);
+        lc::LmHeadLoss loss(blas);
+        auto ddw = upload(dw0, DType::f32);
+        DeviceBuffer dx(x.size() * zero3::dtype_size(act)), row_loss(static_cast<size_t>(n) * 4), sum(8);
+        loss.run(dxd->get(), dwd->get(), dtargets->as<int32_t>(), n, hidden, vocab, grad_scale, dx.get(),
+                 ddw->as<float>(), row_loss.as<float>(), chunk, act);
+        lc::sum_rows(row_loss.as<float>(), n, sum.as<double>(), stream_);
+        EXPECT_LT(rel_err(get(row_loss, static_cast<size_t>(n), DType::f32), loss_ref),
+                  act == DType::f32 ? kF32Tol : 1e-4)
+            << "row losses";
+        auto sum_bytes = bytes_of(sum.get(), 8, stream_);
+        double total;
+        std::memcpy(&total, sum_bytes.data(), 8);
+        EXPECT_NEAR(total, result.loss_sum, std::fabs(result.loss_sum) * (act == DType::f32 ? 1e-5 : 2e-4)) << "sum";
+        EXPECT_LT(rel_err(get(dx, x.size(), act), dx_ref), tol(act)) << "dx";
+        EXPECT_LT(rel_err(get(*ddw, w.size(), DType::f32), dw_ref), tol(act)) << "dw";
+        EXPECT_GT(loss.workspace_bytes(), 0);
+
+        // Loss only: no gradient, row losses the same.
+        DeviceBuffer row_loss2(static_cast<size_t>(n) * 4);
+        loss.run(dxd->get(), dwd->get(), dtargets->as<int32_t>(), n, hidden, vocab, grad_scale, nullptr, nullptr,
+                 row_loss2.as<float>(), chunk, act);
+        EXPECT_EQ(bytes_of(row_loss2.get(), row_loss2.bytes(), stream_),
+                  bytes_of(row_loss.get(), row_loss.bytes(), stream_));
+      }
+    }
+  }
+}
+
+// Row 0 has a valid target; row 1 targets vocab and row 2 targets -1 (outside the vocabulary: NaN loss, zero
+// gradient, as cuda_ops.hpp says); row 3 is ignored (loss 0, zero gradient). dx and dw hold row 0's share only.
+TEST_F(CudaOps, LmHeadLossInvalidAndIgnoredTargets) {
+  const int64_t n = 4, hidden = 40, vocab = 301;
+  const std::vector<int32_t> targets = {5, static_cast<int32_t>(vocab), -1, llama3::kIgnoreIndex};
   auto dtargets = upload_ints(targets);
   for (DType act : kActs) {
-    auto x = rand_vec(static_cast<size_t>(n * hidden), 71, act),
-         w = rand_vec(static_cast<size_t>(vocab * hidden), 72, act);
-    auto dw0 = rand_vec(w.size(), 73, DType::f32, 0.01);
-    // Reference per-row losses: the CPU op's logits and row function.
-    std::vector<float> logits(static_cast<size_t>(n * vocab)), loss_ref(static_cast<size_t>(n));
-    llama3::gemm<float>(false, true, n, vocab, hidden, 1.0f, x.data(), hidden, w.data(), hidden, 0.0f, logits.data(),
-                        vocab);
-    for (int64_t r = 0; r < n; ++r)
-      loss_ref[r] = llama3::cross_entropy_row(logits.data() + r * vocab, vocab, targets[r], 1.0f, false);
-    auto dx_ref = std::vector<float>(x.size()), dw_ref = dw0;
-    const auto result = llama3::lm_head_cross_entropy<float>(x.data(), w.data(), targets.data(), n, hidden, vocab,
-                                                             grad_scale, dx_ref.data(), dw_ref.data(), 16);
+    SCOPED_TRACE(std::string(zero3::dtype_name(act)));
+    auto x = rand_vec(static_cast<size_t>(n * hidden), 91, act),
+         w = rand_vec(static_cast<size_t>(vocab * hidden), 92, act);
+    // The reference: row 0 alone.
+    std::vector<float> dx_ref(static_cast<size_t>(hidden)), dw_ref(w.size(), 0.0f);
+    const auto result = llama3::lm_head_cross_entropy<float>(x.data(), w.data(), targets.data(), 1, hidden, vocab, 0.5f,
+                                                             dx_ref.data(), dw_ref.data(), 0);
+    lc::Blas blas(stream_);
+    lc::LmHeadLoss loss(blas);
     auto dxd = upload(x, act), dwd = upload(w, act);
-    for (int64_t chunk : {int64_t{16}, int64_t{0}, int64_t{1000}}) {
-      SCOPED_TRACE(std::string(zero3::dtype_name(act)) + " chunk_rows " + std::to_string(chunk));
-      lc::Blas blas(stream_);
-      lc::LmHeadLoss loss(blas);
-      auto ddw = upload(dw0, DType::f32);
-      DeviceBuffer dx(x.size() * zero3::dtype_size(act)), row_loss(static_cast<size_t>(n) * 4), sum(8);
-      loss.run(dxd->get(), dwd->get(), dtargets->as<int32_t>(), n, hidden, vocab, grad_scale, dx.get(),
-               ddw->as<float>(), row_loss.as<float>(), chunk, act);
-      lc::sum_rows(row_loss.as<float>(), n, sum.as<double>(), stream_);
-      EXPECT_LT(rel_err(get(row_loss, static_cast<size_t>(n), DType::f32), loss_ref),
-                act == DType::f32 ? kF32Tol : 1e-4)
-          << "row losses";
-      auto sum_bytes = bytes_of(sum.get(), 8, stream_);
-      double total;
-      std::memcpy(&total, sum_bytes.data(), 8);
-      EXPECT_NEAR(total, result.loss_sum, std::fabs(result.loss_sum) * (act == DType::f32 ? 1e-5 : 2e-4)) << "sum";
-      EXPECT_LT(rel_err(get(dx, x.size(), act), dx_ref), tol(act)) << "dx";
-      EXPECT_LT(rel_err(get(*ddw, w.size(), DType::f32), dw_ref), tol(act)) << "dw";
-      EXPECT_GT(loss.workspace_bytes(), 0);
+    DeviceBuffer dx(x.size() * zero3::dtype_size(act)), dw(w.size() * 4), row_loss(static_cast<size_t>(n) * 4);
+    loss.run(dxd->get(), dwd->get(), dtargets->as<int32_t>(), n, hidden, vocab, 0.5f, dx.get(), dw.as<float>(),
+             row_loss.as<float>(), 3, act);  // chunks of 3 and 1 rows
+    const auto losses = get(row_loss, static_cast<size_t>(n), DType::f32);
+    EXPECT_NEAR(losses[0], result.loss_sum, std::fabs(result.loss_sum) * 1e-4);
+    EXPECT_TRUE(std::isnan(losses[1])) << losses[1];
+    EXPECT_TRUE(std::isnan(losses[2])) << losses[2];
+    EXPECT_EQ(losses[3], 0.0f);
+    const auto dx_got = get(dx, x.size(), act);
+    EXPECT_LT(rel_err(std::vector<float>(dx_got.begin(), dx_got.begin() + hidden), dx_ref), tol(act)) << "dx row 0";
+    EXPECT_EQ(std::vector<float>(dx_got.begin() + hidden, dx_got.end()),
+              std::vector<float>(static_cast<size_t>((n - 1) * hidden), 0.0f))
+        << "dx of rows 1..3";
+    EXPECT_LT(rel_err(get(dw, w.size(), DType::f32), dw_ref), tol(act)) << "dw";
+  }
+}
 
-      // Loss only: no gradient, row losses the same.
-      DeviceBuffer row_loss2(static_cast<size_t>(n) * 4);
-      loss.run(dxd->get(), dwd->get(), dtargets->as<int32_t>(), n, hidden, vocab, grad_scale, nullptr, nullptr,
-               row_loss2.as<float>(), chunk, act);
-      EXPECT_EQ(bytes_of(row_loss2.get(), row_loss2.bytes(), stream_),
-                bytes_of(row_loss.get(), row_loss.bytes(), stream_));
-    }
+TEST_F(CudaOps, SumRowsInDoubleInAFixedOrder) {
+  for (int64_t n : {int64_t{0}, int64_t{1}, int64_t{1000}}) {
+    SCOPED_TRACE("n " + std::to_string(n));
+    auto values = rand_vec(static_cast<size_t>(n), 101, DType::f32, 5.0);
+    double want = 0;
+    for (float v : values) want += static_cast<double>(v);
+    auto dvalues = upload(values, DType::f32);
+    const double garbage = 12345.0;
+    DeviceBuffer out(8);
+    cuda_ok(cudaMemcpy(out.get(), &garbage, 8, cudaMemcpyHostToDevice), "upload");
+    lc::sum_rows(dvalues->as<float>(), n, out.as<double>(), stream_);
+    auto bytes = bytes_of(out.get(), 8, stream_);
+    double got;
+    std::memcpy(&got, bytes.data(), 8);
+    EXPECT_NEAR(got, want, 1e-12 * (1.0 + std::fabs(want)));
   }
 }
 
@@ -570,6 +680,9 @@ TEST_F(CudaOps, UnsupportedTypesAndShapesAreNamed) {
   }
   EXPECT_THROW(lc::rope_forward(buf.get(), 8, 2, 1, 7, buf.as<float>(), buf.as<float>(), DType::f32, stream_),
                zero3::InvalidArgument);  // odd head_dim
+  EXPECT_THROW(lc::rmsnorm_backward(buf.get(), buf.get(), nullptr, buf.get(), buf.get(), nullptr, 2, 4, false,
+                                    DType::f32, stream_),
+               zero3::InvalidArgument);  // no rstd
   lc::Blas blas(stream_);
   lc::Attention attention(blas);
   lc::AttentionDims d{1, 4, 3, 2, 8};  // 2 kv heads do not divide 3 heads
