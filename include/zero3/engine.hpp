@@ -43,11 +43,18 @@
 // zero3.check_schedule_every_step) every scope entry is compared across ranks before any collective is
 // issued for it; a difference is a CommError on every rank naming the position, the units and the ranks.
 //
-// Offload (cpu device; docs/architecture.md, "Offload"): offload_optimizer cpu steps with the SIMD CPU Adam;
-// offload_optimizer nvme keeps the fp32 master and Adam moments in a per-rank swap file under nvme_path
+// Offload (docs/architecture.md, "Offload"). On the cpu device: offload_optimizer cpu steps with the SIMD CPU
+// Adam; offload_optimizer nvme keeps the fp32 master and Adam moments in a per-rank swap file under nvme_path
 // (checked and preallocated by materialize(), removed by the destructor) and streams it at every step;
 // offload_param cpu is a no-op; offload_param nvme (stage 3, 16-bit compute) reads each unit's slice from its
 // swap file before the unit's all-gather. Results are bit-identical to the same run without offload.
+// On a cuda device (ZeRO-Offload / ZeRO-Infinity): offload_optimizer cpu keeps the fp32 master and moments in
+// host memory (page-locked with pin_memory), nvme in the swap file; the step copies each sub_group_size tile
+// of the reduced gradients to the host, runs the CPU Adam there and copies the tile's compute-dtype
+// parameters back, the copies overlapping the Adam of the neighbouring tiles. offload_param cpu (stage 3)
+// keeps the rank's compute-dtype slices in host memory (nvme: in a swap file) and copies a slice to the
+// device just before its unit's all-gather. Gradients, their statistics and gathered units stay on the
+// device; MemoryStats shows the moved bytes under host_*.
 //
 // Threads: an Engine and its scopes are used from one thread. Collective calls (materialize, scopes at
 // stage 3 or in the first micro-step, step, gather_master_params, refresh_params) must be made by every
@@ -90,7 +97,8 @@ struct StepResult {
   int64_t micro_step = 0;   // micro-steps so far
 };
 
-// Bytes this rank holds on the engine's device, by category (the categories of memory_plan.hpp).
+// Bytes this rank holds on the engine's device, by category (the categories of memory_plan.hpp), and the host
+// memory it holds for offload from a GPU (on the cpu device everything is counted as device memory).
 struct MemoryStats {
   int64_t params = 0;           // compute-dtype parameters: full copies, slices, gathered and persistent units
   int64_t master = 0;           // fp32 master weights kept beside 16-bit parameters
@@ -100,7 +108,14 @@ struct MemoryStats {
   int64_t gathered = 0;         // part of `params`: stage-3 full buffers now gathered or in flight
   int64_t peak_gathered = 0;
   int64_t peak_total = 0;  // the largest total seen
+  // Host memory (pinned or pageable) of offload from a GPU: parameter slices, master weights, Adam moments,
+  // and the optimizer step's staging. Not part of total().
+  int64_t host_params = 0;
+  int64_t host_master = 0;
+  int64_t host_optimizer_state = 0;
+  int64_t host_buffers = 0;
   int64_t total() const { return params + master + grads + optimizer_state + buffers; }
+  int64_t host_total() const { return host_params + host_master + host_optimizer_state + host_buffers; }
 };
 
 // What the schedule did since the last reset_schedule_stats() (stage 3 gathers; reductions at every stage).
@@ -137,7 +152,8 @@ struct ScheduleEvent {
   friend bool operator==(const ScheduleEvent&, const ScheduleEvent&) = default;
 };
 
-// This rank's fp32 master slice of a unit and its Adam state, in device memory. The range is
+// This rank's fp32 master slice of a unit and its Adam state, in device memory (host memory with optimizer
+// offload on a cuda device; the Device's copy() reaches both). The range is
 // [begin, begin + length) of the unit's flat buffer: the rank's slice at stage >= 1, the whole padded
 // buffer at stage 0. After writing into it (loading a checkpoint), call refresh_params().
 struct ShardView {

@@ -257,7 +257,14 @@ LoadedCheckpoint load_checkpoint(Engine& engine, const fs::path& dir, const std:
           result.bytes_read += static_cast<uint64_t>(r.count) * sizeof(float);
         }
         if (p.filled < p.view.length) {
-          device.fill_zero(dst + p.filled, static_cast<size_t>(p.view.length - p.filled) * sizeof(float));
+          const auto rest = static_cast<size_t>(p.view.length - p.filled);
+          if (host) {
+            device.fill_zero(dst + p.filled, rest * sizeof(float));
+          } else {
+            // With optimizer offload on a GPU the state is in host memory: copy() reaches both, fill_zero does not.
+            staging.assign(rest, 0.0f);
+            device.copy(dst + p.filled, staging.data(), rest * sizeof(float));
+          }
         }
       }
       // zero_optimization.load_from_fp32_weights = false: the master weights start from the 16-bit weights, as

@@ -94,36 +94,42 @@ EngineImpl::EngineImpl(const Config& config, std::shared_ptr<Communicator> comm,
   // the optimizer step then runs the SIMD CPU Adam (cpu_adam_step) tile by tile, and the parameters need no
   // moving (an honest no-op). Optimizer offload to nvme swaps the fp32 master weights and Adam moments to a
   // per-rank file (optimizer_swap.hpp); parameter offload to nvme (stage 3, 16-bit compute) swaps the
-  // compute-dtype slices (param_swap.hpp). Offload from a GPU device is not built yet.
+  // compute-dtype slices (param_swap.hpp).
+  // On a GPU, optimizer offload keeps the master and moments in host memory (pinned with pin_memory) or the
+  // swap file, and the step brings each tile's gradients down and its compute copy back (tile_transfer.hpp);
+  // parameter offload (stage 3) keeps each rank's compute-dtype slices in host memory (or the swap file) and
+  // copies a slice up just before its unit's all-gather. The device keeps the gradients and the gathered units.
+  const bool on_gpu = device.type() != DeviceType::cpu;
   for (const auto& [key, off] :
        {std::pair<const char*, const OffloadConfig*>{"offload_optimizer", &z.offload_optimizer},
         {"offload_param", &z.offload_param}}) {
     if (off->device == OffloadDevice::none) continue;
     const bool optimizer = off == &z.offload_optimizer;
+    const char* where = off->device == OffloadDevice::cpu ? "cpu" : "nvme";
     // DeepSpeed's rule, also applied by the memory plan: offloading the optimizer needs sharded state.
     ZERO3_REQUIRE(!optimizer || z.stage >= 1, ConfigError,
                   "zero_optimization.offload_optimizer.device: offloading the optimizer needs stage 1, 2 or 3 (stage "
                   "is 0)");
-    if (!optimizer && off->device == OffloadDevice::nvme) {
-      ZERO3_REQUIRE(z.stage == 3, ConfigError,
-                    "zero_optimization.offload_param.device = nvme: needs stage 3 (stage is ", z.stage,
-                    "); below it every rank holds the full parameters");
-      if (config_.compute_dtype() == DType::f32) {
-        throw Unsupported(
-            "zero_optimization.offload_param.device = nvme with fp32 compute: the parameter slice is then the fp32 "
-            "master the optimizer steps; swapping it is not built yet (use bf16 or fp16, or offload_param cpu)");
-      }
+    if (!optimizer && (off->device == OffloadDevice::nvme || on_gpu)) {
+      ZERO3_REQUIRE(z.stage == 3, ConfigError, "zero_optimization.offload_param.device = ", where,
+                    (on_gpu ? log::concat(" on device ", device.name()) : std::string()), ": needs stage 3 (stage is ",
+                    z.stage, "); below it every rank holds the full parameters");
     }
-    if (device.type() == DeviceType::cpu && (off->device == OffloadDevice::cpu || off->device == OffloadDevice::nvme)) {
-      log::debug("engine: zero_optimization.", key, ".device = ", off->device == OffloadDevice::cpu ? "cpu" : "nvme",
-                 " on the cpu device");
-      if (optimizer) offload_optimizer_ = true;
-      continue;
+    if (!optimizer && off->device == OffloadDevice::nvme && !on_gpu && config_.compute_dtype() == DType::f32) {
+      throw Unsupported(
+          "zero_optimization.offload_param.device = nvme with fp32 compute on the cpu device: the parameter slice is "
+          "then the fp32 master the optimizer steps; swapping it is not built yet (use bf16 or fp16, or "
+          "offload_param cpu)");
     }
-    throw Unsupported(log::concat("zero_optimization.", key,
-                                  ".device = ", off->device == OffloadDevice::cpu ? "cpu" : "nvme", " on device ",
-                                  device.name(), ": this build of the engine has no offload tier for it yet"));
+    log::debug("engine: zero_optimization.", key, ".device = ", where, " on device ", device.name());
+    if (optimizer) {
+      offload_optimizer_ = true;
+      optimizer_on_host_ = on_gpu;
+    } else {
+      slices_on_host_ = on_gpu;
+    }
   }
+  if (optimizer_on_host_ || slices_on_host_) host_device_ = make_cpu_device();
   policy_.stage = z.stage;
   policy_.shard_optimizer = z.stage >= 1;
   policy_.shard_grads = z.stage >= 2;
@@ -174,9 +180,11 @@ EngineImpl::~EngineImpl() {
     log::warn("engine shutdown: ", e.what());
   }
   try {
-    // The streams may still be reading or writing buffers that are about to be freed.
+    // The streams may still be reading or writing buffers that are about to be freed (with offload, host
+    // buffers too, which are freed at once).
     if (gather_stream_) gather_stream_->synchronize();
     if (reduce_stream_) reduce_stream_->synchronize();
+    if (optimizer_on_host_ || slices_on_host_) device_.synchronize();
   } catch (const std::exception& e) {
     log::warn("engine shutdown: ", e.what());
   }
@@ -410,61 +418,126 @@ void EngineImpl::materialize() {
   ro.stream = reduce_stream_ ? reduce_stream_->get() : nullptr;
   reducer_ = std::make_unique<Reducer>(ro, device_, counters_, *comm_, *queue_);
 
+  // The swap files come first (preflight: IoError/ConfigError naming nvme_path, before anything is
+  // allocated); then each unit is allocated, initialised, given its compute copies and, with NVMe, spilled,
+  // one unit at a time, so that no more than one unit's state is ever resident beyond what stays.
+  int64_t largest_owned = 0;
+  size_t largest_copy = 0;
+  for (UnitState& u : units_) {
+    set_owned_range(u);
+    largest_owned = std::max(largest_owned, u.owned_len);
+    largest_copy = std::max(largest_copy, dtype_size(u.info.dtype));
+  }
+  if (config_.zero.offload_optimizer.device == OffloadDevice::nvme) {
+    std::vector<int64_t> lens;
+    for (const UnitState& u : units_) lens.push_back(u.owned_len);
+    opt_swap_ = std::make_unique<OptimizerSwap>(config_, rank_, lens);
+  }
+  if (config_.zero.offload_param.device == OffloadDevice::nvme) {
+    std::vector<size_t> bytes;
+    for (const UnitState& u : units_)
+      bytes.push_back(static_cast<size_t>(u.info.slice_numel) * dtype_size(u.info.dtype));
+    param_swap_ = std::make_unique<ParamSwap>(config_, rank_, bytes, dtype_size(compute_dtype_));
+  }
+  if (optimizer_on_host_) {
+    // Compute copies go back to the device unless the slices live in host memory, where Adam writes them.
+    const int64_t tile = std::max<int64_t>(1, std::min(config_.zero.sub_group_size, largest_owned));
+    transfer_ = std::make_unique<TileTransfer>(device_, host_device_->kernels(), host_counters_, acc_dtype_,
+                                               slices_on_host_ ? 0 : largest_copy, tile);
+  }
   try {
-    for (UnitState& u : units_) allocate_and_init(u);
-    for (UnitState& u : units_) build_compute_copies(u);
+    for (UnitState& u : units_) {
+      allocate_and_init(u);
+      build_compute_copies(u);
+      if (opt_swap_) spill_optimizer_state(u);
+    }
     queue_->drain();
   } catch (const CommError&) {
     fail(std::current_exception());
   }
-  if (config_.zero.offload_optimizer.device == OffloadDevice::nvme) setup_optimizer_swap();
-  if (config_.zero.offload_param.device == OffloadDevice::nvme) setup_param_swap();
   materialized_ = true;
   log::debug("engine: materialized ", units_.size(), " units, ", params_.size(), " parameters, ", total_numel,
              " elements; this rank holds ", counters_.total(), " bytes");
+}
+
+void EngineImpl::set_owned_range(UnitState& u) {
+  if (policy_.shard_optimizer) {
+    u.owned_begin = static_cast<int64_t>(rank_) * u.info.slice_numel;
+    u.owned_len = u.info.slice_numel;
+  } else {
+    u.owned_begin = 0;
+    u.owned_len = u.info.padded_numel;
+  }
+  u.owned_valid = std::clamp<int64_t>(u.info.numel - u.owned_begin, 0, u.owned_len);
+}
+
+bool EngineImpl::master_is_param(const UnitState& u) const {
+  // fp32 compute with the optimizer and the parameters in one place: the master array is the parameter.
+  return u.info.dtype == DType::f32 && !optimizer_on_host_ && !slices_on_host_;
+}
+
+HostMemory EngineImpl::host_memory(const OffloadConfig& off) const {
+  return off.pin_memory ? HostMemory::pinned : HostMemory::pageable;
 }
 
 void EngineImpl::allocate_and_init(UnitState& u) {
   const int64_t S = u.info.slice_numel;
   const int64_t P = u.info.padded_numel;
   const DType ct = u.info.dtype;
-  const bool f32_compute = ct == DType::f32;
-  if (policy_.shard_optimizer) {
-    u.owned_begin = static_cast<int64_t>(rank_) * S;
-    u.owned_len = S;
-  } else {
-    u.owned_begin = 0;
-    u.owned_len = P;
-  }
-  u.owned_valid = std::clamp<int64_t>(u.info.numel - u.owned_begin, 0, u.owned_len);
+  const size_t owned_bytes = static_cast<size_t>(u.owned_len) * sizeof(float);
 
   if (!policy_.shard_params) {
     u.full = DeviceBuffer(device_, counters_, MemoryCategory::params, P * dtype_size(ct));
   }
-  if (f32_compute && !policy_.shard_params) {
+  if (master_is_param(u) && !policy_.shard_params) {
     // fp32 compute at stage 0-2: the parameters are the master weights; the owned range lives in `full`.
     u.master = u.full.as<float>() + u.owned_begin;
+  } else if (optimizer_on_host_) {
+    u.host_master = HostBuffer(device_, host_memory(config_.zero.offload_optimizer), host_counters_,
+                               MemoryCategory::master, owned_bytes);
+    u.master = u.host_master.as<float>();
   } else {
-    u.master_buf = DeviceBuffer(device_, counters_, f32_compute ? MemoryCategory::params : MemoryCategory::master,
-                                u.owned_len * sizeof(float));
+    u.master_buf = DeviceBuffer(device_, counters_,
+                                master_is_param(u) ? MemoryCategory::params : MemoryCategory::master, owned_bytes);
     u.master = u.master_buf.as<float>();
   }
-  if (policy_.shard_params && !f32_compute) {
-    u.compute_slice = DeviceBuffer(device_, counters_, MemoryCategory::params, S * dtype_size(ct));
+  if (policy_.shard_params && !master_is_param(u) && !param_swap_) {
+    // (With NVMe the slice exists only while it is read or written: load_compute_slice.)
+    if (slices_on_host_) {
+      u.host_slice = HostBuffer(device_, host_memory(config_.zero.offload_param), host_counters_,
+                                MemoryCategory::params, S * dtype_size(ct));
+    } else {
+      u.compute_slice = DeviceBuffer(device_, counters_, MemoryCategory::params, S * dtype_size(ct));
+    }
   }
-  u.exp_avg = DeviceBuffer(device_, counters_, MemoryCategory::optimizer_state, u.owned_len * sizeof(float));
-  u.exp_avg_sq = DeviceBuffer(device_, counters_, MemoryCategory::optimizer_state, u.owned_len * sizeof(float));
+  if (optimizer_on_host_) {
+    const HostMemory kind = host_memory(config_.zero.offload_optimizer);
+    u.host_exp_avg = HostBuffer(device_, kind, host_counters_, MemoryCategory::optimizer_state, owned_bytes);
+    u.host_exp_avg_sq = HostBuffer(device_, kind, host_counters_, MemoryCategory::optimizer_state, owned_bytes);
+    u.exp_avg = u.host_exp_avg.as<float>();
+    u.exp_avg_sq = u.host_exp_avg_sq.as<float>();
+    host_device_->fill_zero(u.exp_avg, owned_bytes);
+    host_device_->fill_zero(u.exp_avg_sq, owned_bytes);
+  } else {
+    u.exp_avg_buf = DeviceBuffer(device_, counters_, MemoryCategory::optimizer_state, owned_bytes);
+    u.exp_avg_sq_buf = DeviceBuffer(device_, counters_, MemoryCategory::optimizer_state, owned_bytes);
+    u.exp_avg = u.exp_avg_buf.as<float>();
+    u.exp_avg_sq = u.exp_avg_sq_buf.as<float>();
+    device_.fill_zero(u.exp_avg, owned_bytes);
+    device_.fill_zero(u.exp_avg_sq, owned_bytes);
+  }
   int64_t acc_numel = policy_.shard_grads ? S : P;
   u.grad_acc = DeviceBuffer(device_, counters_, MemoryCategory::grads, acc_numel * dtype_size(acc_dtype_));
-  device_.fill_zero(u.exp_avg.data(), u.exp_avg.bytes());
-  device_.fill_zero(u.exp_avg_sq.data(), u.exp_avg_sq.bytes());
   device_.fill_zero(u.grad_acc.data(), u.grad_acc.bytes());
   init_owned_range(u);
 }
 
 void EngineImpl::init_owned_range(UnitState& u) {
-  device_.fill_zero(u.master, static_cast<size_t>(u.owned_len) * sizeof(float));
-  auto& k = device_.kernels();
+  // The master is initialised where it lives (with optimizer offload on a GPU, by the cpu kernels: the same
+  // single-source Philox fill as the GPU's).
+  Device& where = optimizer_on_host_ ? *host_device_ : device_;
+  where.fill_zero(u.master, static_cast<size_t>(u.owned_len) * sizeof(float));
+  auto& k = where.kernels();
   const uint64_t seed = config_.zero3.seed;
   for (const ParamRange& r : params_in_range(u.param_offsets, u.param_numels, u.owned_begin, u.owned_len)) {
     const ParamState& p = params_[static_cast<size_t>(u.info.params[static_cast<size_t>(r.param_index)].index)];
@@ -473,10 +546,10 @@ void EngineImpl::init_owned_range(UnitState& u) {
       k.init_fill(out, fill_spec(p.init), seed, philox_stream_id(p.info.name), r.param_begin, r.param_end);
       continue;
     }
-    // The reader writes host memory; on the cpu device that is the master itself.
+    // The reader writes host memory; on the cpu device (or with the master in host memory) that is the master.
     std::vector<float> host;
     float* dst = out;
-    if (device_.type() != DeviceType::cpu) {
+    if (where.type() != DeviceType::cpu) {
       host.resize(static_cast<size_t>(r.param_end - r.param_begin));
       dst = host.data();
     }
@@ -490,65 +563,112 @@ void EngineImpl::init_owned_range(UnitState& u) {
   }
 }
 
-void EngineImpl::setup_optimizer_swap() {
-  // Preflight and preallocation happen here, before training starts: IoError/ConfigError naming nvme_path.
-  std::vector<int64_t> lens;
-  for (const UnitState& u : units_) lens.push_back(u.owned_len);
-  opt_swap_ = std::make_unique<OptimizerSwap>(config_, rank_, lens);
-  for (size_t i = 0; i < units_.size(); ++i) {
-    UnitState& u = units_[i];
-    opt_swap_->write_unit(i, u.master, u.exp_avg.as<float>(), u.exp_avg_sq.as<float>());
-    u.exp_avg = DeviceBuffer();
-    u.exp_avg_sq = DeviceBuffer();
-    // With fp32 compute the master array is also the parameter (the all-gather input or `full`): it stays,
-    // as a copy the step refreshes. With 16-bit compute only the swap holds fp32 values.
-    if (u.info.dtype != DType::f32) {
-      u.master_buf = DeviceBuffer();
-      u.master = nullptr;
-    }
+void EngineImpl::spill_optimizer_state(UnitState& u) {
+  // NVMe optimizer offload: the unit's initial state goes to the swap file and leaves memory. An fp32 master
+  // that is also the parameter (cpu device) stays, as a copy the step refreshes.
+  const size_t i = static_cast<size_t>(u.info.id.index);
+  opt_swap_->write_unit(i, u.master, u.exp_avg, u.exp_avg_sq);
+  u.exp_avg_buf = DeviceBuffer();
+  u.exp_avg_sq_buf = DeviceBuffer();
+  u.host_exp_avg = HostBuffer();
+  u.host_exp_avg_sq = HostBuffer();
+  u.exp_avg = nullptr;
+  u.exp_avg_sq = nullptr;
+  if (!master_is_param(u)) {
+    u.master_buf = DeviceBuffer();
+    u.host_master = HostBuffer();
+    u.master = nullptr;
   }
 }
 
-void EngineImpl::setup_param_swap() {
-  // Persistent units were gathered by build_compute_copies; their full buffers stay, only slices move.
-  std::vector<size_t> bytes;
-  for (const UnitState& u : units_) bytes.push_back(u.compute_slice.bytes());
-  param_swap_ = std::make_unique<ParamSwap>(config_, rank_, bytes, dtype_size(compute_dtype_));
-  for (UnitState& u : units_) store_compute_slice(u);
-}
-
 void EngineImpl::load_compute_slice(UnitState& u, bool read) {
+  const size_t bytes = static_cast<size_t>(u.info.slice_numel) * dtype_size(u.info.dtype);
+  const size_t idx = static_cast<size_t>(u.info.id.index);
+  if (slices_on_host_) {
+    if (u.host_slice.allocated()) return;
+    u.host_slice =
+        HostBuffer(device_, host_memory(config_.zero.offload_param), host_counters_, MemoryCategory::params, bytes);
+    if (read) {
+      param_swap_->read(idx, u.host_slice.data());
+    } else {
+      host_device_->fill_zero(u.host_slice.data(), bytes);
+    }
+    return;
+  }
   if (u.compute_slice.data() != nullptr) return;
-  u.compute_slice =
-      DeviceBuffer(device_, counters_, MemoryCategory::params, u.info.slice_numel * dtype_size(u.info.dtype));
+  u.compute_slice = DeviceBuffer(device_, counters_, MemoryCategory::params, bytes);
   if (read) {
-    param_swap_->read(static_cast<size_t>(u.info.id.index), u.compute_slice.data());
+    param_swap_->read(idx, u.compute_slice.data());
   } else {
     device_.fill_zero(u.compute_slice.data(), u.compute_slice.bytes());
   }
 }
 
 void EngineImpl::store_compute_slice(UnitState& u) {
-  param_swap_->write(static_cast<size_t>(u.info.id.index), u.compute_slice.data());
+  const size_t idx = static_cast<size_t>(u.info.id.index);
+  if (slices_on_host_) {
+    before_host_slice_write(u);  // no copy out of it may still be queued when it is freed
+    param_swap_->write(idx, u.host_slice.data());
+    u.host_slice = HostBuffer();
+    return;
+  }
+  param_swap_->write(idx, u.compute_slice.data());
   u.compute_slice = DeviceBuffer();
 }
 
+void EngineImpl::before_host_slice_write(UnitState& u) {
+  // The gather stream may still be copying the slice up for the unit's last all-gather.
+  if (u.slice_read) u.slice_read->synchronize();
+}
+
+void EngineImpl::write_compute_copy(void* dst, bool dst_on_host, DType dtype, const float* src, bool src_on_host,
+                                    int64_t n) {
+  if (n <= 0) return;
+  const size_t bytes = static_cast<size_t>(n) * dtype_size(dtype);
+  if (dst_on_host == src_on_host) {
+    DeviceKernels& k = src_on_host && host_device_ ? host_device_->kernels() : device_.kernels();
+    k.scale_copy(dst, dtype, src, DType::f32, 1.0f, n);
+    return;
+  }
+  if (dtype == DType::f32) {
+    device_.copy(dst, src, bytes);
+    return;
+  }
+  // Converted where the master is, then copied (synchronously) to the other side.
+  if (src_on_host) {
+    std::vector<std::byte> converted(bytes);
+    host_device_->kernels().scale_copy(converted.data(), dtype, src, DType::f32, 1.0f, n);
+    device_.copy(dst, converted.data(), bytes);
+  } else {
+    DeviceBuffer converted(device_, counters_, MemoryCategory::buffers, bytes);
+    device_.kernels().scale_copy(converted.data(), dtype, src, DType::f32, 1.0f, n);
+    device_.copy(dst, converted.data(), bytes);
+  }
+}
+
 void EngineImpl::build_compute_copies(UnitState& u, const float* master) {
-  auto& k = device_.kernels();
   const DType ct = u.info.dtype;
   if (master == nullptr) master = u.master;
   if (policy_.shard_params) {
-    if (param_swap_) load_compute_slice(u, false);
-    if (ct != DType::f32) k.scale_copy(u.compute_slice.data(), ct, master, DType::f32, 1.0f, u.owned_len);
-    if (param_swap_) store_compute_slice(u);
+    if (!master_is_param(u)) {
+      if (param_swap_) load_compute_slice(u, false);
+      if (slices_on_host_) {
+        before_host_slice_write(u);
+        write_compute_copy(u.host_slice.data(), true, ct, master, optimizer_on_host_, u.owned_len);
+      } else {
+        write_compute_copy(u.compute_slice.data(), false, ct, master, optimizer_on_host_, u.owned_len);
+      }
+      if (param_swap_) store_compute_slice(u);
+    }
     if (u.info.persistent) {
       issue_gather(u, false);
       wait_gather(u);
     }
     return;
   }
-  if (ct != DType::f32) {
-    k.scale_copy(element_ptr(u.full.data(), ct, u.owned_begin), ct, master, DType::f32, 1.0f, u.owned_len);
+  if (!master_is_param(u)) {
+    write_compute_copy(element_ptr(u.full.data(), ct, u.owned_begin), false, ct, master, optimizer_on_host_,
+                       u.owned_len);
   }
   if (policy_.shard_optimizer) publish_params(u);
 }
@@ -632,7 +752,7 @@ void EngineImpl::issue_gather(UnitState& u, bool prefetch) {
   // NVMe parameter offload: the slice is read synchronously here, before the all-gather is queued; for a
   // prefetch that is ahead of use, along the schedule. It is freed when the gather completes.
   if (param_swap_) load_compute_slice(u, true);
-  const void* in = ct == DType::f32 ? static_cast<const void*>(u.master) : u.compute_slice.data();
+  const void* in = master_is_param(u) ? static_cast<const void*>(u.master) : u.compute_slice.data();
   void* out = u.full.data();
   std::string what = log::concat("all_gather of unit '", u.info.name, "' (", u.info.padded_numel, " elements, ",
                                  dtype_name(ct), prefetch ? ", prefetch" : "", ")");
@@ -652,6 +772,14 @@ void EngineImpl::issue_gather(UnitState& u, bool prefetch) {
     u.gather_ready->record(compute_);
     u.gather_ready->wait_on(s);
     gathered = u.gathered.get();
+    if (slices_on_host_) {
+      // Parameter offload: the slice comes up into the rank's own place in `full`; the all-gather runs in place.
+      void* own = element_ptr(out, ct, static_cast<int64_t>(rank_) * S);
+      device_.copy(own, u.host_slice.data(), static_cast<size_t>(S) * dtype_size(ct), s);
+      if (!u.slice_read) u.slice_read = device_.make_event();
+      u.slice_read->record(s);
+      in = own;
+    }
   }
   u.gather_ticket = queue_->submit(what, [comm, out, in, S, ct, what, rank, s, gathered, queue] {
     try {
@@ -680,7 +808,14 @@ void EngineImpl::wait_gather(UnitState& u) {
   // cuda: the compute stream (not the host) waits for the gather to land.
   if (u.gathered) u.gathered->wait_on(compute_);
   u.gather = GatherState::gathered;
-  if (param_swap_) u.compute_slice = DeviceBuffer();
+  if (param_swap_) {
+    if (slices_on_host_) {
+      u.slice_read->synchronize();  // the host buffer is freed at once
+      u.host_slice = HostBuffer();
+    } else {
+      u.compute_slice = DeviceBuffer();
+    }
+  }
 }
 
 void EngineImpl::release_gather(UnitState& u) {
@@ -880,6 +1015,10 @@ MemoryStats EngineImpl::memory() const {
   m.gathered = gathered_bytes_;
   m.peak_gathered = peak_gathered_bytes_;
   m.peak_total = counters_.peak_total();
+  m.host_params = host_counters_.bytes(MemoryCategory::params);
+  m.host_master = host_counters_.bytes(MemoryCategory::master);
+  m.host_optimizer_state = host_counters_.bytes(MemoryCategory::optimizer_state);
+  m.host_buffers = host_counters_.bytes(MemoryCategory::buffers);
   return m;
 }
 

@@ -15,10 +15,12 @@
 #include "optim/optimizer.hpp"
 #include "zero/comm_queue.hpp"
 #include "zero/device_buffer.hpp"
+#include "zero/host_buffer.hpp"
 #include "zero/optimizer_swap.hpp"
 #include "zero/param_swap.hpp"
 #include "zero/reducer.hpp"
 #include "zero/schedule.hpp"
+#include "zero/tile_transfer.hpp"
 #include "zero3/engine.hpp"
 
 namespace zero3::detail {
@@ -49,13 +51,27 @@ struct UnitState {
   int64_t owned_len = 0;
   int64_t owned_valid = 0;  // of which real elements (the rest is padding)
 
-  DeviceBuffer full;        // compute dtype, padded_numel: permanent at stage 0-2, gathered at stage 3
-  DeviceBuffer master_buf;  // fp32 master of the owned range, unless it aliases `full`
+  DeviceBuffer full;  // compute dtype, padded_numel: permanent at stage 0-2, gathered at stage 3
+  // The optimizer's fp32 master of the owned range and Adam's moments: device buffers (the master may alias
+  // `full`), or with optimizer offload on a GPU host buffers. The pointers say where they are; with NVMe
+  // optimizer offload they are null (the state is in the swap file), except an fp32 master that is also the
+  // parameter (cpu device).
+  DeviceBuffer master_buf;
+  HostBuffer host_master;
   float* master = nullptr;
-  DeviceBuffer compute_slice;  // stage 3 with 16-bit compute: the all-gather input
-  DeviceBuffer exp_avg;
-  DeviceBuffer exp_avg_sq;
-  DeviceBuffer grad_acc;  // grad_accum_dtype: padded_numel at stage 0-1, slice_numel at 2-3
+  DeviceBuffer exp_avg_buf;
+  DeviceBuffer exp_avg_sq_buf;
+  HostBuffer host_exp_avg;
+  HostBuffer host_exp_avg_sq;
+  float* exp_avg = nullptr;
+  float* exp_avg_sq = nullptr;
+  // Stage 3, unless the master is the parameter: this rank's compute-dtype slice, the all-gather's input. On
+  // the device (compute_slice), or with parameter offload on a GPU in host memory (host_slice), copied into
+  // the rank's place in `full` on the gather stream before an in-place all-gather.
+  DeviceBuffer compute_slice;
+  HostBuffer host_slice;
+  std::unique_ptr<DeviceEvent> slice_read;  // gather stream: the last copy out of host_slice (made on first use)
+  DeviceBuffer grad_acc;                    // grad_accum_dtype: padded_numel at stage 0-1, slice_numel at 2-3
 
   // Stage-3 schedule state.
   GatherState gather = GatherState::released;
@@ -156,6 +172,17 @@ class EngineImpl {
   // weights and moments live in opt_swap_ and local_shard() stages a unit's slice in host memory
   // (staging_, by unit index) until the next step() or refresh_params().
   bool offload_optimizer_ = false;
+  // Offload from a GPU. optimizer_on_host_: the master and moments live in host memory (offload_optimizer
+  // cpu; nvme: in the swap file), the step brings the gradients down and the compute copies up tile by tile
+  // (transfer_). slices_on_host_: stage 3 with offload_param, the compute-dtype slices live in host memory
+  // (cpu; nvme: in the swap file, in host memory while used). host_device_ is the cpu device, whose kernels
+  // run on host memory; host_counters_ count what the engine holds there.
+  bool optimizer_on_host_ = false;
+  bool slices_on_host_ = false;
+  std::unique_ptr<Device> host_device_;
+  MemoryCounters host_counters_;
+  std::unique_ptr<TileTransfer> transfer_;
+  std::unique_ptr<DeviceEvent> host_ready_;  // compute stream: device-to-host writes of the step are done
   std::unique_ptr<OptimizerSwap> opt_swap_;
   struct ShardStaging {
     std::vector<float> master, exp_avg, exp_avg_sq;
@@ -174,11 +201,15 @@ class EngineImpl {
  private:
   // engine_impl.cpp
   void check_declarations_agree();
+  void set_owned_range(UnitState& u);
   void allocate_and_init(UnitState& u);
   void init_owned_range(UnitState& u);
   void build_compute_copies(UnitState& u, const float* master = nullptr);  // null: u.master
-  void setup_optimizer_swap();
-  void setup_param_swap();
+  void write_compute_copy(void* dst, bool dst_on_host, DType dtype, const float* src, bool src_on_host, int64_t n);
+  void spill_optimizer_state(UnitState& u);
+  bool master_is_param(const UnitState& u) const;
+  HostMemory host_memory(const OffloadConfig& off) const;
+  void before_host_slice_write(UnitState& u);
   bool checking_order() const;
   void check_order(int64_t code, const std::string& doing);
   int64_t event_code(ScheduleEvent e) const;
@@ -195,6 +226,8 @@ class EngineImpl {
   void publish_params(UnitState& u);
   void zero_grads();
   void run_optimizer(const AdamStepConsts& consts, float grad_factor);
+  void run_host_optimizer(const AdamStepConsts& consts, float grad_factor);
+  void wait_for_device_writes();
   const void* owned_grads(const UnitState& u) const;
   void* owned_grads(UnitState& u);
 

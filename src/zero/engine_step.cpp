@@ -4,8 +4,12 @@
 //   all-reduced ─► loss scaler decides: skip, or ─► clip coefficient ─► Adam on each owned range in
 //   sub_group_size tiles, writing the compute copy in the same pass ─► all-gather the parameters
 //   (stage 1-2) or the persistent units (stage 3) ─► zero the accumulators.
+// With optimizer offload on a GPU the Adam tiles run on the host: each tile's gradients come down and its
+// compute copy goes back up while the host steps the neighbouring tile (run_host_optimizer, tile_transfer.hpp).
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <vector>
 
 #include "core/check.hpp"
 #include "device/device_kernels.hpp"
@@ -69,6 +73,10 @@ void EngineImpl::reduce_at_boundary() {
 }
 
 void EngineImpl::run_optimizer(const AdamStepConsts& consts, float grad_factor) {
+  if (optimizer_on_host_) {
+    run_host_optimizer(consts, grad_factor);
+    return;
+  }
   auto& k = device_.kernels();
   const int64_t tile = config_.zero.sub_group_size;
   DeviceBuffer f32_tile;  // gradients converted to fp32 when they accumulate in 16 bits
@@ -90,16 +98,16 @@ void EngineImpl::run_optimizer(const AdamStepConsts& consts, float grad_factor) 
   // Where the updated compute-dtype parameters of [a, a + n) go (null: the master is the parameter).
   auto compute_copy = [&](UnitState& u, int64_t a) -> void* {
     const DType ct = u.info.dtype;
-    if (ct == DType::f32) return nullptr;
+    if (master_is_param(u)) return nullptr;
     return policy_.shard_params ? element_ptr(u.compute_slice.data(), ct, a)
                                 : element_ptr(u.full.data(), ct, u.owned_begin + a);
   };
 
   if (opt_swap_) {
-    // NVMe: stream every tile (master, exp_avg, exp_avg_sq back to back) through the swapper's buffers, with
-    // reads ahead and writes behind per pipeline_read/pipeline_write; gradients stay in host memory. The
-    // compute copy is written in the same pass: the 16-bit parameters, or with fp32 compute the resident
-    // parameter array (u.master), which receives an exact copy of the updated master.
+    // NVMe (cpu device): stream every tile (master, exp_avg, exp_avg_sq back to back) through the swapper's
+    // buffers, with reads ahead and writes behind per pipeline_read/pipeline_write; gradients stay in host
+    // memory. The compute copy is written in the same pass: the 16-bit parameters, or with fp32 compute the
+    // resident parameter array (u.master), which receives an exact copy of the updated master.
     staging_.clear();  // local_shard() copies are stale after this step
     opt_swap_->swapper().run(offload::SwapPass::read_write, [&](size_t t, std::span<std::byte> data) {
       const OptimizerSwapTile& st = opt_swap_->tiles()[t];
@@ -121,22 +129,111 @@ void EngineImpl::run_optimizer(const AdamStepConsts& consts, float grad_factor) 
     return;
   }
 
+  // Parameter offload on a GPU with the optimizer on the device: each tile's compute copy is written to a
+  // device tile and copied down into the host slice on the compute stream.
+  DeviceBuffer copy_tile;
   for (UnitState& u : units_) {
+    const size_t es = dtype_size(u.info.dtype);
     for (int64_t a = 0; a < u.owned_valid; a += tile) {
       int64_t n = std::min(tile, u.owned_valid - a);
       float* g = tile_grads(u, a, n);
-      void* copy_out = compute_copy(u, a);
-      float* m = u.exp_avg.as<float>() + a;
-      float* v = u.exp_avg_sq.as<float>() + a;
+      float* m = u.exp_avg + a;
+      float* v = u.exp_avg_sq + a;
       if (offload_optimizer_) {
         // CPU offload (only on the cpu device, where the state is already in host memory): the SIMD CPU Adam
         // over the tile, writing the 16-bit copy in the same pass.
-        cpu_adam_step(u.master + a, g, m, v, static_cast<size_t>(n), consts, copy_out, u.info.dtype);
+        cpu_adam_step(u.master + a, g, m, v, static_cast<size_t>(n), consts, compute_copy(u, a), u.info.dtype);
+      } else if (slices_on_host_) {
+        if (copy_tile.bytes() < static_cast<size_t>(n) * es) {
+          copy_tile = DeviceBuffer(device_, counters_, MemoryCategory::buffers, static_cast<size_t>(n) * es);
+        }
+        k.adam(u.master + a, g, m, v, n, consts, copy_tile.data(), u.info.dtype);
+        device_.copy(element_ptr(u.host_slice.data(), u.info.dtype, a), copy_tile.data(), static_cast<size_t>(n) * es,
+                     compute_);
       } else {
-        k.adam(u.master + a, g, m, v, n, consts, copy_out, u.info.dtype);
+        k.adam(u.master + a, g, m, v, n, consts, compute_copy(u, a), u.info.dtype);
       }
     }
   }
+}
+
+void EngineImpl::run_host_optimizer(const AdamStepConsts& consts, float grad_factor) {
+  // Optimizer offload on a GPU: the tiles of every unit's owned range in order (with NVMe, the swap file's
+  // tiles), each: gradients down, CPU Adam on the host state, compute copy up (or straight into the host
+  // slice with parameter offload). TileTransfer overlaps the copies with Adam.
+  struct StepTile {
+    UnitState* u;
+    int64_t begin;
+    int64_t n;
+  };
+  std::vector<StepTile> tiles;
+  std::vector<size_t> position;  // NVMe: swap tile index -> index in `tiles` (SIZE_MAX: padding only)
+  if (opt_swap_) {
+    for (const OptimizerSwapTile& st : opt_swap_->tiles()) {
+      UnitState& u = units_[st.unit];
+      const int64_t n = std::clamp<int64_t>(u.owned_valid - st.begin, 0, st.length);
+      position.push_back(n > 0 ? tiles.size() : SIZE_MAX);
+      if (n > 0) tiles.push_back({&u, st.begin, n});
+    }
+  } else {
+    const int64_t tile = transfer_->tile_numel();
+    for (UnitState& u : units_) {
+      for (int64_t a = 0; a < u.owned_valid; a += tile) tiles.push_back({&u, a, std::min(tile, u.owned_valid - a)});
+    }
+  }
+  auto fetch = [&](size_t i) {
+    const StepTile& t = tiles[i];
+    transfer_->fetch(element_ptr(owned_grads(*t.u), acc_dtype_, t.begin), t.n);
+  };
+  size_t next = 0;
+  const UnitState* slice_checked = nullptr;
+  auto step_tile = [&](size_t i, float* p, float* m, float* v) {
+    if (next < tiles.size()) fetch(next++);  // comes down while this tile is stepped
+    const StepTile& t = tiles[i];
+    UnitState& u = *t.u;
+    const DType ct = u.info.dtype;
+    float* g = transfer_->take(grad_factor);
+    if (slices_on_host_) {
+      if (slice_checked != &u) before_host_slice_write(u);
+      slice_checked = &u;
+      cpu_adam_step(p, g, m, v, static_cast<size_t>(t.n), consts, element_ptr(u.host_slice.data(), ct, t.begin), ct);
+      return;
+    }
+    cpu_adam_step(p, g, m, v, static_cast<size_t>(t.n), consts, transfer_->copy_staging(), ct);
+    void* dst = policy_.shard_params ? element_ptr(u.compute_slice.data(), ct, t.begin)
+                                     : element_ptr(u.full.data(), ct, u.owned_begin + t.begin);
+    transfer_->send(dst, static_cast<size_t>(t.n) * dtype_size(ct));
+  };
+
+  transfer_->begin();
+  try {
+    if (!tiles.empty()) fetch(next++);
+    if (opt_swap_) {
+      staging_.clear();  // local_shard() copies are stale after this step
+      opt_swap_->swapper().run(offload::SwapPass::read_write, [&](size_t t, std::span<std::byte> data) {
+        if (position[t] == SIZE_MAX) return;  // padding only
+        const int64_t len = opt_swap_->tiles()[t].length;
+        auto* p = reinterpret_cast<float*>(data.data());
+        step_tile(position[t], p, p + len, p + 2 * len);
+      });
+    } else {
+      for (size_t i = 0; i < tiles.size(); ++i) {
+        const StepTile& t = tiles[i];
+        step_tile(i, t.u->master + t.begin, t.u->exp_avg + t.begin, t.u->exp_avg_sq + t.begin);
+      }
+    }
+  } catch (...) {
+    transfer_->end();
+    throw;
+  }
+  transfer_->end();
+}
+
+void EngineImpl::wait_for_device_writes() {
+  // The host is about to read host memory that work on the compute stream writes.
+  if (!host_ready_) host_ready_ = device_.make_event();
+  host_ready_->record(compute_);
+  host_ready_->synchronize();
 }
 
 StepResult EngineImpl::step() {
@@ -211,6 +308,7 @@ StepResult EngineImpl::step() {
     }
     run_optimizer(consts, static_cast<float>(coef / scale));
     if (param_swap_) {
+      if (slices_on_host_ && !optimizer_on_host_) wait_for_device_writes();
       for (UnitState& u : units_) store_compute_slice(u);
     }
     for (UnitState& u : units_) {
@@ -260,6 +358,12 @@ void EngineImpl::gather_master_params(UnitId unit, float* out) {
   DeviceBuffer all(device_, counters_, MemoryCategory::buffers, u.info.padded_numel * sizeof(float));
   const float* in = master;
   int64_t S = u.info.slice_numel;
+  if (optimizer_on_host_) {
+    // The master is in host memory: it goes to the rank's place in `all`, and the all-gather runs in place.
+    float* own = all.as<float>() + static_cast<int64_t>(rank_) * S;
+    device_.copy(own, master, static_cast<size_t>(S) * sizeof(float));
+    in = own;
+  }
   Communicator* comm = comm_.get();
   try {
     run_collective(log::concat("all_gather of the fp32 master parameters of unit '", u.info.name, "'"),
@@ -274,7 +378,7 @@ ShardView EngineImpl::local_shard(UnitId unit) {
   require_materialized("local_shard");
   UnitState& u = unit_state(unit, "local_shard");
   if (!opt_swap_) {
-    return ShardView{u.owned_begin, u.owned_len, u.master, u.exp_avg.as<float>(), u.exp_avg_sq.as<float>()};
+    return ShardView{u.owned_begin, u.owned_len, u.master, u.exp_avg, u.exp_avg_sq};
   }
   // NVMe: the whole slice is read from the swap file into host staging (3 x owned_len floats; a read of the
   // slice's share of the file) and kept until the next step() or refresh_params().
@@ -312,7 +416,7 @@ void EngineImpl::refresh_params() {
         }
         ShardStaging& st = it->second;
         opt_swap_->write_unit(i, st.master.data(), st.exp_avg.data(), st.exp_avg_sq.data());
-        if (u.info.dtype == DType::f32) {
+        if (master_is_param(u)) {
           std::copy(st.master.begin(), st.master.end(), u.master);
         } else {
           master = st.master.data();
