@@ -26,11 +26,15 @@
 //     stage3_prefetch_bucket_size elements ahead and stage3_max_live_parameters gathered; a closing unit
 //     kept when its next use is within stage3_max_reuse_distance elements; kept units evicted (farthest
 //     next use first) to make room under stage3_max_live_parameters; the entered unit always gathered.
-//   - offload_optimizer cpu: master, Adam state and the gradient accumulator slices on the host; nvme:
-//     master and Adam state on NVMe, accumulator slices on the host, plus buffer_count host buffers of
-//     min(sub_group_size, owned elements) fp32 elements. offload_param (stage 3 only) cpu: parameter
-//     slices on the host; nvme: slices on NVMe plus buffer_count host buffers of buffer_size elements in the
-//     compute dtype. (Offload follows DeepSpeed's placement; see docs for the engine's offload status.)
+//   - offload_optimizer cpu: master and Adam state on the host; nvme: on NVMe, plus buffer_count host
+//     buffers of min(sub_group_size, owned elements) fp32 elements. offload_param (stage 3 only) cpu:
+//     parameter slices on the host; nvme: slices on NVMe plus buffer_count host buffers of buffer_size
+//     elements in the compute dtype. The gradient accumulator stays on the device. On a GPU (zero3.device not
+//     "cpu"), optimizer offload adds the step's pinned staging: 2 tiles of T = min(sub_group_size, largest
+//     slice) gradients in g bytes and, unless the parameter slices are on the host, 2 tiles of T compute-dtype
+//     parameters; with a 16-bit accumulator the fp32 step tile is on the host. Parameter offload without
+//     optimizer offload adds a device tile of T compute-dtype parameters for the step. With fp32 compute on a
+//     GPU, any offload keeps the fp32 master apart from the parameters (where the optimizer lives).
 //   - activations: the caller's estimate, on the device.
 // When zero3.device is "cpu" the device tier is host memory; per-node host totals then include it.
 #pragma once

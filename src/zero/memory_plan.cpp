@@ -405,11 +405,18 @@ MemoryPlan plan_memory(const ModelDesc& model, const Config& config, const Memor
   const MemoryTier opt_tier = tier_of(z.offload_optimizer.device);
   const int64_t full = plan.padded_params;
   const int64_t owned = z.stage == 0 ? full : plan.shard_params;  // the optimizer's range, all units
+  // Offload from a GPU (on the cpu device everything is host memory already): the optimizer's state and the
+  // parameter slices move, the step stages gradients and compute copies through pinned host memory.
+  const bool gpu = !plan.device_is_host;
+  const bool optimizer_off = z.offload_optimizer.device != OffloadDevice::none;
+  const bool param_off = z.offload_param.device != OffloadDevice::none;
+  // With fp32 compute the parameters are the master, unless offload on a GPU puts them in different places.
+  const bool separate_master = mixed || (gpu && (optimizer_off || param_off));
 
   // Parameters in the compute dtype, and the fp32 master.
   if (z.stage < 3) {
     add(MemoryCategory::params, MemoryTier::device, full * c, "parameters, replicated (" + cl + ")");
-    if (mixed) {
+    if (separate_master) {
       add(MemoryCategory::master, opt_tier, owned * 4,
           z.stage == 0 ? "master weights, replicated (fp32)" : "master weight slices (fp32)");
     }
@@ -432,7 +439,7 @@ MemoryPlan plan_memory(const ModelDesc& model, const Config& config, const Memor
     plan.live_params = peak.padded;
     plan.live_numel = peak.numel;
     const MemoryTier slice_tier = tier_of(z.offload_param.device);
-    if (mixed) {
+    if (separate_master) {
       add(MemoryCategory::params, slice_tier, plan.shard_params * c, "parameter slices (" + cl + ")");
       add(MemoryCategory::master, opt_tier, plan.shard_params * 4, "master weight slices (fp32)");
     } else {
@@ -446,15 +453,11 @@ MemoryPlan plan_memory(const ModelDesc& model, const Config& config, const Memor
   // Gradients: the accumulator, and one open backward scope's buffer.
   add(MemoryCategory::grads, MemoryTier::device, plan.largest_unit * g,
       "backward scope buffer, largest unit (" + gl + ")");
+  // The accumulator stays on the device with offload too: the step copies it to the host tile by tile.
   if (z.stage < 2) {
     add(MemoryCategory::grads, MemoryTier::device, full * g, "gradient accumulator, replicated (" + gl + ")");
-    if (z.stage == 1 && z.offload_optimizer.device != OffloadDevice::none) {
-      add(MemoryCategory::grads, MemoryTier::host, plan.shard_params * g,
-          "gradient slices for the host optimizer (" + gl + ")");
-    }
   } else {
-    MemoryTier acc_tier = z.offload_optimizer.device == OffloadDevice::none ? MemoryTier::device : MemoryTier::host;
-    add(MemoryCategory::grads, acc_tier, plan.shard_params * g, "gradient accumulator slices (" + gl + ")");
+    add(MemoryCategory::grads, MemoryTier::device, plan.shard_params * g, "gradient accumulator slices (" + gl + ")");
   }
 
   // Adam m and v.
@@ -473,9 +476,23 @@ MemoryPlan plan_memory(const ModelDesc& model, const Config& config, const Memor
     add(MemoryCategory::buffers, MemoryTier::device, 2 * chunk * cb,
         "all-reduce buckets, 2 x " + std::to_string(chunk) + " (" + comm_label + ")");
   }
+  // The optimizer step's tiles (offload needs stage >= 1, where the owned ranges are slices).
+  const int64_t step_tile = std::min(z.sub_group_size, z.stage == 0 ? largest_numel : largest_slice);
   if (accum != DType::f32) {
-    int64_t tile = std::min(z.sub_group_size, z.stage == 0 ? largest_numel : largest_slice);
-    add(MemoryCategory::buffers, opt_tier, tile * 4, "optimizer step tile (fp32)");
+    add(MemoryCategory::buffers, gpu && optimizer_off ? MemoryTier::host : MemoryTier::device, step_tile * 4,
+        "optimizer step tile (fp32)");
+  }
+  if (gpu && optimizer_off) {
+    // Two pinned slots for gradients coming down and, unless Adam writes the host slices, two for the
+    // compute copies going up.
+    const int64_t up = param_off ? 0 : c;
+    add(MemoryCategory::buffers, MemoryTier::host, 2 * step_tile * (g + up),
+        "step staging, 2 x " + std::to_string(step_tile) + " (" + gl + " grads" +
+            (up > 0 ? " + " + cl + " params" : "") + ")");
+  }
+  if (gpu && param_off && !optimizer_off) {
+    add(MemoryCategory::buffers, MemoryTier::device, step_tile * c,
+        "step tile of parameters for the host slices (" + cl + ")");
   }
 
   // Staging buffers of the NVMe tiers.

@@ -135,17 +135,28 @@ TEST(MemoryPlan, Stage3Schedule) {
   EXPECT_EQ(p.live_params, 172);
 }
 
+// Offload from a GPU (zero3.device is not "cpu"): the optimizer step's pinned staging holds 2 tiles of gradients
+// and, unless the parameter slices are on the host, 2 tiles of compute copies; a tile is the largest slice here
+// (26 elements, sub_group_size being larger).
+constexpr int64_t kTile = 26;
+
 TEST(MemoryPlan, Stage3OffloadOptimizerCpu) {
   Config c = bf16_config(3);
   c.zero.offload_optimizer.device = OffloadDevice::cpu;
   MemoryPlan p = plan_memory(crafted(), c, four_ranks());
   EXPECT_EQ(bytes(p, MemoryCategory::master, MemoryTier::host), 172);
   EXPECT_EQ(bytes(p, MemoryCategory::optimizer_state, MemoryTier::host), 344);
-  EXPECT_EQ(bytes(p, MemoryCategory::grads, MemoryTier::host), 172);
-  EXPECT_EQ(bytes(p, MemoryCategory::grads, MemoryTier::device), kScope);
-  EXPECT_EQ(p.rank_bytes(MemoryTier::host), 688);
-  EXPECT_EQ(p.rank_bytes(MemoryTier::device), 430 + kScope + kScatter);
-  EXPECT_EQ(p.node_bytes(MemoryTier::host), 2 * 688);
+  // The gradient accumulator stays on the device; the step copies it down tile by tile.
+  EXPECT_EQ(bytes(p, MemoryCategory::grads, MemoryTier::host), 0);
+  EXPECT_EQ(bytes(p, MemoryCategory::grads, MemoryTier::device), kScope + 172);
+  EXPECT_EQ(bytes(p, MemoryCategory::buffers, MemoryTier::host), 2 * kTile * (4 + 2));
+  EXPECT_EQ(p.rank_bytes(MemoryTier::host), 172 + 344 + 2 * kTile * 6);
+  EXPECT_EQ(p.rank_bytes(MemoryTier::device), 430 + kScope + 172 + kScatter);
+  EXPECT_EQ(p.node_bytes(MemoryTier::host), 2 * (516 + 2 * kTile * 6));
+  // On the cpu device nothing is staged.
+  c.zero3.device = "cpu";
+  p = plan_memory(crafted(), c, four_ranks());
+  EXPECT_EQ(p.rank_bytes(MemoryTier::host), 172 + 344);
 }
 
 TEST(MemoryPlan, Stage3OffloadBothCpu) {
@@ -155,8 +166,20 @@ TEST(MemoryPlan, Stage3OffloadBothCpu) {
   MemoryPlan p = plan_memory(crafted(), c, four_ranks());
   EXPECT_EQ(bytes(p, MemoryCategory::params, MemoryTier::host), 86);
   EXPECT_EQ(bytes(p, MemoryCategory::params, MemoryTier::device), 16 + 328);
-  EXPECT_EQ(p.rank_bytes(MemoryTier::host), 774);
-  EXPECT_EQ(p.rank_bytes(MemoryTier::device), 344 + kScope + kScatter);
+  // Adam writes the host slices: only gradients are staged.
+  EXPECT_EQ(bytes(p, MemoryCategory::buffers, MemoryTier::host), 2 * kTile * 4);
+  EXPECT_EQ(p.rank_bytes(MemoryTier::host), 86 + 172 + 344 + 2 * kTile * 4);
+  EXPECT_EQ(p.rank_bytes(MemoryTier::device), 344 + kScope + 172 + kScatter);
+}
+
+TEST(MemoryPlan, Stage3OffloadParamOnly) {
+  Config c = bf16_config(3);
+  c.zero.offload_param.device = OffloadDevice::cpu;
+  MemoryPlan p = plan_memory(crafted(), c, four_ranks());
+  EXPECT_EQ(p.rank_bytes(MemoryTier::host), 86);
+  // The device optimizer's step writes a tile of parameters on the device before it goes to the host slice.
+  EXPECT_EQ(bytes(p, MemoryCategory::buffers, MemoryTier::device), kScatter + kTile * 2);
+  EXPECT_EQ(bytes(p, MemoryCategory::master, MemoryTier::device), 172);
 }
 
 TEST(MemoryPlan, Stage3OffloadBothNvme) {
@@ -170,25 +193,44 @@ TEST(MemoryPlan, Stage3OffloadBothNvme) {
   o.activation_bytes = 1000;
   MemoryPlan p = plan_memory(crafted(), c, o);
   EXPECT_EQ(p.rank_bytes(MemoryTier::nvme), 86 + 172 + 344);
-  // Host: fp32 accumulator slices, 5 x 10 bf16 parameter staging buffers, 4 x 43 fp32 optimizer buffers
-  // (sub_group_size is larger than the owned elements).
-  EXPECT_EQ(bytes(p, MemoryCategory::buffers, MemoryTier::host), 100 + 688);
-  EXPECT_EQ(p.rank_bytes(MemoryTier::host), 172 + 100 + 688);
-  EXPECT_EQ(p.rank_bytes(MemoryTier::device), 16 + 328 + kScope + kScatter + 1000);
+  // Host: 5 x 10 bf16 parameter staging buffers, 4 x 43 fp32 optimizer buffers (sub_group_size is larger than
+  // the owned elements), the step's 2 gradient tiles.
+  EXPECT_EQ(bytes(p, MemoryCategory::buffers, MemoryTier::host), 100 + 688 + 2 * kTile * 4);
+  EXPECT_EQ(p.rank_bytes(MemoryTier::host), 100 + 688 + 2 * kTile * 4);
+  EXPECT_EQ(p.rank_bytes(MemoryTier::device), 16 + 328 + kScope + 172 + kScatter + 1000);
   c.zero.sub_group_size = 10;
-  EXPECT_EQ(bytes(plan_memory(crafted(), c, o), MemoryCategory::buffers, MemoryTier::host), 100 + 4 * 10 * 4);
+  EXPECT_EQ(bytes(plan_memory(crafted(), c, o), MemoryCategory::buffers, MemoryTier::host),
+            100 + 4 * 10 * 4 + 2 * 10 * 4);
 }
 
 TEST(MemoryPlan, Stage1And2OffloadOptimizer) {
   Config c = bf16_config(2);
   c.zero.offload_optimizer.device = OffloadDevice::cpu;
   MemoryPlan p = plan_memory(crafted(), c, four_ranks());
-  EXPECT_EQ(p.rank_bytes(MemoryTier::host), 172 + 172 + 344);
-  EXPECT_EQ(p.rank_bytes(MemoryTier::device), 344 + kScope + kScatter);
+  EXPECT_EQ(p.rank_bytes(MemoryTier::host), 172 + 344 + 2 * kTile * 6);  // master, m and v, staging
+  EXPECT_EQ(p.rank_bytes(MemoryTier::device), 344 + kScope + 172 + kScatter);
   c.zero.stage = 1;
   p = plan_memory(crafted(), c, four_ranks());
-  EXPECT_EQ(p.rank_bytes(MemoryTier::host), 172 + 172 + 344);  // master, gradient slices, m and v
+  EXPECT_EQ(p.rank_bytes(MemoryTier::host), 172 + 344 + 2 * kTile * 6);
   EXPECT_EQ(p.rank_bytes(MemoryTier::device), 344 + kScope + 688 + kAllReduce);
+}
+
+TEST(MemoryPlan, Fp32OffloadOnAGpuKeepsTheMasterApart) {
+  Config c = bf16_config(2);
+  c.bf16.enabled = false;
+  c.zero.offload_optimizer.device = OffloadDevice::cpu;
+  MemoryPlan p = plan_memory(crafted(), c, four_ranks());
+  EXPECT_EQ(bytes(p, MemoryCategory::params, MemoryTier::device), 172 * 4);
+  EXPECT_EQ(bytes(p, MemoryCategory::master, MemoryTier::host), 43 * 4);
+  c.zero.stage = 3;
+  c.zero.offload_param.device = OffloadDevice::cpu;
+  p = plan_memory(crafted(), c, four_ranks());
+  EXPECT_EQ(bytes(p, MemoryCategory::params, MemoryTier::host), 43 * 4);
+  EXPECT_EQ(bytes(p, MemoryCategory::master, MemoryTier::host), 43 * 4);
+  // On the cpu device the slice is the master.
+  c.zero3.device = "cpu";
+  p = plan_memory(crafted(), c, four_ranks());
+  EXPECT_EQ(p.rank_bytes(MemoryCategory::master), 0);
 }
 
 TEST(MemoryPlan, Fp32HasNoSeparateMaster) {
@@ -242,7 +284,7 @@ TEST(MemoryPlan, TableNamesEveryEntry) {
   std::string table = format_memory_plan(p);
   EXPECT_NE(table.find("ZeRO stage 3, bf16, world size 4 (2 nodes x 2 ranks)"), std::string::npos) << table;
   for (const auto& e : p.entries) EXPECT_NE(table.find(e.what), std::string::npos) << e.what;
-  EXPECT_NE(table.find("1,376"), std::string::npos) << table;  // host bytes per node
+  EXPECT_NE(table.find("1,656"), std::string::npos) << table;  // host bytes per node
 }
 
 std::string source_dir() {
@@ -279,9 +321,17 @@ TEST(MemoryPlan, Llama3_8B) {
   // in between is 1.05e9 elements), so the worst moment is the head (final norm + lm_head) alone.
   EXPECT_EQ(p.live_numel, 128256LL * 4096 + 4096);
   EXPECT_EQ(bytes(p, MemoryCategory::optimizer_state, MemoryTier::host), 8LL * 501'891'328);
-  // Host per rank: bf16 slices 2, fp32 master 4, fp32 grads 4, m and v 8 bytes per owned parameter.
-  EXPECT_EQ(p.rank_bytes(MemoryTier::host), 18LL * 501'891'328);
-  EXPECT_EQ(p.node_bytes(MemoryTier::host), 4 * 18LL * 501'891'328);
+  // Host per rank: bf16 slices 2, fp32 master 4, m and v 8 bytes per owned parameter, and the step's two
+  // pinned fp32 gradient tiles of the largest slice (the head's, 32,833,792 elements).
+  const int64_t staging = 2 * 32'833'792LL * 4;
+  EXPECT_EQ(p.rank_bytes(MemoryTier::host), 14LL * 501'891'328 + staging);
+  EXPECT_EQ(p.node_bytes(MemoryTier::host), 4 * (14LL * 501'891'328 + staging));
+  // Device per rank: the fp32 gradient slices, one backward scope's fp32 buffer and the gathered head (both
+  // of the largest unit) and the reduce-scatter buckets: under 6 GiB, leaving a 48 GB GPU to activations.
+  const int64_t head = 128256LL * 4096 + 4096;
+  EXPECT_EQ(p.rank_bytes(MemoryTier::device),
+            4LL * 501'891'328 + 4 * head + 2 * head + 2 * (16'777'216 + 16'777'216 / 16) * 4);
+  EXPECT_LT(p.rank_bytes(MemoryTier::device), int64_t{6} << 30);
 }
 
 TEST(MemoryPlan, LlamaTinyAndTied) {
@@ -342,9 +392,10 @@ TEST(MemoryPlan, PlanCommand) {
   ASSERT_EQ(status, 0) << out;
   EXPECT_NE(out.find("ZeRO stage 3, bf16, world size 16 (4 nodes x 4 ranks)"), std::string::npos) << out;
   EXPECT_NE(out.find("8,030,261,248"), std::string::npos) << out;
-  // Host per rank: 18 bytes for each of the 501,891,328 owned parameters; per node, 4 ranks.
-  EXPECT_NE(out.find("9,034,043,904"), std::string::npos) << out;
-  EXPECT_NE(out.find("36,136,175,616"), std::string::npos) << out;
+  // Host per rank: 14 bytes for each of the 501,891,328 owned parameters and the step's two pinned fp32
+  // gradient tiles of 32,833,792 elements; per node, 4 ranks.
+  EXPECT_NE(out.find("7,289,148,928"), std::string::npos) << out;
+  EXPECT_NE(out.find("29,156,595,712"), std::string::npos) << out;
   // reduce_bucket_size "auto" = 4096^2: two buckets of 16,777,216 in + 1,048,576 out fp32 elements.
   EXPECT_NE(out.find("142,606,336"), std::string::npos) << out;
   std::string bad = std::string(bin) + "/zero3 plan --model " + src + "/configs/models/llama-3-8b.json 2>/dev/null";
