@@ -6,7 +6,6 @@
 // bit-identically, and the swap files are gone after the engine.
 // zero3-test-ranks: 1 2 3
 #include <gtest/gtest.h>
-#include <stdlib.h>
 
 #include <filesystem>
 #include <functional>
@@ -17,6 +16,7 @@
 #include "support/checkpoint_testing.hpp"
 #include "support/engine_world.hpp"
 #include "support/mlp_trainer.hpp"
+#include "support/rank_temp_dir.hpp"
 #include "support/reference_model.hpp"
 #include "zero3/engine.hpp"
 #include "zero3/error.hpp"
@@ -25,25 +25,6 @@ using namespace zero3;
 using namespace zero3::testing;
 
 namespace {
-
-// A directory of this rank's own under /tmp (O_DIRECT needs a disk file system, so not $TMPDIR, which may be
-// a tmpfs), removed at the end.
-class RankTempDir {
- public:
-  RankTempDir() {
-    std::string tmpl = "/tmp/zero3-offload-test-XXXXXX";
-    if (::mkdtemp(tmpl.data()) == nullptr) throw std::runtime_error("mkdtemp " + tmpl + " failed");
-    path_ = tmpl;
-  }
-  ~RankTempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path_, ec);
-  }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
 
 enum class Offload { optimizer_cpu, optimizer_nvme, param_cpu, param_nvme, both_nvme };
 

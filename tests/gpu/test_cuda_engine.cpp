@@ -10,6 +10,9 @@
 // ranks of a communicator on one GPU; as different "hosts" they connect over NCCL's network transport).
 // Memory: gathered parameters are freed after use, the live-parameter cap holds, and the device's byte
 // count equals the engine's own accounting.
+// Offload (ZeRO-Offload / ZeRO-Infinity on the GPU): optimizer offload to pinned and pageable host memory and
+// to NVMe, parameter offload to host memory and NVMe, alone and together, on one rank and on several, against
+// the same reference; the master and moments leave the device, whose byte count drops by what moved.
 #include "gpu/cuda_test_env.hpp"
 
 #if ZERO3_HAVE_CUDA && ZERO3_HAVE_NCCL
@@ -34,6 +37,7 @@
 #include <vector>
 
 #include "support/mlp_trainer.hpp"
+#include "support/rank_temp_dir.hpp"
 #include "support/reference_model.hpp"
 #include "zero3/comm.hpp"
 #include "zero3/engine.hpp"
@@ -66,6 +70,62 @@ const Variant kVariants[] = {
        c.fp16.initial_scale_power = 8;
      },
      1e-3},
+};
+
+// The swap directory of this process's NVMe variants (removed at exit).
+const std::string& swap_dir() {
+  static RankTempDir dir;
+  return dir.path();
+}
+
+void offload(Config& c, OffloadDevice optimizer, OffloadDevice param, bool pin = true) {
+  c.zero.offload_optimizer.device = optimizer;
+  c.zero.offload_optimizer.pin_memory = pin;
+  c.zero.offload_param.device = param;
+  c.zero.offload_param.pin_memory = pin;
+  if (optimizer == OffloadDevice::nvme) c.zero.offload_optimizer.nvme_path = swap_dir();
+  if (param == OffloadDevice::nvme) {
+    c.zero.offload_param.nvme_path = swap_dir();
+    c.zero.offload_param.buffer_size = 100'000;
+  }
+}
+
+// bf16 bounds as above; several tiles per unit where sub_group_size is set.
+const Variant kOffloadVariants[] = {
+    {"stage2_optimizer_cpu_bf16_tiles", 2,
+     [](Config& c) {
+       c.bf16.enabled = true;
+       c.zero.sub_group_size = 17;
+       offload(c, OffloadDevice::cpu, OffloadDevice::none);
+     },
+     5e-3},
+    {"stage1_optimizer_cpu_pageable", 1,
+     [](Config& c) { offload(c, OffloadDevice::cpu, OffloadDevice::none, /*pin=*/false); }, 1e-5},
+    {"stage3_optimizer_nvme_tiles", 3,
+     [](Config& c) {
+       c.zero.sub_group_size = 33;
+       offload(c, OffloadDevice::nvme, OffloadDevice::none);
+     },
+     1e-5},
+    {"stage3_param_cpu_bf16", 3,
+     [](Config& c) {
+       c.bf16.enabled = true;
+       offload(c, OffloadDevice::none, OffloadDevice::cpu);
+     },
+     5e-3},
+    {"stage3_both_cpu_bf16", 3,  // the seed's Llama-3-8B setting
+     [](Config& c) {
+       c.bf16.enabled = true;
+       offload(c, OffloadDevice::cpu, OffloadDevice::cpu);
+     },
+     5e-3},
+    {"stage3_both_nvme_bf16_tiles", 3,
+     [](Config& c) {
+       c.bf16.enabled = true;
+       c.zero.sub_group_size = 23;
+       offload(c, OffloadDevice::nvme, OffloadDevice::nvme);
+     },
+     5e-3},
 };
 
 CommOptions nccl_options() {
@@ -128,6 +188,47 @@ TEST(CudaEngine, OneRankWithNcclEqualsTheReference) {
     train_and_compare(v, comm, *device);
     EXPECT_EQ(device->bytes_in_use(), 0) << v.name << ": the engine left device memory behind";
   }
+}
+
+TEST(CudaEngine, OffloadOneRankEqualsTheReference) {
+  auto device = make_device("cuda");
+  auto comm = nccl_world_of_one();
+  for (const Variant& v : kOffloadVariants) {
+    SCOPED_TRACE(v.name);
+    train_and_compare(v, comm, *device);
+    EXPECT_EQ(device->bytes_in_use(), 0) << v.name << ": the engine left device memory behind";
+  }
+}
+
+// The seed's setting (stage 3, bf16, optimizer and parameters offloaded to pinned host memory): the master,
+// the moments and the parameter slices leave the device, which holds exactly what the engine counts.
+TEST(CudaEngine, OffloadMovesTheStateOffTheDevice) {
+  auto device = make_device("cuda");
+  auto comm = nccl_world_of_one();
+  Config plain = equivalence_config(3);
+  plain.bf16.enabled = true;
+  Config off = plain;
+  offload(off, OffloadDevice::cpu, OffloadDevice::cpu);
+  TrainPlan plan;
+  plan.world = 1;
+  plan.steps = 2;
+  MemoryStats without, with;
+  for (Config* c : {&plain, &off}) {
+    Engine engine(*c, comm, *device);
+    MlpUnits units = declare_mlp(engine, plan.dims);
+    engine.materialize();
+    train_mlp(engine, units, plan);
+    MemoryStats m = engine.memory();
+    EXPECT_EQ(device->bytes_in_use(), m.total()) << "the device holds exactly what the engine accounts for";
+    (c == &plain ? without : with) = m;
+  }
+  EXPECT_EQ(with.master, 0);
+  EXPECT_EQ(with.optimizer_state, 0);
+  EXPECT_EQ(with.host_master, without.master);
+  EXPECT_EQ(with.host_optimizer_state, without.optimizer_state);
+  EXPECT_GT(with.host_params, 0);
+  // The device lost the master, the moments and the bf16 slices (persistent units stay gathered).
+  EXPECT_EQ(without.total() - with.total(), with.host_master + with.host_optimizer_state + with.host_params);
 }
 
 TEST(CudaEngine, GatheredParametersAreFreedAndTheLiveCapHolds) {
@@ -300,6 +401,10 @@ TEST(CudaEngineChild, Rank) {
   auto device = make_device("cuda");
   for (const Variant& v : kVariants) {
     if (v.stage < 2 && v.name != "stage1") continue;  // stage 1 (all-reduce path) and the sharded stages
+    SCOPED_TRACE(v.name);
+    train_and_compare(v, comm, *device);
+  }
+  for (const Variant& v : kOffloadVariants) {
     SCOPED_TRACE(v.name);
     train_and_compare(v, comm, *device);
   }
