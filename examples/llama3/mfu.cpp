@@ -11,8 +11,10 @@ double model_flops_per_token(const ModelConfig& c, int64_t seq_len) {
 std::optional<double> peak_bf16_flops(const std::string& name) {
   auto has = [&](const char* s) { return name.find(s) != std::string::npos; };
   if (has("H200")) return 989e12;
-  // The SXM H100 reports its memory type ("NVIDIA H100 80GB HBM3"); PCIe and NVL boards have other peaks.
-  if (has("H100") && (has("SXM") || has("HBM3")) && !has("PCIe") && !has("NVL")) return 989e12;
+  // The SXM H100 reports its memory type ("NVIDIA H100 80GB HBM3"); PCIe and NVL boards have lower peaks.
+  if (has("H100") && has("PCIe")) return 756e12;
+  if (has("H100") && has("NVL")) return 835e12;
+  if (has("H100")) return 989e12;
   if (has("L40S")) return 362e12;
   if (has("A100")) return 312e12;
   return std::nullopt;

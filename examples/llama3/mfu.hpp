@@ -7,7 +7,7 @@
 //
 // Recomputation (activation checkpointing) is not counted: MFU is about the model's FLOPs, not the hardware's.
 // The peak comes from the device name (NVIDIA's data sheets, dense, no sparsity): H100 SXM and H200 989e12,
-// L40S 362e12, A100 312e12; any other device (an H100 PCIe or NVL included) has no known peak and no MFU.
+// H100 NVL 835e12, H100 PCIe 756e12, L40S 362e12, A100 312e12; any other device has no known peak and no MFU.
 #pragma once
 
 #include <cstdint>

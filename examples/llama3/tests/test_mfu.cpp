@@ -33,8 +33,8 @@ TEST(Mfu, PeaksByDeviceName) {
   EXPECT_EQ(peak_bf16_flops("NVIDIA A100-SXM4-80GB"), 312e12);
   EXPECT_EQ(peak_bf16_flops("NVIDIA A100 80GB PCIe"), 312e12);
   // Other peaks than the SXM part: no figure rather than a wrong one.
-  EXPECT_FALSE(peak_bf16_flops("NVIDIA H100 PCIe").has_value());
-  EXPECT_FALSE(peak_bf16_flops("NVIDIA H100 NVL").has_value());
+  EXPECT_EQ(peak_bf16_flops("NVIDIA H100 PCIe"), 756e12);
+  EXPECT_EQ(peak_bf16_flops("NVIDIA H100 NVL"), 835e12);
   EXPECT_FALSE(peak_bf16_flops("NVIDIA GeForce RTX 4090").has_value());
   EXPECT_FALSE(peak_bf16_flops("cpu").has_value());
   ModelConfig c;

@@ -37,14 +37,15 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from transformers import LlamaConfig, LlamaForCausalLM
 
 # Dense bf16 peak FLOP/s by device name (the figures llama3_train uses).
-PEAK_BF16 = [("H200", 989e12), ("H100", 989e12), ("L40S", 362e12), ("A100", 312e12)]
+PEAK_BF16 = [("H200", 989e12), ("H100 PCIe", 756e12), ("H100 NVL", 835e12), ("H100", 989e12), ("L40S", 362e12),
+             ("A100", 312e12)]
 
 
 def peak_flops(name, given):
     if given > 0:
         return given
     for key, value in PEAK_BF16:
-        if key in name:
+        if all(part in name for part in key.split()):
             return value
     return 0.0
 
