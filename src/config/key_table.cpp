@@ -768,7 +768,8 @@ std::vector<KeyEntry> build_table() {
       REFUSED("zero_optimization.zenflow", "object", "null", present,
               "ZenFlow updates unimportant gradients asynchronously: different results from the ZeRO step."),
       KEY_INT("zero_optimization.sub_group_size", c.zero.sub_group_size, "1e9", 1,
-              "Elements per optimizer-step tile with offload (the unit of NVMe swapping)."),
+              "Elements per optimizer-step tile with offload: the unit of NVMe swapping and, on a GPU, of the "
+              "gradient and parameter copies between device and host (two tiles of each staged in pinned memory)."),
       {.path = "zero_optimization.cpu_offload",
        .type = "boolean",
        .default_json = "null",
