@@ -50,18 +50,21 @@ void MetricsCsv::write(const StepMetrics& m) {
   if (!out_) throw zero3::IoError(path_.string() + ": writing the metrics failed");
 }
 
-CsvMonitor::CsvMonitor(const zero3::CsvMonitorConfig& c) : enabled_(c.enabled) {
-  if (!enabled_) return;
-  // DeepSpeed: output_path/job_name, or ~/csv_monitor/<job id>/logs/job_name when no output_path is given.
-  fs::path base = c.output_path;
+fs::path monitor_dir(const std::string& output_path, const std::string& job_name, const char* home_dir) {
+  fs::path base = output_path;
   if (base.empty()) {
     const char* home = std::getenv("HOME");
-    base = fs::path(home != nullptr ? home : ".") / "csv_monitor" / "unknown-job-id" / "logs";
+    base = fs::path(home != nullptr ? home : ".") / home_dir / "unknown-job-id" / "logs";
   }
-  dir_ = base / c.job_name;
+  const fs::path dir = base / job_name;
   std::error_code ec;
-  fs::create_directories(dir_, ec);
-  if (ec) throw zero3::IoError(dir_.string() + ": cannot create the csv_monitor directory: " + ec.message());
+  fs::create_directories(dir, ec);
+  if (ec) throw zero3::IoError(dir.string() + ": cannot create the " + home_dir + " directory: " + ec.message());
+  return dir;
+}
+
+CsvMonitor::CsvMonitor(const zero3::CsvMonitorConfig& c) : enabled_(c.enabled) {
+  if (enabled_) dir_ = monitor_dir(c.output_path, c.job_name, "csv_monitor");
 }
 
 void CsvMonitor::write_event(const std::string& name, double value, int64_t step) {
@@ -79,6 +82,17 @@ void CsvMonitor::write_event(const std::string& name, double value, int64_t step
     it = files_.emplace(file, std::move(out)).first;
   }
   it->second << step << ',' << num(value) << '\n' << std::flush;
+}
+
+Monitors::Monitors(const zero3::Config& config) : csv_(config.csv_monitor) {
+  const zero3::TensorboardConfig& tb = config.tensorboard;
+  if (tb.enabled)
+    tensorboard_ = std::make_unique<TensorboardWriter>(monitor_dir(tb.output_path, tb.job_name, "tensorboard"));
+}
+
+void Monitors::write_event(const std::string& name, double value, int64_t samples) {
+  csv_.write_event(name, value, samples);
+  if (tensorboard_) tensorboard_->add_scalar(name, value, samples);
 }
 
 std::string format_bytes(int64_t bytes) {

@@ -7,9 +7,11 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 
+#include "tensorboard_events.hpp"
 #include "zero3/config.hpp"
 
 namespace llama3 {
@@ -48,8 +50,12 @@ class MetricsCsv {
   std::ofstream out_;
 };
 
-// DeepSpeed's csv_monitor: <output_path>/<job_name>/<event with '/' -> '_'>.csv, each "step,<last part of the
-// event name>" then "samples,value" rows, events Train/Samples/train_loss, lr, loss_scale (fp16) and, with
+// Where DeepSpeed's monitors write: <output_path>/<job_name>, or ~/<home_dir>/unknown-job-id/logs/<job_name>
+// when output_path is empty (home_dir "csv_monitor" or "tensorboard"). Created; throws zero3::IoError.
+std::filesystem::path monitor_dir(const std::string& output_path, const std::string& job_name, const char* home_dir);
+
+// DeepSpeed's csv_monitor: <monitor_dir>/<event with '/' -> '_'>.csv, each "step,<last part of the event
+// name>" then "samples,value" rows, events Train/Samples/train_loss, lr, loss_scale (fp16) and, with
 // wall_clock_breakdown, elapsed_time_ms_forward/backward/step.
 class CsvMonitor {
  public:
@@ -62,6 +68,20 @@ class CsvMonitor {
   bool enabled_ = false;
   std::filesystem::path dir_;
   std::map<std::string, std::ofstream> files_;
+};
+
+// The config's monitor sections as one sink, as DeepSpeed's MonitorMaster: every event goes to csv_monitor
+// and to TensorBoard event files (tensorboard_events.hpp) in <monitor_dir>, whichever are enabled.
+class Monitors {
+ public:
+  explicit Monitors(const zero3::Config& config);
+  void write_event(const std::string& name, double value, int64_t samples);
+  const CsvMonitor& csv() const { return csv_; }
+  const TensorboardWriter* tensorboard() const { return tensorboard_.get(); }
+
+ private:
+  CsvMonitor csv_;
+  std::unique_ptr<TensorboardWriter> tensorboard_;
 };
 
 // "1.25 GiB", "3.0 MiB", "512 B".

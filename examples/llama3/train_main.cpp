@@ -436,15 +436,14 @@ int train(const TrainOptions& o, zero3::Config cfg, const ModelConfig& mc, const
 
   // Outputs (rank 0).
   std::unique_ptr<MetricsCsv> metrics;
-  std::unique_ptr<CsvMonitor> monitor;
+  std::unique_ptr<Monitors> monitor;
   std::string metrics_path = o.metrics;
   if (metrics_path.empty()) {
     metrics_path = o.save_dir.empty() ? "llama3_train_metrics.csv" : (fs::path(o.save_dir) / "metrics.csv").string();
   }
   if (rank == 0) {
     if (metrics_path != "none") metrics = std::make_unique<MetricsCsv>(metrics_path, start_step > 0);
-    monitor = std::make_unique<CsvMonitor>(cfg.csv_monitor);
-    if (cfg.tensorboard.enabled) log::warn("tensorboard: event files are not written by llama3_train; use csv_monitor");
+    monitor = std::make_unique<Monitors>(cfg);
   }
   ProgressBar bar(o.steps, start_step, rank == 0 && ProgressBar::stdout_is_terminal());
 
@@ -611,7 +610,12 @@ int train(const TrainOptions& o, zero3::Config cfg, const ModelConfig& mc, const
                   fs::absolute(last_checkpoint).string().c_str(), o.save_dir.c_str());
     }
     if (metrics) std::printf("metrics      %s\n", fs::absolute(metrics->path()).string().c_str());
-    if (monitor && monitor->enabled()) std::printf("csv_monitor  %s\n", fs::absolute(monitor->dir()).string().c_str());
+    if (monitor && monitor->csv().enabled()) {
+      std::printf("csv_monitor  %s\n", fs::absolute(monitor->csv().dir()).string().c_str());
+    }
+    if (monitor && monitor->tensorboard()) {
+      std::printf("tensorboard  %s\n", fs::absolute(monitor->tensorboard()->path().parent_path()).string().c_str());
+    }
     if (!o.consolidate_to.empty()) {
       std::printf("weights      %s (Hugging Face safetensors + config.json)\n",
                   fs::absolute(o.consolidate_to).string().c_str());

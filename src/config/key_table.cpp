@@ -926,19 +926,14 @@ std::vector<KeyEntry> build_table() {
               "PyTorch module buffers; zero3's model has no separate buffers to cast."),
 
       // ----- monitors -----
-      SECTION("tensorboard", "TensorBoard event files. zero3 reads the section but does not write event files yet."),
-      {.path = "tensorboard.enabled",
-       .type = "boolean",
-       .default_json = "false",
-       .status = S::ignored,
-       .doc = "zero3 does not write TensorBoard event files yet (no results change); csv_monitor writes the same "
-              "figures.",
-       .when = When::not_default,
-       .apply = [](ReadContext& ctx, const Value& v) { ctx.config.tensorboard.enabled = v.as_bool(); }},
+      SECTION("tensorboard", "TensorBoard event files of the steps_per_print figures, written by the training program "
+                             "(llama3_train) as DeepSpeed's monitor writes them."),
+      KEY_BOOL("tensorboard.enabled", c.tensorboard.enabled, "false",
+               "Write event files (events.out.tfevents.*) with the Train/Samples/* scalars."),
       KEY_STRING("tensorboard.output_path", c.tensorboard.output_path, "\"\"", "Directory of the event files."),
       KEY_STRING("tensorboard.job_name", c.tensorboard.job_name, "\"DeepSpeedJobName\"",
                  "Subdirectory under output_path."),
-      SECTION("csv_monitor", "CSV files with the steps_per_print figures."),
+      SECTION("csv_monitor", "CSV files of the steps_per_print figures, written by the training program (llama3_train)."),
       KEY_BOOL("csv_monitor.enabled", c.csv_monitor.enabled, "false", "Write CSV files."),
       KEY_STRING("csv_monitor.output_path", c.csv_monitor.output_path, "\"\"", "Directory of the CSV files."),
       KEY_STRING("csv_monitor.job_name", c.csv_monitor.job_name, "\"DeepSpeedJobName\"",
