@@ -378,8 +378,11 @@ int train(const TrainOptions& o, zero3::Config cfg, const ModelConfig& mc, const
                   dataset.num_sequences(), " sequences of ", o.seq_len, " (", fmt("%.1f", epoch_steps),
                   " steps per epoch), tokenized in ", fmt("%.2f", seconds_since(t_data)), " s");
 
-  // The model on the engine.
-  zero3::Engine engine(cfg, comm, *device);
+  // The model on the engine. The program prints the steps_per_print line itself (with loss, tokens/s and
+  // memory), so the engine's own line, which would repeat part of it, is off.
+  zero3::Config engine_cfg = cfg;
+  engine_cfg.steps_per_print = 0;
+  zero3::Engine engine(engine_cfg, comm, *device);
   EngineModelOptions mo;
   mo.activation_checkpointing = o.grad_checkpointing;
   mo.init_from = o.init_from;
@@ -483,8 +486,6 @@ int train(const TrainOptions& o, zero3::Config cfg, const ModelConfig& mc, const
     for (int64_t k = 0; k < gas; ++k) {
       const size_t off = static_cast<size_t>(k * micro * o.seq_len);
       loss_sum += model.forward_backward(ids.data() + off, targets.data() + off, shape, lo).loss_sum;
-      // The engine logs its own line at steps_per_print boundaries: take the bar off the terminal first.
-      if (k + 1 == gas && (step + 1) % print_every == 0) bar.clear();
       const auto t_opt = Clock::now();
       r = engine.step();
       opt_time += seconds_since(t_opt);
