@@ -8,6 +8,7 @@
 #include "core/check.hpp"
 #include "device/device_kernels.hpp"
 #include "kernels/philox_init.hpp"
+#include "zero/param_fill.hpp"
 #include "zero/partition.hpp"
 #include "zero/rank_agreement.hpp"
 #include "zero3/error.hpp"
@@ -38,35 +39,6 @@ int64_t gradient_accumulation(const Config& c, int world) {
     return *c.train_batch_size / per_step;
   }
   return 1;
-}
-
-FillSpec fill_spec(const ParamInit& init) {
-  FillSpec s;
-  switch (init.kind()) {
-    case ParamInit::Kind::zeros:
-      s.kind = FillKind::zeros;
-      break;
-    case ParamInit::Kind::ones:
-      s.kind = FillKind::ones;
-      break;
-    case ParamInit::Kind::constant:
-      s.kind = FillKind::constant;
-      s.value = init.value();
-      break;
-    case ParamInit::Kind::normal:
-      s.kind = FillKind::normal;
-      s.mean = init.mean();
-      s.stddev = init.stddev();
-      break;
-    case ParamInit::Kind::uniform:
-      s.kind = FillKind::uniform;
-      s.low = init.low();
-      s.high = init.high();
-      break;
-    case ParamInit::Kind::reader:
-      break;
-  }
-  return s;
 }
 
 std::string shape_string(const std::vector<int64_t>& shape) {
@@ -543,7 +515,7 @@ void EngineImpl::init_owned_range(UnitState& u) {
     const ParamState& p = params_[static_cast<size_t>(u.info.params[static_cast<size_t>(r.param_index)].index)];
     float* out = u.master + r.local_offset;
     if (p.init.kind() != ParamInit::Kind::reader) {
-      k.init_fill(out, fill_spec(p.init), seed, philox_stream_id(p.info.name), r.param_begin, r.param_end);
+      k.init_fill(out, param_fill(p.init), seed, philox_stream_id(p.info.name), r.param_begin, r.param_end);
       continue;
     }
     // The reader writes host memory; on the cpu device (or with the master in host memory) that is the master.

@@ -4,6 +4,7 @@
 #include <stdexcept>
 
 #include "kernels/philox_init.hpp"
+#include "zero/param_fill.hpp"
 #include "zero3/dtype.hpp"
 
 namespace zero3::testing {
@@ -32,35 +33,6 @@ float round_to(DType t, float x) {
       return f16_to_f32(f32_to_f16(x));
   }
   return x;
-}
-
-FillSpec fill_of(const ParamInit& init) {
-  FillSpec s;
-  switch (init.kind()) {
-    case ParamInit::Kind::zeros:
-      s.kind = FillKind::zeros;
-      break;
-    case ParamInit::Kind::ones:
-      s.kind = FillKind::ones;
-      break;
-    case ParamInit::Kind::constant:
-      s.kind = FillKind::constant;
-      s.value = init.value();
-      break;
-    case ParamInit::Kind::normal:
-      s.kind = FillKind::normal;
-      s.mean = init.mean();
-      s.stddev = init.stddev();
-      break;
-    case ParamInit::Kind::uniform:
-      s.kind = FillKind::uniform;
-      s.low = init.low();
-      s.high = init.high();
-      break;
-    case ParamInit::Kind::reader:
-      throw std::logic_error("the reference model has no reader init");
-  }
-  return s;
 }
 
 // DeepSpeed's WarmupLR, as its documentation defines it, at last_batch_iteration `it` (-1 before the first
@@ -165,7 +137,7 @@ ReferenceRun run_reference(const Config& config, const TrainPlan& plan) {
   for (const auto& desc : descs) {
     auto& w = p[desc.full_name()];
     w.resize(static_cast<size_t>(desc.numel()));
-    philox_fill_cpu(fill_of(desc.init), config.zero3.seed, philox_stream_id(desc.full_name()), 0, desc.numel(),
+    philox_fill_cpu(detail::param_fill(desc.init), config.zero3.seed, philox_stream_id(desc.full_name()), 0, desc.numel(),
                     w.data());
     m[desc.full_name()].assign(w.size(), 0.0f);
     v[desc.full_name()].assign(w.size(), 0.0f);
