@@ -36,10 +36,6 @@ namespace {
 using namespace kernels;
 
 constexpr int kSoftmaxThreads = 256;
-constexpr int64_t kAlign = 256;
-
-int64_t align_up(int64_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
-
 // Row `row` of the chunk's scores (unit u = row / seq, query t = row % seq) sees keys 0..t. In place: p = softmax
 // over the visible entries, 0 beyond; p_copy (may be null) receives p rounded to T instead of the f32 row.
 // lse[u * lse_unit_stride + t] = max + log(sum).
@@ -177,30 +173,11 @@ void* offset(void* base, int64_t elements, int64_t element_size) {
 }  // namespace
 
 struct Attention::Impl {
-  Impl(Blas& b, int64_t cap) : blas(b), stream(b.stream()), workspace_cap(cap) {}
-  ~Impl() {
-    if (workspace != nullptr) cudaFreeAsync(workspace, stream);
-  }
-
-  char* reserve(int64_t need) {
-    if (need > bytes) {
-      if (workspace != nullptr) {
-        void* old = workspace;
-        workspace = nullptr;
-        bytes = 0;
-        LLAMA3_CUDA_CHECK(cudaFreeAsync(old, stream));
-      }
-      LLAMA3_CUDA_CHECK(cudaMallocAsync(&workspace, static_cast<size_t>(need), stream));
-      bytes = need;
-    }
-    return static_cast<char*>(workspace);
-  }
+  Impl(Blas& b, int64_t cap) : blas(b), workspace(b.stream()), workspace_cap(cap) {}
 
   Blas& blas;
-  cudaStream_t stream;  // the Blas stream: the workspace is freed on it
+  StreamWorkspace workspace;  // on the Blas stream
   int64_t workspace_cap;
-  void* workspace = nullptr;
-  int64_t bytes = 0;
 };
 
 Attention::Attention(Blas& blas, int64_t workspace_cap) {
@@ -211,7 +188,7 @@ Attention::Attention(Blas& blas, int64_t workspace_cap) {
 }
 Attention::~Attention() = default;
 
-int64_t Attention::workspace_bytes() const { return impl_->bytes; }
+int64_t Attention::workspace_bytes() const { return impl_->workspace.bytes(); }
 
 void Attention::forward(const AttentionDims& d, const void* q, int64_t ldq, const void* k, int64_t ldk, const void* v,
                         int64_t ldv, void* out, int64_t ldo, float* lse, DType act) {
@@ -227,7 +204,7 @@ void Attention::forward(const AttentionDims& d, const void* q, int64_t ldq, cons
   const int64_t es = static_cast<int64_t>(zero3::dtype_size(act));
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(hd)));
   const Plan plan = make_plan(d, act, false, impl_->workspace_cap);
-  char* ws = impl_->reserve(plan.bytes);
+  char* ws = impl_->workspace.reserve(plan.bytes);
   float* s = reinterpret_cast<float*>(ws + plan.s);
   void* p_copy = act == DType::f32 ? nullptr : ws + plan.p_copy;
   const void* p_mat = act == DType::f32 ? static_cast<void*>(s) : p_copy;
@@ -279,7 +256,7 @@ void Attention::backward(const AttentionDims& d, const void* q, int64_t ldq, con
   const int64_t es = static_cast<int64_t>(zero3::dtype_size(act));
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(hd)));
   const Plan plan = make_plan(d, act, true, impl_->workspace_cap);
-  char* ws = impl_->reserve(plan.bytes);
+  char* ws = impl_->workspace.reserve(plan.bytes);
   float* s = reinterpret_cast<float*>(ws + plan.s);
   float* dp = reinterpret_cast<float*>(ws + plan.dp);
   void* p_copy = f32 ? nullptr : ws + plan.p_copy;

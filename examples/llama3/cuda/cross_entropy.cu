@@ -22,7 +22,6 @@ using namespace kernels;
 
 constexpr int kLossThreads = 512;
 constexpr int kSumThreads = 256;
-constexpr int64_t kAlign = 256;
 
 // The row's loss into row_loss[row] (if row_loss is set); with write_grad the row becomes
 // grad_scale * (softmax - onehot): in place, or rounded into grad_copy when that is set. An ignored row has loss 0
@@ -85,40 +84,19 @@ __global__ void sum_rows_kernel(const float* x, int64_t n, double* out) {
   if (threadIdx.x == 0) out[0] = partial[0];
 }
 
-int64_t align_up(int64_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
-
 }  // namespace
 
 struct LmHeadLoss::Impl {
-  explicit Impl(Blas& b) : blas(b), stream(b.stream()) {}
-  ~Impl() {
-    if (workspace != nullptr) cudaFreeAsync(workspace, stream);
-  }
-
-  char* reserve(int64_t need) {
-    if (need > bytes) {
-      if (workspace != nullptr) {
-        void* old = workspace;
-        workspace = nullptr;
-        bytes = 0;
-        LLAMA3_CUDA_CHECK(cudaFreeAsync(old, stream));
-      }
-      LLAMA3_CUDA_CHECK(cudaMallocAsync(&workspace, static_cast<size_t>(need), stream));
-      bytes = need;
-    }
-    return static_cast<char*>(workspace);
-  }
+  explicit Impl(Blas& b) : blas(b), workspace(b.stream()) {}
 
   Blas& blas;
-  cudaStream_t stream;  // the Blas stream: the workspace is freed on it
-  void* workspace = nullptr;
-  int64_t bytes = 0;
+  StreamWorkspace workspace;  // on the Blas stream
 };
 
 LmHeadLoss::LmHeadLoss(Blas& blas) : impl_(std::make_unique<Impl>(blas)) {}
 LmHeadLoss::~LmHeadLoss() = default;
 
-int64_t LmHeadLoss::workspace_bytes() const { return impl_->bytes; }
+int64_t LmHeadLoss::workspace_bytes() const { return impl_->workspace.bytes(); }
 
 void LmHeadLoss::run(const void* x, const void* w, const int32_t* targets, int64_t n, int64_t hidden, int64_t vocab,
                      float grad_scale, void* dx, float* dw, float* row_loss, int64_t chunk_rows, DType act) {
@@ -136,7 +114,7 @@ void LmHeadLoss::run(const void* x, const void* w, const int32_t* targets, int64
   const bool copy = backward && act != DType::f32;
   const int64_t es = static_cast<int64_t>(zero3::dtype_size(act));
   const int64_t logits_bytes = align_up(chunk_rows * vocab * 4);
-  char* ws = impl_->reserve(logits_bytes + (copy ? chunk_rows * vocab * es : 0));
+  char* ws = impl_->workspace.reserve(logits_bytes + (copy ? chunk_rows * vocab * es : 0));
   float* logits = reinterpret_cast<float*>(ws);
   void* grad_copy = copy ? ws + logits_bytes : nullptr;
   const void* grad = copy ? grad_copy : static_cast<const void*>(logits);

@@ -97,6 +97,46 @@ __device__ __forceinline__ int64_t global_thread() {
 }
 __device__ __forceinline__ int64_t grid_threads() { return static_cast<int64_t>(gridDim.x) * blockDim.x; }
 
+// ---- Scratch memory. ----
+
+inline constexpr int64_t kWorkspaceAlign = 256;
+
+inline int64_t align_up(int64_t bytes) { return (bytes + kWorkspaceAlign - 1) / kWorkspaceAlign * kWorkspaceAlign; }
+
+// A device scratch buffer that grows to the largest request, allocated and freed in the order of one stream
+// (cudaMallocAsync / cudaFreeAsync), so work queued on that stream before a regrowth still sees the old
+// buffer. The stream must outlive it.
+class StreamWorkspace {
+ public:
+  explicit StreamWorkspace(cudaStream_t stream) : stream_(stream) {}
+  ~StreamWorkspace() {
+    if (data_ != nullptr) cudaFreeAsync(data_, stream_);
+  }
+  StreamWorkspace(const StreamWorkspace&) = delete;
+  StreamWorkspace& operator=(const StreamWorkspace&) = delete;
+
+  // At least `bytes` bytes; the contents are undefined after a regrowth.
+  char* reserve(int64_t bytes) {
+    if (bytes > bytes_) {
+      if (data_ != nullptr) {
+        void* old = data_;
+        data_ = nullptr;
+        bytes_ = 0;
+        LLAMA3_CUDA_CHECK(cudaFreeAsync(old, stream_));
+      }
+      LLAMA3_CUDA_CHECK(cudaMallocAsync(&data_, static_cast<size_t>(bytes), stream_));
+      bytes_ = bytes;
+    }
+    return static_cast<char*>(data_);
+  }
+  int64_t bytes() const { return bytes_; }
+
+ private:
+  cudaStream_t stream_;
+  void* data_ = nullptr;
+  int64_t bytes_ = 0;
+};
+
 // ---- act -> C++ element type. ----
 
 template <typename T>

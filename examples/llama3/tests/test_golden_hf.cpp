@@ -18,6 +18,7 @@
 #include <filesystem>
 #include <vector>
 
+#include "golden_fixture.hpp"
 #include "grad_check.hpp"
 #include "hf_weights.hpp"
 #include "llama_model.hpp"
@@ -31,46 +32,9 @@ namespace st = zero3::safetensors;
 
 namespace {
 
-fs::path golden_dir() {
-  if (const char* d = std::getenv("LLAMA3_GOLDEN_DIR")) return d;
-  if (const char* s = std::getenv("ZERO3_SOURCE_DIR")) return fs::path(s) / "examples/llama3/tests/golden";
-  return fs::path(LLAMA3_SOURCE_DIR) / "tests/golden";
-}
-
-template <typename T>
-std::vector<T> read_all(const st::SafetensorsReader& r, const std::string& name) {
-  const st::TensorInfo& info = r.tensor(name);
-  std::vector<T> v(static_cast<size_t>(info.numel()));
-  EXPECT_EQ(info.nbytes(), v.size() * sizeof(T)) << name;
-  r.read_range(name, 0, info.numel(), v.data());
-  return v;
-}
-
-struct Golden {
-  ModelConfig config;
-  BatchShape shape;
-  std::vector<int32_t> ids, labels, targets;
-  std::vector<float> logits;
-  double loss = 0;
-  std::unique_ptr<st::SafetensorsReader> batch;
-
-  Golden() {
-    const fs::path dir = golden_dir();
-    config = load_model_config((dir / "config.json").string());
-    batch = std::make_unique<st::SafetensorsReader>(dir / "batch.safetensors");
-    const auto& shp = batch->tensor("input_ids").shape;
-    shape = {shp.at(0), shp.at(1)};
-    ids = read_all<int32_t>(*batch, "input_ids");
-    labels = read_all<int32_t>(*batch, "labels");
-    logits = read_all<float>(*batch, "logits");
-    loss = read_all<double>(*batch, "loss").at(0);
-    // LlamaForCausalLM shifts the labels inside its loss: position t predicts labels[t + 1], and the last
-    // position of each sequence predicts nothing.
-    targets.assign(ids.size(), kIgnoreIndex);
-    for (int64_t b = 0; b < shape.batch; ++b)
-      for (int64_t t = 0; t + 1 < shape.seq; ++t) targets[b * shape.seq + t] = labels[b * shape.seq + t + 1];
-  }
-};
+using Golden = llama3::testing::GoldenFixture;
+using llama3::testing::golden_dir;
+using llama3::testing::read_all;
 
 template <typename T>
 void check_gradients(FlatModel<T>& m, const char* label, double tol) {

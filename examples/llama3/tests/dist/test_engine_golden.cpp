@@ -26,6 +26,7 @@
 
 #include "engine_model.hpp"
 #include "support/engine_world.hpp"
+#include "tests/golden_fixture.hpp"
 #include "zero3/engine.hpp"
 #include "zero3/safetensors.hpp"
 
@@ -34,20 +35,6 @@ namespace fs = std::filesystem;
 namespace st = zero3::safetensors;
 
 namespace {
-
-fs::path golden_dir() {
-  if (const char* d = std::getenv("LLAMA3_GOLDEN_DIR")) return d;
-  if (const char* s = std::getenv("ZERO3_SOURCE_DIR")) return fs::path(s) / "examples/llama3/tests/golden";
-  return fs::path(LLAMA3_SOURCE_DIR) / "tests/golden";
-}
-
-template <typename T>
-std::vector<T> read_all(const st::SafetensorsReader& r, const std::string& name) {
-  const st::TensorInfo& info = r.tensor(name);
-  std::vector<T> v(static_cast<size_t>(info.numel()));
-  r.read_range(name, 0, info.numel(), v.data());
-  return v;
-}
 
 zero3::Config golden_config(int64_t gas) {
   zero3::Config c;
@@ -76,17 +63,13 @@ class EngineGolden : public ::testing::TestWithParam<GoldenCase> {};
 TEST_P(EngineGolden, LossAndGradientsEqualTransformers) {
   auto comm = zero3::testing::engine_world();
   const int W = comm->size(), rank = comm->rank();
-  const fs::path dir = golden_dir();
-  const ModelConfig mc = load_model_config((dir / "config.json").string());
-  st::SafetensorsReader batch(dir / "batch.safetensors");
-  const auto ids = read_all<int32_t>(batch, "input_ids");
-  const auto labels = read_all<int32_t>(batch, "labels");
-  const double want_loss = read_all<double>(batch, "loss").at(0);
-  const int64_t S = batch.tensor("input_ids").shape.at(0), T = batch.tensor("input_ids").shape.at(1);
-  // Position t predicts labels[t + 1] (LlamaForCausalLM shifts inside its loss).
-  std::vector<int32_t> targets(ids.size(), kIgnoreIndex);
-  for (int64_t b = 0; b < S; ++b)
-    for (int64_t t = 0; t + 1 < T; ++t) targets[b * T + t] = labels[b * T + t + 1];
+  const llama3::testing::GoldenFixture golden;
+  const fs::path& dir = golden.dir;
+  const ModelConfig& mc = golden.config;
+  const std::vector<int32_t>& ids = golden.ids;
+  const std::vector<int32_t>& targets = golden.targets;
+  const double want_loss = golden.loss;
+  const int64_t S = golden.shape.batch, T = golden.shape.seq;
 
   const int64_t G = (S + W - 1) / W;
   zero3::Engine engine(golden_config(G), comm, zero3::testing::cpu_device());
@@ -127,7 +110,7 @@ TEST_P(EngineGolden, LossAndGradientsEqualTransformers) {
   EXPECT_NEAR(loss, want_loss, 1e-5 * want_loss);
 
   // The gradients, slice by slice.
-  st::SafetensorsReader grads(dir / "grads.safetensors");
+  const st::SafetensorsReader& grads = *golden.grads;
   std::map<std::string, std::vector<float>> want;
   std::map<std::string, double> scale;  // the tensor's largest |gradient|
   double norm_sq = 0;

@@ -34,6 +34,7 @@
 
 #include "engine_model.hpp"
 #include "llama_model.hpp"
+#include "tests/golden_fixture.hpp"
 #include "zero3/comm.hpp"
 #include "zero3/engine.hpp"
 #include "zero3/error.hpp"
@@ -195,32 +196,15 @@ TEST(CudaModel, Fp32EqualsTheCpuModel) {
 
 // ---- Hugging Face's golden fixture ----
 
-fs::path golden_dir() {
-  if (const char* d = std::getenv("LLAMA3_GOLDEN_DIR")) return d;
-  if (const char* s = std::getenv("ZERO3_SOURCE_DIR")) return fs::path(s) / "examples/llama3/tests/golden";
-  return fs::path(LLAMA3_SOURCE_DIR) / "tests/golden";
-}
-
-template <typename T>
-std::vector<T> read_all(const st::SafetensorsReader& r, const std::string& name) {
-  const st::TensorInfo& info = r.tensor(name);
-  std::vector<T> v(static_cast<size_t>(info.numel()));
-  r.read_range(name, 0, info.numel(), v.data());
-  return v;
-}
-
 TEST(CudaModel, GoldenFixtureInFp32) {
-  const fs::path dir = golden_dir();
-  const ModelConfig mc = load_model_config((dir / "config.json").string());
-  st::SafetensorsReader batch(dir / "batch.safetensors");
-  const auto ids = read_all<int32_t>(batch, "input_ids");
-  const auto labels = read_all<int32_t>(batch, "labels");
-  const double want_loss = read_all<double>(batch, "loss").at(0);
-  const int64_t S = batch.tensor("input_ids").shape.at(0), T = batch.tensor("input_ids").shape.at(1);
-  std::vector<int32_t> targets(ids.size(), kIgnoreIndex);  // position t predicts labels[t + 1]
-  for (int64_t b = 0; b < S; ++b)
-    for (int64_t t = 0; t + 1 < T; ++t) targets[b * T + t] = labels[b * T + t + 1];
-  st::SafetensorsReader grads(dir / "grads.safetensors");
+  const llama3::testing::GoldenFixture golden;
+  const fs::path& dir = golden.dir;
+  const ModelConfig& mc = golden.config;
+  const std::vector<int32_t>& ids = golden.ids;
+  const std::vector<int32_t>& targets = golden.targets;
+  const double want_loss = golden.loss;
+  const int64_t S = golden.shape.batch, T = golden.shape.seq;
+  const st::SafetensorsReader& grads = *golden.grads;
 
   auto gpu = zero3::make_device("cuda");
   for (bool checkpointing : {true, false}) {
