@@ -8,8 +8,8 @@
 //
 // The device also checks the ordering rules the GPU relies on: no stream or host waits on an event that was
 // never recorded (CUDA would silently not wait), events are recorded on real streams only, no memory is freed
-// while queued work uses it, kernels run on device memory, the compute stream waits for every stage-3
-// gather, and gathers and reductions are issued on the engine's own streams.
+// while queued work uses it, kernels and collectives run on device memory, the compute stream waits for every
+// stage-3 gather, and gathers and reductions are issued on the engine's own streams.
 // zero3-test-ranks: 1 2 3
 #include <gtest/gtest.h>
 
@@ -82,6 +82,7 @@ TEST_P(StreamPath, SameNumbersAsTheReferenceAndOrderedByEvents) {
   EXPECT_EQ(u.frees_while_queued, 0) << "memory was freed while queued work still used it";
   EXPECT_EQ(u.kernels_on_host_memory, 0) << "a kernel was given host memory";
   EXPECT_EQ(u.wait_cycles, 0) << "two streams waited on each other";
+  EXPECT_EQ(comm->host_memory_collectives(), 0) << "a collective was given host memory (NCCL reads device memory)";
   EXPECT_GT(comm->side_stream_reductions(), 0) << "no reduction on the reduce stream";
   if (v.stage == 3) {
     EXPECT_GE(comm->side_stream_gathers(), stats.all_gathers) << "stage-3 gathers must run on the gather stream";

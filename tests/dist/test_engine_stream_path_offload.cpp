@@ -6,11 +6,11 @@
 // Each run must be bit-identical to the same engine without offload on the cpu device (as
 // test_equivalence_offload.cpp checks the cpu device's offload) and close to the reference model. The device
 // checks the GPU's rules: no stream or host waits on an event never recorded, no memory freed while queued
-// work uses it, no kernel on host memory, no asynchronous copy from pageable memory when pin_memory is set;
-// and that the step's gradient tiles come down and its compute copies go up on two streams of their own, with
-// the next tile already queued when the host waits for one. The master weights and moments (and the
-// parameter slices) must be in host memory, pinned when pin_memory says so, and the engine's device and host
-// counters must equal the memory plan for a GPU, which counts them independently from shapes.
+// work uses it, no kernel or collective on host memory, no asynchronous copy from pageable memory when
+// pin_memory is set; and that the step's gradient tiles come down and its compute copies go up on two streams
+// of their own, with the next tile already queued when the host waits for one. The master weights and moments
+// (and the parameter slices) must be in host memory, pinned when pin_memory says so, and the engine's device and
+// host counters must equal the memory plan for a GPU, which counts them independently from shapes.
 // zero3-test-ranks: 1 2 3
 #include <gtest/gtest.h>
 
@@ -178,6 +178,7 @@ TEST_P(StreamPathOffload, BitIdenticalToNoOffloadOrderedAndCounted) {
   EXPECT_EQ(u.frees_while_queued, 0) << "memory was freed while queued work still used it";
   EXPECT_EQ(u.kernels_on_host_memory, 0) << "a kernel was given host memory";
   EXPECT_EQ(u.wait_cycles, 0) << "two streams waited on each other";
+  EXPECT_EQ(comm->host_memory_collectives(), 0) << "a collective was given host memory (NCCL reads device memory)";
   if (v.pin) {
     EXPECT_EQ(u.pageable_async_copies, 0) << "an asynchronous copy used pageable memory";
   }
@@ -305,6 +306,7 @@ TEST(StreamPathOffloadCheckpoint, ResumeIsBitIdentical) {
     resumed.engine.reset();
     const StreamPathUsage u = device.usage();
     EXPECT_EQ(u.waits_before_record + u.syncs_before_record + u.frees_while_queued + u.kernels_on_host_memory, 0);
+    EXPECT_EQ(comm->host_memory_collectives(), 0);
   }
 }
 

@@ -7,8 +7,13 @@ namespace zero3::testing {
 StreamPathComm::StreamPathComm(std::shared_ptr<Communicator> inner, StreamPathDevice& device)
     : inner_(std::move(inner)), device_(device) {}
 
+void StreamPathComm::note_buffers(const void* a, const void* b) {
+  if (!device_.is_device_memory(a) || !device_.is_device_memory(b)) host_memory_collectives_++;
+}
+
 WorkPtr StreamPathComm::all_gather_into(void* out, const void* in, size_t count, DType dtype, Stream stream) {
   if (!device_.is_compute(stream)) side_stream_gathers_++;
+  if (count > 0) note_buffers(out, in);
   device_.run_queued(stream);
   inner_->all_gather_into(out, in, count, dtype)->wait();
   return completed_work();
@@ -17,6 +22,7 @@ WorkPtr StreamPathComm::all_gather_into(void* out, const void* in, size_t count,
 WorkPtr StreamPathComm::reduce_scatter(void* out, const void* in, size_t count, DType dtype, ReduceOp op,
                                        Stream stream) {
   if (!device_.is_compute(stream)) side_stream_reductions_++;
+  if (count > 0) note_buffers(out, in);
   device_.run_queued(stream);
   inner_->reduce_scatter(out, in, count, dtype, op)->wait();
   return completed_work();
@@ -24,12 +30,14 @@ WorkPtr StreamPathComm::reduce_scatter(void* out, const void* in, size_t count, 
 
 WorkPtr StreamPathComm::all_reduce(void* buf, size_t count, DType dtype, ReduceOp op, Stream stream) {
   if (!device_.is_compute(stream)) side_stream_reductions_++;
+  if (count > 0) note_buffers(buf, buf);
   device_.run_queued(stream);
   inner_->all_reduce(buf, count, dtype, op)->wait();
   return completed_work();
 }
 
 WorkPtr StreamPathComm::broadcast(void* buf, size_t count, DType dtype, int root, Stream stream) {
+  if (count > 0) note_buffers(buf, buf);
   device_.run_queued(stream);
   inner_->broadcast(buf, count, dtype, root)->wait();
   return completed_work();

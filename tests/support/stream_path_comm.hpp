@@ -2,7 +2,8 @@
 // each collective on a real host communicator (gloo or local). A collective on a stream first runs the work
 // queued on that stream (nullptr: the compute stream), as the GPU would before starting it, then runs and
 // completes before returning, so its data is in place for whatever is queued on the stream after it.
-// It counts the collectives issued on streams other than the compute stream.
+// It counts the collectives issued on streams other than the compute stream, and those given memory that is not
+// the device's (NCCL reads and writes device memory only: host memory there is an illegal access or a refusal).
 #pragma once
 
 #include <atomic>
@@ -32,12 +33,16 @@ class StreamPathComm final : public Communicator {
 
   int64_t side_stream_gathers() const { return side_stream_gathers_.load(); }
   int64_t side_stream_reductions() const { return side_stream_reductions_.load(); }
+  int64_t host_memory_collectives() const { return host_memory_collectives_.load(); }
 
  private:
   std::shared_ptr<Communicator> inner_;
   StreamPathDevice& device_;
   std::atomic<int64_t> side_stream_gathers_{0};
   std::atomic<int64_t> side_stream_reductions_{0};
+  std::atomic<int64_t> host_memory_collectives_{0};
+
+  void note_buffers(const void* a, const void* b);
 };
 
 }  // namespace zero3::testing

@@ -197,6 +197,11 @@ StreamPathDevice::Memory StreamPathDevice::memory_of(const void* p) const {
   return Memory::pageable;
 }
 
+bool StreamPathDevice::is_device_memory(const void* p) const {
+  std::lock_guard lock(mu_);
+  return memory_of(p) == Memory::device;
+}
+
 bool StreamPathDevice::queued_work_uses(const void* p, size_t bytes) const {
   const char* b = static_cast<const char*>(p);
   for (const Queue& q : queues_) {

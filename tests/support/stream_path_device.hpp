@@ -86,6 +86,8 @@ class StreamPathDevice final : public Device {
   void run_queued(Stream stream);
   // Whether `stream` is the compute stream (nullptr included).
   bool is_compute(Stream stream) const { return stream == nullptr || stream == compute_; }
+  // Whether `p` is in memory from allocate() (not pinned or pageable host memory).
+  bool is_device_memory(const void* p) const;
   StreamPathUsage usage() const;
 
  private:
