@@ -480,7 +480,7 @@ int train(const TrainOptions& o, zero3::Config cfg, const ModelConfig& mc, const
     }
     local_targets = count_targets(targets.data(), static_cast<int64_t>(targets.size()), mc.vocab_size);
     LossOptions lo;
-    lo.normalizer = step_loss_normalizer(*comm, local_targets, gas);
+    lo.normalizer = step_loss_normalizer(*comm, local_targets, gas, device.get());
     double loss_sum = 0, opt_time = 0;
     zero3::StepResult r;
     for (int64_t k = 0; k < gas; ++k) {
@@ -491,7 +491,7 @@ int train(const TrainOptions& o, zero3::Config cfg, const ModelConfig& mc, const
       opt_time += seconds_since(t_opt);
     }
     float sum = static_cast<float>(loss_sum);
-    comm->all_reduce(&sum, 1, zero3::DType::f32, zero3::ReduceOp::sum)->wait();
+    all_reduce_host_sum(*comm, device.get(), &sum, 1);
     const double total_targets = lo.normalizer * static_cast<double>(world * gas);
     const double loss = total_targets > 0 ? sum / total_targets : 0.0;
     const double step_time = seconds_since(t_step);
