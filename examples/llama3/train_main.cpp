@@ -304,11 +304,18 @@ int train(const TrainOptions& o, zero3::Config cfg, const ModelConfig& mc, const
   // GPU per rank: local rank i uses cuda:i unless --device names one.
   const zero3::LaunchInfo launch = zero3::detect_launch();
   const int gpu_index = device_name.size() > 5 ? parse_gpu_index(device_name) : launch.local_rank;
+  const std::string& backend = cfg.zero3.comm_backend;
+  if (backend != "auto" && (backend == "nccl") != gpu) {
+    throw zero3::InvalidArgument("zero3.comm_backend \"" + backend + "\" with device " + device_name +
+                                 (gpu ? ": the engine on a GPU communicates through nccl (use \"nccl\" or \"auto\")"
+                                      : ": nccl moves GPU memory only (use \"gloo\" or \"auto\" on the CPU)"));
+  }
+#if LLAMA3_HAVE_CUDA
+  // Before the first CUDA call (the communicator's), so that no rank ever makes GPU 0 current by default.
+  if (gpu) make_cuda_device_current(gpu_index);
+#endif
   zero3::CommOptions co;
-  co.backend = cfg.zero3.comm_backend != "auto" ? cfg.zero3.comm_backend
-               : gpu                            ? "nccl"
-               : launch.world_size > 1          ? "gloo"
-                                                : "local";
+  co.backend = backend != "auto" ? backend : gpu ? "nccl" : launch.world_size > 1 ? "gloo" : "local";
   if (gpu) co.device = gpu_index;
   co.timeout = std::chrono::seconds(cfg.zero3.comm_timeout_s);
   co.network = o.network != "auto"                                    ? o.network
