@@ -276,7 +276,8 @@ ActivationEstimate estimate_activations(const ModelConfig& c, const BatchShape& 
         std::clamp<int64_t>((int64_t{1} << 30) / std::max<int64_t>(per_head, 1), 1, c.num_key_value_heads);
     e.attention = heads * per_head + (copies ? 2 * s.seq * c.kv_dim() * 4 : 0);
     e.loss_chunk = chunk * c.vocab_size * (4 + (copies ? act_bytes : 0));
-    e.workspace += n * 4 + (2 * n + 1) * 4;  // row losses; rows, offsets and token ids of the embedding grouping
+    // Row losses; the embedding grouping: at most n rows, n + 1 offsets and n token ids.
+    e.workspace += n * 4 + (3 * n + 1) * 4;
   } else {
     e.attention = 2 * scores * 4;                   // P and dP of one head (ops/attention.cpp)
     e.loss_chunk = chunk * (c.vocab_size + 1) * 4;  // logits and row losses (ops/cross_entropy.cpp)
