@@ -12,6 +12,7 @@
 #include "comm/fabric/network_negotiation.hpp"
 #include "comm/nccl/nccl_check.hpp"
 #include "device/cuda/cuda_check.hpp"
+#include "device/cuda/cuda_device_guard.hpp"
 #include "zero3/error.hpp"
 #include "zero3/log.hpp"
 
@@ -48,24 +49,6 @@ std::string seconds(std::chrono::milliseconds ms) {
   if (!s.empty() && s.back() == '.') s.pop_back();
   return s;
 }
-
-// Makes `device` current for a scope and restores the caller's device: the caller's CUDA state is theirs.
-class DeviceGuard {
- public:
-  explicit DeviceGuard(int device) : device_(device) {
-    ZERO3_CUDA_CHECK(cudaGetDevice(&previous_));
-    if (previous_ != device_) ZERO3_CUDA_CHECK(cudaSetDevice(device_));
-  }
-  ~DeviceGuard() {
-    if (previous_ >= 0 && previous_ != device_) cudaSetDevice(previous_);
-  }
-  DeviceGuard(const DeviceGuard&) = delete;
-  DeviceGuard& operator=(const DeviceGuard&) = delete;
-
- private:
-  int device_;
-  int previous_ = -1;
-};
 
 int pick_device(const CommOptions& options, const LaunchInfo& launch) {
   int count = 0;
@@ -113,7 +96,7 @@ NcclCommunicator::NcclCommunicator(const CommOptions& options, const LaunchInfo&
   state_->name = "nccl communicator (rank " + std::to_string(launch.rank) + " of " + std::to_string(launch.world_size) +
                  ", device " + std::to_string(state_->device) + ")";
   register_buffers_ = options.register_buffers;
-  DeviceGuard guard(state_->device);
+  detail::CudaDeviceGuard guard(state_->device);
 
   const auto mode = fabric::parse_network_mode(options.network);
   const std::string prefix = next_store_prefix();
@@ -197,7 +180,7 @@ NcclCommunicator::NcclCommunicator(Adopt, ncclComm_t comm, const NcclCommunicato
     ZERO3_NCCL_CHECK(ncclCommCount(comm, &state_->size));
     state_->name = "nccl communicator split from " + parent.state_->name + " (rank " + std::to_string(state_->rank) +
                    " of " + std::to_string(state_->size) + ")";
-    DeviceGuard guard(state_->device);
+    detail::CudaDeviceGuard guard(state_->device);
     start();
   } catch (...) {
     teardown(false);  // the peers may never finalize with us
@@ -209,7 +192,7 @@ NcclCommunicator::NcclCommunicator(Adopt, ncclComm_t comm, const NcclCommunicato
 NcclCommunicator::~NcclCommunicator() { teardown(std::uncaught_exceptions() == 0); }
 
 void NcclCommunicator::start() {
-  DeviceGuard guard(state_->device);
+  detail::CudaDeviceGuard guard(state_->device);
   ZERO3_CUDA_CHECK(cudaStreamCreateWithFlags(&internal_stream_, cudaStreamNonBlocking));
   ZERO3_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&scratch_), sizeof(float)));
   watchdog_ = std::make_unique<NcclWatchdog>(state_);
@@ -263,7 +246,7 @@ template <typename Issue>
 WorkPtr NcclCommunicator::launch(const std::string& what, Stream stream, Issue issue) {
   std::lock_guard<std::mutex> lock(state_->mu);
   require_alive_locked(what);
-  DeviceGuard guard(state_->device);
+  detail::CudaDeviceGuard guard(state_->device);
   auto s = reinterpret_cast<cudaStream_t>(stream);
   ncclResult_t r = settle_locked(state_->comm, issue(state_->comm, s), what);
   if (r != ncclSuccess) fail_locked(what, r);
@@ -333,7 +316,7 @@ std::unique_ptr<Communicator> NcclCommunicator::split(int color, int key) {
   {
     std::lock_guard<std::mutex> lock(state_->mu);
     require_alive_locked(what);
-    DeviceGuard guard(state_->device);
+    detail::CudaDeviceGuard guard(state_->device);
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     config.blocking = 0;
     if (!net_name_.empty()) config.netName = net_name_.c_str();
@@ -355,7 +338,7 @@ void* NcclCommunicator::register_buffer(void* ptr, size_t bytes) {
   ZERO3_REQUIRE(ptr && bytes > 0, InvalidArgument, what, ": buffer is null or empty");
   std::lock_guard<std::mutex> lock(state_->mu);
   require_alive_locked(what);
-  DeviceGuard guard(state_->device);
+  detail::CudaDeviceGuard guard(state_->device);
   void* handle = nullptr;
   ncclResult_t r = settle_locked(state_->comm, ncclCommRegister(state_->comm, ptr, bytes, &handle), what);
   if (r != ncclSuccess) throw CommError(what + " failed: " + detail::nccl_error_detail(r, state_->comm));
@@ -370,7 +353,7 @@ void NcclCommunicator::deregister_buffer(void* handle) {
     throw InvalidArgument("nccl deregister_buffer: handle is not a registration of " + state_->name);
   }
   if (state_->aborted || !state_->comm) return;  // the abort released it
-  DeviceGuard guard(state_->device);
+  detail::CudaDeviceGuard guard(state_->device);
   std::string what = "ncclCommDeregister on " + state_->name;
   ncclResult_t r = settle_locked(state_->comm, ncclCommDeregister(state_->comm, handle), what);
   if (r != ncclSuccess) throw CommError(what + " failed: " + detail::nccl_error_detail(r, state_->comm));
@@ -384,7 +367,7 @@ void NcclCommunicator::teardown(bool graceful) noexcept {
     {
       std::lock_guard<std::mutex> lock(state_->mu);
       if (!state_->aborted && state_->comm) {
-        DeviceGuard guard(state_->device);
+        detail::CudaDeviceGuard guard(state_->device);
         for (void* handle : registrations_) {
           ncclResult_t r = settle_locked(state_->comm, ncclCommDeregister(state_->comm, handle), "deregister");
           if (r != ncclSuccess) log::warn("ncclCommDeregister on ", state_->name, ": ", ncclGetErrorString(r));

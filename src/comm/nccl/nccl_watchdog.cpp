@@ -1,5 +1,7 @@
 #include "comm/nccl/nccl_watchdog.hpp"
 
+#include <cuda_runtime.h>
+
 #include <algorithm>
 
 #include "comm/nccl/nccl_check.hpp"
@@ -72,6 +74,11 @@ void NcclWatchdog::abort_locked(const std::string& reason) {
 }
 
 void NcclWatchdog::run() {
+  // The events it polls belong to the communicator's device: make it current on this thread, or the first
+  // CUDA call here would initialise a context on device 0.
+  if (cudaError_t e = cudaSetDevice(state_->device); e != cudaSuccess) {
+    log::error("watchdog of ", state_->name, ": cudaSetDevice(", state_->device, "): ", cudaGetErrorString(e));
+  }
   std::unique_lock<std::mutex> lock(list_mu_);
   while (!stop_) {
     cv_.wait_for(lock, interval_, [&] { return stop_; });
