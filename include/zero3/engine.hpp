@@ -134,6 +134,12 @@ struct ScheduleStats {
   double gather_wait_seconds = 0;    // the training thread blocked on all-gathers at scope entry
   double comm_wait_seconds = 0;      // blocked on any collective (gathers, reduce buckets, step, checks)
   std::vector<UnitId> gather_order;  // units in the order their all-gathers were issued
+  // NVMe parameter offload: slices read from the swap file for all-gathers, how many of those reads had been
+  // started ahead along the schedule (before the all-gather was issued), and the time the training thread
+  // blocked on them.
+  int64_t param_reads = 0;
+  int64_t param_reads_ahead = 0;
+  double param_read_wait_seconds = 0;
 };
 
 // Optimizer offload to nvme: what the swap of the fp32 master weights and Adam moments did since the last

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <map>
 #include <string_view>
 
@@ -410,6 +411,8 @@ void EngineImpl::materialize() {
     for (const UnitState& u : units_)
       bytes.push_back(static_cast<size_t>(u.info.slice_numel) * dtype_size(u.info.dtype));
     param_swap_ = std::make_unique<ParamSwap>(config_, rank_, bytes, dtype_size(compute_dtype_));
+    param_reads_ =
+        std::make_unique<ParamPrefetcher>(*param_swap_, static_cast<size_t>(config_.zero.offload_param.buffer_count));
   }
   if (optimizer_on_host_) {
     // Compute copies go back to the device unless the slices live in host memory, where Adam writes them.
@@ -474,7 +477,7 @@ void EngineImpl::allocate_and_init(UnitState& u) {
     u.master = u.master_buf.as<float>();
   }
   if (policy_.shard_params && !master_is_param(u) && !param_swap_) {
-    // (With NVMe the slice exists only while it is read or written: load_compute_slice.)
+    // (With NVMe the slice lives in the swap file: new_compute_slice, claim_param_slice.)
     if (slices_on_host_) {
       u.host_slice = HostBuffer(device_, host_memory(config_.zero.offload_param), host_counters_,
                                 MemoryCategory::params, S * dtype_size(ct));
@@ -553,31 +556,27 @@ void EngineImpl::spill_optimizer_state(UnitState& u) {
   }
 }
 
-void EngineImpl::load_compute_slice(UnitState& u, bool read) {
+bool EngineImpl::slice_swapped(const UnitState& u) const { return param_swap_ && !master_is_param(u); }
+
+void EngineImpl::new_compute_slice(UnitState& u) {
+  // A zeroed slice for the step or refresh_params() to write (the padding stays zero), then store_compute_slice.
   const size_t bytes = static_cast<size_t>(u.info.slice_numel) * dtype_size(u.info.dtype);
-  const size_t idx = static_cast<size_t>(u.info.id.index);
   if (slices_on_host_) {
     if (u.host_slice.allocated()) return;
     u.host_slice =
         HostBuffer(device_, host_memory(config_.zero.offload_param), host_counters_, MemoryCategory::params, bytes);
-    if (read) {
-      param_swap_->read(idx, u.host_slice.data());
-    } else {
-      host_device_->fill_zero(u.host_slice.data(), bytes);
-    }
+    host_device_->fill_zero(u.host_slice.data(), bytes);
     return;
   }
   if (u.compute_slice.data() != nullptr) return;
   u.compute_slice = DeviceBuffer(device_, counters_, MemoryCategory::params, bytes);
-  if (read) {
-    param_swap_->read(idx, u.compute_slice.data());
-  } else {
-    device_.fill_zero(u.compute_slice.data(), u.compute_slice.bytes());
-  }
+  device_.fill_zero(u.compute_slice.data(), u.compute_slice.bytes());
 }
 
 void EngineImpl::store_compute_slice(UnitState& u) {
   const size_t idx = static_cast<size_t>(u.info.id.index);
+  // A read of the old slice started ahead must not feed a later gather.
+  param_reads_->discard(idx);
   if (slices_on_host_) {
     before_host_slice_write(u);  // no copy out of it may still be queued when it is freed
     param_swap_->write(idx, u.host_slice.data());
@@ -623,7 +622,7 @@ void EngineImpl::build_compute_copies(UnitState& u, const float* master) {
   if (master == nullptr) master = u.master;
   if (policy_.shard_params) {
     if (!master_is_param(u)) {
-      if (param_swap_) load_compute_slice(u, false);
+      if (param_swap_) new_compute_slice(u);
       if (slices_on_host_) {
         before_host_slice_write(u);
         write_compute_copy(u.host_slice.data(), true, ct, master, optimizer_on_host_, u.owned_len);
@@ -701,9 +700,79 @@ void EngineImpl::check_order(int64_t code, const std::string& doing) {
 // ---------------------------------------------------------------------------------------------------------
 // Gathers (stage 3)
 
+// NVMe parameter offload: the unit's slice from its read, started ahead along the schedule or now; the
+// training thread waits only for the rest of that read. On the cpu device the all-gather reads the buffer
+// itself (released in wait_gather); on a GPU the slice goes to host_slice (pinned with pin_memory) for the
+// asynchronous copy up, and the buffer is free at once. Called before anything of the gather is allocated or
+// counted, so that a failed read leaves the unit released.
+const void* EngineImpl::claim_param_slice(UnitState& u) {
+  const size_t idx = static_cast<size_t>(u.info.id.index);
+  // Every buffer feeds an all-gather in flight (more gathers ahead than buffer_count): the oldest completes.
+  while (!param_reads_->can_claim(idx)) {
+    const size_t oldest = param_reads_->claimed_units().front();
+    if (units_[oldest].gather == GatherState::in_flight) {
+      wait_gather(units_[oldest]);  // releases the buffer
+    } else {
+      param_reads_->release(oldest);
+    }
+  }
+  ParamPrefetcher::Claim claim;
+  try {
+    claim = param_reads_->claim(idx);
+  } catch (const IoError& e) {
+    // This rank cannot issue the gather the other ranks issue: the engine is failed from here on.
+    fail(std::make_exception_ptr(
+        IoError(log::concat("all_gather of unit '", u.info.name, "' on rank ", rank_,
+                            ": reading its parameter slice from the NVMe swap failed: ", e.what()))));
+  }
+  stats_.param_reads++;
+  if (claim.read_ahead) stats_.param_reads_ahead++;
+  stats_.param_read_wait_seconds += claim.wait_seconds;
+  if (!slices_on_host_) return claim.data;
+  const size_t bytes = param_swap_->slice_bytes(idx);
+  u.host_slice =
+      HostBuffer(device_, host_memory(config_.zero.offload_param), host_counters_, MemoryCategory::params, bytes);
+  std::memcpy(u.host_slice.data(), claim.data, bytes);
+  param_reads_->release(idx);
+  return u.host_slice.data();
+}
+
+// The buffers not feeding gathers hold reads of the next units in the recorded order that will need one (not
+// gathered by then). A nearer unit takes the buffer of a finished read of a unit further ahead; a read still in
+// flight is never waited for here.
+void EngineImpl::prefetch_param_reads() {
+  // Reads ahead follow the prefetch switch of the gathers (stage3_prefetch_bucket_size 0: none).
+  if (!param_reads_ || schedule_policy_.prefetch_bucket_numel <= 0) return;
+  const size_t room = param_reads_->buffer_count() - param_reads_->claimed_units().size();
+  if (room == 0) return;
+  const std::vector<UnitId> next = schedule_->plan_reads(room, [this](UnitId id) {
+    const UnitState& o = units_[static_cast<size_t>(id.index)];
+    if (!slice_swapped(o)) return false;
+    if (o.gather == GatherState::released) return true;
+    // A unit in an open scope is released when it closes unless kept for its next use; others that are
+    // gathered (ahead, or kept) stay until they are entered.
+    return o.open_scopes > 0 && !schedule_->keep_for_reuse(o.info.id);
+  });
+  std::vector<bool> wanted(units_.size(), false);
+  for (UnitId id : next) wanted[static_cast<size_t>(id.index)] = true;
+  for (UnitId id : next) {
+    const auto idx = static_cast<size_t>(id.index);
+    if (param_reads_->holds(idx)) continue;
+    if (param_reads_->free_buffers() == 0) {
+      const std::vector<size_t> reading = param_reads_->reading_units();
+      auto spare = std::find_if(reading.rbegin(), reading.rend(),
+                                [&](size_t r) { return !wanted[r] && param_reads_->read_done(r); });
+      if (spare == reading.rend()) return;
+      param_reads_->discard(*spare);
+    }
+    param_reads_->start(idx);
+  }
+}
+
 void EngineImpl::issue_gather(UnitState& u, bool prefetch) {
   const DType ct = u.info.dtype;
   const int64_t S = u.info.slice_numel;
+  const void* swapped_slice = slice_swapped(u) ? claim_param_slice(u) : nullptr;
   u.full = DeviceBuffer(device_, counters_, MemoryCategory::params, u.info.padded_numel * dtype_size(ct));
   gathered_bytes_ += static_cast<int64_t>(u.full.bytes());
   peak_gathered_bytes_ = std::max(peak_gathered_bytes_, gathered_bytes_);
@@ -721,10 +790,8 @@ void EngineImpl::issue_gather(UnitState& u, bool prefetch) {
     u.prefetched_unused = true;
     ahead_numel_ += u.info.numel;
   }
-  // NVMe parameter offload: the slice is read synchronously here, before the all-gather is queued; for a
-  // prefetch that is ahead of use, along the schedule. It is freed when the gather completes.
-  if (param_swap_) load_compute_slice(u, true);
   const void* in = master_is_param(u) ? static_cast<const void*>(u.master) : u.compute_slice.data();
+  if (swapped_slice != nullptr) in = swapped_slice;
   void* out = u.full.data();
   std::string what = log::concat("all_gather of unit '", u.info.name, "' (", u.info.padded_numel, " elements, ",
                                  dtype_name(ct), prefetch ? ", prefetch" : "", ")");
@@ -747,7 +814,8 @@ void EngineImpl::issue_gather(UnitState& u, bool prefetch) {
     if (slices_on_host_) {
       // Parameter offload: the slice comes up into the rank's own place in `full`; the all-gather runs in place.
       void* own = element_ptr(out, ct, static_cast<int64_t>(rank_) * S);
-      device_.copy(own, u.host_slice.data(), static_cast<size_t>(S) * dtype_size(ct), s);
+      const void* host = swapped_slice != nullptr ? swapped_slice : u.host_slice.data();
+      device_.copy(own, host, static_cast<size_t>(S) * dtype_size(ct), s);
       if (!u.slice_read) u.slice_read = device_.make_event();
       u.slice_read->record(s);
       in = own;
@@ -780,12 +848,12 @@ void EngineImpl::wait_gather(UnitState& u) {
   // cuda: the compute stream (not the host) waits for the gather to land.
   if (u.gathered) u.gathered->wait_on(compute_);
   u.gather = GatherState::gathered;
-  if (param_swap_) {
+  if (slice_swapped(u)) {
     if (slices_on_host_) {
       u.slice_read->synchronize();  // the host buffer is freed at once
       u.host_slice = HostBuffer();
-    } else {
-      u.compute_slice = DeviceBuffer();
+    } else if (param_reads_->claimed(static_cast<size_t>(u.info.id.index))) {
+      param_reads_->release(static_cast<size_t>(u.info.id.index));
     }
   }
 }
@@ -887,6 +955,7 @@ UnitScope EngineImpl::enter(UnitId unit, Phase phase) {
   }
   u.open_scopes++;
   open_scopes_++;
+  if (policy_.shard_params) prefetch_param_reads();  // with the scope open: it knows whether u is read again
   return UnitScope(this, unit, phase, grads);
 }
 
@@ -918,6 +987,7 @@ void EngineImpl::exit(UnitScope& scope) {
         stats_.reuse_keeps++;
       } else {
         release_gather(u);
+        prefetch_param_reads();  // its next use may be among the next units to read
       }
     }
   } catch (const CommError&) {

@@ -17,6 +17,7 @@
 #include "zero/device_buffer.hpp"
 #include "zero/host_buffer.hpp"
 #include "zero/optimizer_swap.hpp"
+#include "zero/param_prefetcher.hpp"
 #include "zero/param_swap.hpp"
 #include "zero/reducer.hpp"
 #include "zero/schedule.hpp"
@@ -189,11 +190,16 @@ class EngineImpl {
   };
   std::unordered_map<size_t, ShardStaging> staging_;
   ShardView local_shard(UnitId unit);
-  // Parameter offload to nvme (stage 3, 16-bit compute): a unit's compute_slice exists only from the read
-  // before its all-gather until the gather completes, and while the step or refresh_params() rebuilds it.
+  // Parameter offload to nvme (stage 3, 16-bit compute): a unit's slice is read into one of param_reads_'s
+  // buffers, ahead along the schedule, and feeds the unit's all-gather from there (on a GPU through host_slice,
+  // which exists from the read until the gather completes). The step and refresh_params() rebuild the slices
+  // in compute_slice / host_slice and write them back.
   std::unique_ptr<ParamSwap> param_swap_;
-  void load_compute_slice(UnitState& u, bool read);
+  std::unique_ptr<ParamPrefetcher> param_reads_;  // destroyed before param_swap_
+  bool slice_swapped(const UnitState& u) const;
+  void new_compute_slice(UnitState& u);
   void store_compute_slice(UnitState& u);
+  void prefetch_param_reads();
 
   std::exception_ptr deferred_error_;  // from a scope destructor; thrown by the next call
   std::exception_ptr fatal_error_;     // a communication failure: thrown by every later call
@@ -214,6 +220,7 @@ class EngineImpl {
   void check_order(int64_t code, const std::string& doing);
   int64_t event_code(ScheduleEvent e) const;
   std::string describe_code(int64_t code) const;
+  const void* claim_param_slice(UnitState& u);
   void issue_gather(UnitState& u, bool prefetch);
   void wait_gather(UnitState& u);
   void release_gather(UnitState& u);

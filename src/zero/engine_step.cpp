@@ -258,6 +258,7 @@ StepResult EngineImpl::step() {
     if (micro_steps_ % gas_ != 0) {
       result.loss_scale = loss_scaler_.scale();
       result.global_step = global_steps_;
+      prefetch_param_reads();  // the next micro-step's first units
       return result;
     }
     result.boundary = true;
@@ -295,6 +296,7 @@ StepResult EngineImpl::step() {
       result.loss_scale = loss_scaler_.scale();
       log::info_rank0("step ", global_steps_, ": Inf/NaN in the gradients, step skipped (loss scale now ",
                       loss_scaler_.scale(), ")");
+      prefetch_param_reads();
       return result;
     }
     double coef = clip_coefficient(result.grad_norm, *config_.gradient_clipping);
@@ -303,13 +305,17 @@ StepResult EngineImpl::step() {
     AdamStepConsts consts = adam_step_consts(hyper, applied_steps_);
     if (param_swap_) {
       // NVMe parameter offload: the step writes every unit's 16-bit slice (padding stays zero), which then
-      // goes back to the swap; nothing needs reading first.
-      for (UnitState& u : units_) load_compute_slice(u, false);
+      // goes back to the swap (dropping any read of the old slice started ahead); nothing needs reading first.
+      for (UnitState& u : units_) {
+        if (slice_swapped(u)) new_compute_slice(u);
+      }
     }
     run_optimizer(consts, static_cast<float>(coef / scale));
     if (param_swap_) {
       if (slices_on_host_ && !optimizer_on_host_) wait_for_device_writes();
-      for (UnitState& u : units_) store_compute_slice(u);
+      for (UnitState& u : units_) {
+        if (slice_swapped(u)) store_compute_slice(u);
+      }
     }
     for (UnitState& u : units_) {
       if (policy_.shard_optimizer && !policy_.shard_params) publish_params(u);
@@ -319,6 +325,7 @@ StepResult EngineImpl::step() {
         wait_gather(u);
       }
     }
+    prefetch_param_reads();  // the new slices of the next micro-step's first units
     zero_grads();
     result.applied = true;
     result.loss_scale = loss_scaler_.scale();

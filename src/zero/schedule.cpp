@@ -62,6 +62,20 @@ std::vector<UnitId> Schedule::plan_prefetch(int64_t ahead_numel, int64_t live_nu
   return out;
 }
 
+std::vector<UnitId> Schedule::plan_reads(size_t count, const std::function<bool(UnitId)>& needs_read) const {
+  std::vector<UnitId> out;
+  if (!following()) return out;
+  std::vector<bool> seen(unit_numel_.size(), false);
+  for (size_t j = current_.size(); j < trace_.size() && out.size() < count; ++j) {
+    UnitId u = trace_[j].unit;
+    auto ui = static_cast<size_t>(u.index);
+    if (persistent_[ui] || seen[ui]) continue;
+    seen[ui] = true;
+    if (needs_read(u)) out.push_back(u);
+  }
+  return out;
+}
+
 int64_t Schedule::next_use(UnitId unit) const {
   if (!following()) return -1;
   const auto& pos = positions_[static_cast<size_t>(unit.index)];

@@ -10,7 +10,9 @@
 //             stage3_prefetch_bucket_size > 0), more while the elements fetched ahead stay within
 //             stage3_prefetch_bucket_size; never beyond stage3_max_live_parameters gathered elements;
 //   release:  when F2's scope closes, F2 is kept if its next use (B2) comes within
-//             stage3_max_reuse_distance elements of other units' gathers.
+//             stage3_max_reuse_distance elements of other units' gathers;
+//   read:     with NVMe parameter offload, the slices of the next units to gather (F3, B3, ...; those not
+//             gathered) are read from the swap file ahead, as many as there are free read buffers.
 //
 // When the order departs from the trace, look-ahead stops for the rest of the micro-step and the new
 // order becomes the trace. All decisions depend only on the trace and the engine's state, which are equal
@@ -18,6 +20,7 @@
 // Pure logic: no memory, no communication.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <vector>
@@ -52,6 +55,11 @@ class Schedule {
   // flight. `gatherable(u)`: u is neither gathered nor in flight.
   std::vector<UnitId> plan_prefetch(int64_t ahead_numel, int64_t live_numel,
                                     const std::function<bool(UnitId)>& gatherable) const;
+
+  // Units whose NVMe slices to read ahead after the entry just recorded (or, at the start of a micro-step, from
+  // the trace's start): the next at most `count` distinct non-persistent units in trace order for which
+  // `needs_read(u)` holds. Nothing when the micro-step left the trace (or there is none yet).
+  std::vector<UnitId> plan_reads(size_t count, const std::function<bool(UnitId)>& needs_read) const;
 
   // Position in the trace of the next use of `unit` from now on, or -1 when the trace has none (or the
   // micro-step left the trace).

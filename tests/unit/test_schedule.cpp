@@ -117,3 +117,27 @@ TEST(Schedule, LeavingTheTraceStopsLookAheadAndRecordsTheNewOrder) {
   s.record(F(0));
   EXPECT_TRUE(s.following());
 }
+
+// NVMe parameter reads ahead: the next distinct non-persistent units in trace order that need a read, at most
+// `count`; from the trace's start between micro-steps; nothing before a trace exists or off the trace.
+TEST(Schedule, ReadsPlanTheNextUnitsThatNeedThem) {
+  Schedule s = make(100, 1000, 0);
+  auto all = [](UnitId) { return true; };
+  EXPECT_TRUE(s.plan_reads(4, all).empty()) << "no trace yet";
+  record_all(s);
+  s.finish_micro_step();
+  // Between micro-steps: from the trace's start, skipping persistent unit 4.
+  EXPECT_EQ(ids(s.plan_reads(2, all)), (std::vector<int>{0, 1}));
+  s.record(F(0));
+  s.record(F(4));
+  s.record(F(1));
+  // After F1: F2, F3, then B3 and B2 are uses of units already listed, then B1 and B0.
+  EXPECT_EQ(ids(s.plan_reads(10, all)), (std::vector<int>{2, 3, 1, 0}));
+  // A unit that needs no read (gathered until its next use) is passed over, and only its next use counts.
+  EXPECT_EQ(ids(s.plan_reads(10, [](UnitId u) { return u.index != 2; })), (std::vector<int>{3, 1, 0}));
+  EXPECT_EQ(ids(s.plan_reads(1, [](UnitId u) { return u.index != 2; })), (std::vector<int>{3}));
+  EXPECT_TRUE(s.plan_reads(0, all).empty());
+  // Off the trace: nothing.
+  s.record(F(0));
+  EXPECT_TRUE(s.plan_reads(10, all).empty());
+}
