@@ -742,11 +742,16 @@ std::vector<KeyEntry> build_table() {
               "Parameter offload (ZeRO-Infinity); stage 3 only. Partitioned parameters live in host memory or "
               "NVMe and come to the device when their unit is gathered."),
       OFFLOAD_COMMON("zero_optimization.offload_param", offload_param, "5",
-                     "Buffers in the pool for parameters swapped from NVMe."),
+                     "NVMe: host buffers the parameter slices are read into from the swap file, each the size of "
+                     "the largest slice. Up to this many units' slices are read ahead of their all-gathers, along "
+                     "the recorded order of units (while stage3_prefetch_bucket_size > 0); a buffer is free again "
+                     "once its all-gather has read it."),
       KEY_INT("zero_optimization.offload_param.buffer_size", c.zero.offload_param.buffer_size, "1e8", 1,
-              "Elements per swap buffer (NVMe)."),
+              "NVMe: elements per read buffer, an upper bound: the largest parameter slice of a rank must fit "
+              "(a ConfigError before training otherwise); the buffers are allocated at that slice's size."),
       KEY_INT("zero_optimization.offload_param.max_in_cpu", c.zero.offload_param.max_in_cpu, "1e9", 0,
-              "Parameter elements kept in host memory when offloading to NVMe."),
+              "Read; no effect: with NVMe every parameter slice lives in the swap file and host memory holds "
+              "only the buffer_count read buffers."),
       SECTION("zero_optimization.offload_optimizer",
               "Optimizer offload (ZeRO-Offload): the fp32 master weights and Adam moments live in host memory "
               "(or NVMe) and the optimizer step runs on the CPU. Stages 1-3."),
