@@ -136,6 +136,10 @@ EngineImpl::EngineImpl(const Config& config, std::shared_ptr<Communicator> comm,
                   " needs the nccl communicator; \"", comm_->backend(), "\" works on host memory only");
     gather_stream_ = device.make_stream();
     reduce_stream_ = device.make_stream();
+  } else {
+    // And the other way round: nccl reduces GPU memory only, the cpu device's buffers are host memory.
+    ZERO3_REQUIRE(std::string_view(comm_->backend()) != "nccl", Unsupported, "Engine: the cpu device needs a ",
+                  "communicator over host memory (gloo, or local for one process); nccl works on GPU memory only");
   }
   // With streams, a task only enqueues its collective, so tasks run inline: overlap comes from the streams.
   queue_ = std::make_unique<CommQueue>(overlap_ && gather_stream_ == nullptr);

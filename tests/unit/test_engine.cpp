@@ -65,6 +65,43 @@ TEST(Engine, DeclarationErrorsNameTheThing) {
   EXPECT_THROW(e.param_id(u, "nope"), InvalidArgument);
 }
 
+// A host communicator that reports itself as nccl.
+class NcclNamedComm final : public Communicator {
+ public:
+  explicit NcclNamedComm(std::shared_ptr<Communicator> inner) : inner_(std::move(inner)) {}
+  int rank() const override { return inner_->rank(); }
+  int size() const override { return inner_->size(); }
+  const char* backend() const override { return "nccl"; }
+  std::chrono::milliseconds timeout() const override { return inner_->timeout(); }
+  WorkPtr all_gather_into(void* out, const void* in, size_t n, DType t, Stream s) override {
+    return inner_->all_gather_into(out, in, n, t, s);
+  }
+  WorkPtr reduce_scatter(void* out, const void* in, size_t n, DType t, ReduceOp op, Stream s) override {
+    return inner_->reduce_scatter(out, in, n, t, op, s);
+  }
+  WorkPtr all_reduce(void* buf, size_t n, DType t, ReduceOp op, Stream s) override {
+    return inner_->all_reduce(buf, n, t, op, s);
+  }
+  WorkPtr broadcast(void* buf, size_t n, DType t, int root, Stream s) override {
+    return inner_->broadcast(buf, n, t, root, s);
+  }
+  void barrier() override { inner_->barrier(); }
+  std::unique_ptr<Communicator> split(int color, int key) override { return inner_->split(color, key); }
+
+ private:
+  std::shared_ptr<Communicator> inner_;
+};
+
+TEST(Engine, CpuDeviceRefusesNccl) {
+  Fixture f;
+  try {
+    Engine e(equivalence_config(3), std::make_shared<NcclNamedComm>(f.comm), *f.device);
+    FAIL() << "expected Unsupported";
+  } catch (const Unsupported& err) {
+    EXPECT_NE(std::string(err.what()).find("nccl works on GPU memory only"), std::string::npos) << err.what();
+  }
+}
+
 TEST(Engine, UnresolvedAutoIsAConfigError) {
   Fixture f;
   Config c = equivalence_config(3);
