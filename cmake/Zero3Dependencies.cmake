@@ -42,8 +42,9 @@ if(NOT ZERO3_CUDA STREQUAL "OFF")
   check_language(CUDA)
   if(CMAKE_CUDA_COMPILER)
     if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES)
-      # L40S (the seed's g6e) is sm_89; H100/H200 are sm_90.
-      set(CMAKE_CUDA_ARCHITECTURES 89 90)
+      # Machine code for the L40S (the seed's g6e, sm_89) and H100/H200 (sm_90); PTX for sm_80, which the driver
+      # compiles at first use on any other GPU from the A100 on (A10G, A100, Blackwell).
+      set(CMAKE_CUDA_ARCHITECTURES 80-virtual 89-real 90)
     endif()
     enable_language(CUDA)
     find_package(CUDAToolkit)

@@ -77,6 +77,8 @@ class Communicator {
   virtual int size() const = 0;
   virtual const char* backend() const = 0;
   virtual std::chrono::milliseconds timeout() const = 0;
+  // The CUDA device whose memory and streams the collectives take (nccl); -1 for backends over host memory.
+  virtual int cuda_device() const { return -1; }
 
   // out[r*count .. (r+1)*count) = rank r's `in`, for every rank r. `out` holds size()*count elements; `in`
   // holds count elements and may be out + rank()*count (in place).

@@ -134,6 +134,11 @@ EngineImpl::EngineImpl(const Config& config, std::shared_ptr<Communicator> comm,
     // Collectives on device memory: only nccl works there (gloo and local read host memory).
     ZERO3_REQUIRE(std::string_view(comm_->backend()) == "nccl", Unsupported, "Engine: device ", device.name(),
                   " needs the nccl communicator; \"", comm_->backend(), "\" works on host memory only");
+    // NCCL chose its GPU from CommOptions::device or the launcher's local rank; the buffers come from `device`.
+    ZERO3_REQUIRE(comm_->cuda_device() < 0 || comm_->cuda_device() == device.index(), InvalidArgument, "Engine: rank ",
+                  comm_->rank(), " allocates on ", device.name(), " but its nccl communicator runs on cuda:",
+                  comm_->cuda_device(), "; make the device with the communicator's GPU (make_device(\"cuda:",
+                  comm_->cuda_device(), "\")) or set CommOptions::device to ", device.index());
     gather_stream_ = device.make_stream();
     reduce_stream_ = device.make_stream();
   } else {

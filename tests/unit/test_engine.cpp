@@ -10,6 +10,7 @@
 #include "kernels/philox_init.hpp"
 #include "support/mlp_trainer.hpp"
 #include "support/reference_model.hpp"
+#include "support/stream_path_device.hpp"
 #include "zero3/comm.hpp"
 #include "zero3/engine.hpp"
 
@@ -65,13 +66,15 @@ TEST(Engine, DeclarationErrorsNameTheThing) {
   EXPECT_THROW(e.param_id(u, "nope"), InvalidArgument);
 }
 
-// A host communicator that reports itself as nccl.
+// A host communicator that reports itself as nccl on CUDA device `cuda_device`.
 class NcclNamedComm final : public Communicator {
  public:
-  explicit NcclNamedComm(std::shared_ptr<Communicator> inner) : inner_(std::move(inner)) {}
+  explicit NcclNamedComm(std::shared_ptr<Communicator> inner, int cuda_device = -1)
+      : inner_(std::move(inner)), cuda_device_(cuda_device) {}
   int rank() const override { return inner_->rank(); }
   int size() const override { return inner_->size(); }
   const char* backend() const override { return "nccl"; }
+  int cuda_device() const override { return cuda_device_; }
   std::chrono::milliseconds timeout() const override { return inner_->timeout(); }
   WorkPtr all_gather_into(void* out, const void* in, size_t n, DType t, Stream s) override {
     return inner_->all_gather_into(out, in, n, t, s);
@@ -90,6 +93,7 @@ class NcclNamedComm final : public Communicator {
 
  private:
   std::shared_ptr<Communicator> inner_;
+  int cuda_device_;
 };
 
 TEST(Engine, CpuDeviceRefusesNccl) {
@@ -100,6 +104,21 @@ TEST(Engine, CpuDeviceRefusesNccl) {
   } catch (const Unsupported& err) {
     EXPECT_NE(std::string(err.what()).find("nccl works on GPU memory only"), std::string::npos) << err.what();
   }
+}
+
+// The communicator's GPU (NCCL picks the launcher's local rank) and the engine's device must be one GPU.
+TEST(Engine, NcclOnAnotherGpuThanTheDeviceIsRefused) {
+  Fixture f;
+  StreamPathDevice gpu;  // cuda:0 to the engine
+  try {
+    Engine e(equivalence_config(3), std::make_shared<NcclNamedComm>(f.comm, 1), gpu);
+    FAIL() << "expected InvalidArgument";
+  } catch (const InvalidArgument& err) {
+    const std::string what = err.what();
+    EXPECT_NE(what.find("runs on cuda:1"), std::string::npos) << what;
+    EXPECT_NE(what.find("stream-path test device"), std::string::npos) << what;
+  }
+  EXPECT_NO_THROW(Engine(equivalence_config(3), std::make_shared<NcclNamedComm>(f.comm, 0), gpu));
 }
 
 TEST(Engine, UnresolvedAutoIsAConfigError) {

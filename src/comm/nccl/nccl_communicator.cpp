@@ -2,6 +2,7 @@
 
 #include <strings.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
@@ -364,6 +365,23 @@ void NcclCommunicator::teardown(bool graceful) noexcept {
     if (watchdog_) watchdog_->stop();
     std::vector<std::shared_ptr<NcclWork>> pending;
     if (watchdog_) pending = watchdog_->take_pending();
+    // Collectives still running get what is left of their timeout (the watchdog no longer watches them); one
+    // that does not finish in it is stuck, and finalizing would wait another whole timeout for it: abort.
+    for (auto& w : pending) {
+      if (!graceful) break;
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+          state_->timeout - (std::chrono::steady_clock::now() - w->issued()));
+      bool finished = true;
+      try {
+        finished = w->wait_for(std::max(left, std::chrono::milliseconds(0)));
+      } catch (const std::exception&) {
+        // failed: it no longer runs
+      }
+      if (!finished) {
+        log::warn(state_->name, ": ", w->description(), " still runs at teardown; aborting the communicator");
+        graceful = false;
+      }
+    }
     {
       std::lock_guard<std::mutex> lock(state_->mu);
       if (!state_->aborted && state_->comm) {
@@ -394,8 +412,11 @@ void NcclCommunicator::teardown(bool graceful) noexcept {
             CommError(w->description() + ": the communicator was destroyed before it completed")));
       }
     }
-    if (scratch_) cudaFree(scratch_);
-    if (internal_stream_) cudaStreamDestroy(internal_stream_);
+    if (scratch_ || internal_stream_) {
+      detail::CudaDeviceGuard guard(state_->device);
+      if (scratch_) cudaFree(scratch_);
+      if (internal_stream_) cudaStreamDestroy(internal_stream_);
+    }
     scratch_ = nullptr;
     internal_stream_ = nullptr;
   } catch (const std::exception& e) {

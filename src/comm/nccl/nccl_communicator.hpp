@@ -57,6 +57,7 @@ class NcclCommunicator final : public Communicator {
   int size() const override { return state_->size; }
   const char* backend() const override { return "nccl"; }
   std::chrono::milliseconds timeout() const override { return state_->timeout; }
+  int cuda_device() const override { return state_->device; }
 
   WorkPtr all_gather_into(void* out, const void* in, size_t count, DType dtype, Stream stream = nullptr) override;
   WorkPtr reduce_scatter(void* out, const void* in, size_t count, DType dtype, ReduceOp op,
@@ -74,7 +75,6 @@ class NcclCommunicator final : public Communicator {
   void deregister_buffer(void* handle);
   bool registers_buffers() const { return register_buffers_; }
 
-  int device() const { return state_->device; }
   const fabric::NetworkDecision& network() const { return network_; }
   bool aborted();
 

@@ -129,7 +129,9 @@ void NcclWatchdog::check_once() {
     abort_locked(reason);
     return;
   }
-  if (oldest_running && std::chrono::steady_clock::now() - oldest_running->issued() > state_->timeout) {
+  // Polled again under the lock: the collective may have finished since the snapshot, at the deadline.
+  if (oldest_running && std::chrono::steady_clock::now() - oldest_running->issued() > state_->timeout &&
+      oldest_running->poll() == NcclWork::State::running) {
     std::string reason = oldest_running->description() + " did not complete within " + seconds(state_->timeout) +
                          " s on " + state_->name +
                          ": another rank did not reach it, died, or is stuck (it has to be called in the same "

@@ -1,6 +1,7 @@
 #include "device/cuda/caching_allocator.hpp"
 
 #include <bit>
+#include <optional>
 
 #include "device/cuda/cuda_check.hpp"
 #include "device/cuda/cuda_device_guard.hpp"
@@ -51,9 +52,12 @@ CachingAllocator::~CachingAllocator() {
               " bytes) still live when the device was destroyed; they are not freed");
   }
   // At process exit the CUDA runtime may already be gone; every call below then fails harmlessly.
-  int previous = -1;
-  bool switched =
-      cudaGetDevice(&previous) == cudaSuccess && previous != device_ && cudaSetDevice(device_) == cudaSuccess;
+  std::optional<CudaDeviceGuard> guard;
+  try {
+    guard.emplace(guard_device());
+  } catch (const std::exception&) {
+    cudaGetLastError();
+  }
   for (Pending& p : pending_) {
     cudaEventSynchronize(p.event);
     cudaEventDestroy(p.event);
@@ -66,7 +70,6 @@ CachingAllocator::~CachingAllocator() {
   free_.clear();
   for (cudaEvent_t e : events_) cudaEventDestroy(e);
   events_.clear();
-  if (switched) cudaSetDevice(previous);
   cudaGetLastError();
 }
 
@@ -74,41 +77,53 @@ void* CachingAllocator::allocate(size_t bytes) {
   if (bytes == 0) return nullptr;
   const size_t klass = size_class(bytes);
   std::lock_guard<std::mutex> lock(mu_);
-  void* ptr = nullptr;
   collect_pending_locked(false);
-  if (auto it = free_.find(klass); it != free_.end() && !it->second.empty()) {
-    ptr = it->second.back();
-    it->second.pop_back();
-    stats_.bytes_cached -= static_cast<int64_t>(klass);
-    ++stats_.cache_hits;
-  } else {
-    CudaDeviceGuard guard(device_);
-    cudaError_t e = raw_alloc(&ptr, klass);
-    if (e == cudaErrorMemoryAllocation) {
-      // Give the cache back to CUDA (blocks of other classes may make room) and try once more.
-      cudaGetLastError();
-      collect_pending_locked(true);
-      release_cached_locked();
-      e = raw_alloc(&ptr, klass);
-    }
-    if (e != cudaSuccess) {
-      std::string what = cuda_error_detail(e);
-      size_t free_bytes = 0, total_bytes = 0;
-      cudaMemGetInfo(&free_bytes, &total_bytes);
-      cudaGetLastError();
-      throw CudaError(log::concat(where(), ": cannot allocate ", bytes, " bytes (block of ", klass, " bytes): ", what,
-                                  "; zero3 has ", stats_.bytes_in_use, " bytes in use and ", stats_.bytes_reserved,
-                                  " reserved here; the device reports ", free_bytes, " of ", total_bytes,
-                                  " bytes free"));
-    }
-    ++stats_.device_mallocs;
-    stats_.bytes_reserved += static_cast<int64_t>(klass);
-    if (stats_.bytes_reserved > stats_.peak_bytes_reserved) stats_.peak_bytes_reserved = stats_.bytes_reserved;
-  }
+  void* ptr = take_free_locked(klass);
+  if (ptr == nullptr) ptr = malloc_locked(klass, bytes);
   live_.emplace(ptr, Live{klass, bytes});
   ++stats_.allocations;
   stats_.bytes_in_use += static_cast<int64_t>(bytes);
   if (stats_.bytes_in_use > stats_.peak_bytes_in_use) stats_.peak_bytes_in_use = stats_.bytes_in_use;
+  return ptr;
+}
+
+void* CachingAllocator::malloc_locked(size_t klass, size_t bytes) {
+  CudaDeviceGuard guard(guard_device());
+  void* ptr = nullptr;
+  cudaError_t e = raw_alloc(&ptr, klass);
+  if (e == cudaErrorMemoryAllocation) {
+    cudaGetLastError();
+    // Wait for the pending frees: a block of this class may be among them (the host runs ahead of the streams,
+    // so a block freed a moment ago is often still pending). Failing that, give the cache back to CUDA (blocks
+    // of other classes may make room) and try once more.
+    collect_pending_locked(true);
+    if (void* freed = take_free_locked(klass)) return freed;
+    release_cached_locked();
+    e = raw_alloc(&ptr, klass);
+  }
+  if (e != cudaSuccess) {
+    std::string what = cuda_error_detail(e);
+    size_t free_bytes = 0, total_bytes = 0;
+    cudaMemGetInfo(&free_bytes, &total_bytes);
+    cudaGetLastError();
+    throw CudaError(log::concat(where(), ": cannot allocate ", bytes, " bytes (block of ", klass, " bytes): ", what,
+                                "; zero3 has ", stats_.bytes_in_use, " bytes in use and ", stats_.bytes_reserved,
+                                " reserved here; the device reports ", free_bytes, " of ", total_bytes,
+                                " bytes free"));
+  }
+  ++stats_.device_mallocs;
+  stats_.bytes_reserved += static_cast<int64_t>(klass);
+  if (stats_.bytes_reserved > stats_.peak_bytes_reserved) stats_.peak_bytes_reserved = stats_.bytes_reserved;
+  return ptr;
+}
+
+void* CachingAllocator::take_free_locked(size_t klass) {
+  auto it = free_.find(klass);
+  if (it == free_.end() || it->second.empty()) return nullptr;
+  void* ptr = it->second.back();
+  it->second.pop_back();
+  stats_.bytes_cached -= static_cast<int64_t>(klass);
+  ++stats_.cache_hits;
   return ptr;
 }
 
@@ -145,6 +160,9 @@ void CachingAllocator::deallocate_after(void* ptr, size_t bytes, cudaStream_t st
   if (!take_live_locked(ptr, bytes, &klass)) return;
   cudaEvent_t event = nullptr;
   try {
+    // With the block's device current: `stream` may be the legacy default stream, which means the current
+    // device's.
+    CudaDeviceGuard guard(guard_device());
     event = event_locked();
     ZERO3_CUDA_CHECK(cudaEventRecord(event, stream));
   } catch (const std::exception& e) {
@@ -152,7 +170,12 @@ void CachingAllocator::deallocate_after(void* ptr, size_t bytes, cudaStream_t st
     log::error(where(), ": cannot record the release of a block on its stream (", e.what(),
                "); waiting for the stream instead");
     if (event != nullptr) events_.push_back(event);
-    cudaStreamSynchronize(stream);
+    try {
+      CudaDeviceGuard guard(guard_device());
+      cudaStreamSynchronize(stream);
+    } catch (const std::exception&) {
+      cudaDeviceSynchronize();  // the device cannot even be made current: wait for whatever is current
+    }
     cudaGetLastError();
     free_[klass].push_back(ptr);
     stats_.bytes_cached += static_cast<int64_t>(klass);
@@ -168,7 +191,7 @@ cudaEvent_t CachingAllocator::event_locked() {
     events_.pop_back();
     return e;
   }
-  CudaDeviceGuard guard(device_);
+  CudaDeviceGuard guard(guard_device());
   cudaEvent_t e = nullptr;
   ZERO3_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
   return e;
@@ -196,7 +219,7 @@ void CachingAllocator::collect_pending_locked(bool wait) {
 }
 
 void CachingAllocator::release_cached_locked() {
-  CudaDeviceGuard guard(device_);
+  CudaDeviceGuard guard(guard_device());
   for (auto& [klass, blocks] : free_) {
     for (void* b : blocks) {
       raw_free(b);

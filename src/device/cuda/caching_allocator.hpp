@@ -12,8 +12,9 @@
 // back to its free list only once that event has completed, so kernels still queued on the stream never
 // see the memory handed to someone else. Plain deallocate() is for memory that no queued work uses.
 //
-// When cudaMalloc fails the allocator returns every cached block to CUDA and tries once more; a second
-// failure is a CudaError naming the size, the device and what zero3 holds on it.
+// When cudaMalloc fails the allocator waits for the pending frees (one of them may be a block of the class
+// asked for), then returns every cached block to CUDA and tries once more; a second failure is a CudaError
+// naming the size, the device and what zero3 holds on it.
 //
 // Threads: every member may be called from any thread; a mutex protects the lists. Statistics are exact
 // at any moment.
@@ -48,8 +49,9 @@ struct CachingAllocatorStats {
 
 class CachingAllocator {
  public:
-  // `device`: the CUDA device the memory belongs to (pinned host memory is allocated portable, usable
-  // with every device; `device` only names it in messages and makes a context current).
+  // `device`: the CUDA device the memory belongs to, made current for every CUDA call. Pinned host memory is
+  // allocated portable, usable with every device: `device` only names it in messages, and its calls run under
+  // whichever device the caller has made current (so a process-wide pool creates no context of its own).
   explicit CachingAllocator(int device, MemoryKind kind = MemoryKind::device);
   // Returns every cached block to CUDA; live blocks are logged (a leak in the caller) and left alone.
   ~CachingAllocator();
@@ -86,12 +88,16 @@ class CachingAllocator {
 
   // With mu_ held.
   bool take_live_locked(void* ptr, size_t bytes, size_t* klass);
+  void* take_free_locked(size_t klass);  // a cached block of `klass`, or nullptr
+  void* malloc_locked(size_t klass, size_t bytes);
   void collect_pending_locked(bool wait);
   void release_cached_locked();
   cudaEvent_t event_locked();
   cudaError_t raw_alloc(void** ptr, size_t bytes);
   void raw_free(void* ptr);
   std::string where() const;
+  // The device to make current around CUDA calls; -1 (leave it) for pinned host memory.
+  int guard_device() const { return kind_ == MemoryKind::device ? device_ : -1; }
 
   const int device_;
   const MemoryKind kind_;

@@ -4,9 +4,11 @@
 
 #include "device/cuda/cuda_check.hpp"
 #include "device/cuda/cuda_device_guard.hpp"
+#include "device/cuda/cuda_kernels.hpp"
 #include "device/cuda/cuda_stream.hpp"
 #include "device/cuda/pinned_host.hpp"
 #include "device/device_registry.hpp"
+#include "zero3/build_config.hpp"
 #include "zero3/error.hpp"
 #include "zero3/log.hpp"
 
@@ -72,6 +74,13 @@ CudaDevice::CudaDevice(int index)
   // Creates the primary context now, so the first allocation does not pay for it (and fails here instead
   // when the device cannot be used, e.g. it is in exclusive mode and taken).
   ZERO3_CUDA_CHECK(cudaFree(nullptr));
+  if (cudaError_t e = cuda::kernel_image_status(); e != cudaSuccess) {
+    cudaGetLastError();
+    throw CudaError(log::concat(name(), " (", properties_.name, ", compute capability ", properties_.major, ".",
+                                properties_.minor, ") cannot run this build's kernels (", cuda_error_detail(e),
+                                "): it was built for CUDA architectures ", ZERO3_CUDA_ARCHITECTURES,
+                                "; rebuild with -DCMAKE_CUDA_ARCHITECTURES=", properties_.major, properties_.minor));
+  }
 }
 
 CudaDevice::~CudaDevice() = default;
@@ -84,7 +93,11 @@ void CudaDevice::deallocate_after(void* ptr, size_t bytes, Stream stream) noexce
   allocator_->deallocate_after(ptr, bytes, as_cuda(stream));
 }
 
-void* CudaDevice::allocate_host(size_t bytes) { return pinned_host_allocate(bytes); }
+void* CudaDevice::allocate_host(size_t bytes) {
+  // The process-wide pinned pool allocates under the current device: this one, not whichever the thread had.
+  CudaDeviceGuard guard(index_);
+  return pinned_host_allocate(bytes);
+}
 
 void CudaDevice::deallocate_host(void* ptr, size_t bytes) noexcept { pinned_host_deallocate(ptr, bytes); }
 

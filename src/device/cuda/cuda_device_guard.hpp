@@ -37,7 +37,9 @@ inline bool cuda_primary_context_active(int device) {
 
 class CudaDeviceGuard {
  public:
+  // A negative `device` leaves the current device alone (for callers whose device is the caller's choice).
   explicit CudaDeviceGuard(int device) {
+    if (device < 0) return;
     ZERO3_CUDA_CHECK(cudaGetDevice(&previous_));
     if (previous_ != device)
       ZERO3_CUDA_CHECK(cudaSetDevice(device));

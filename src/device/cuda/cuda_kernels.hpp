@@ -27,6 +27,10 @@ inline constexpr int64_t kGradStatsChunk = int64_t{1} << 14;
 
 inline int64_t grad_stats_chunks(int64_t n) { return (n + kGradStatsChunk - 1) / kGradStatsChunk; }
 
+// cudaSuccess when the current device can run this build's kernels; cudaErrorNoKernelImageForDevice (or
+// cudaErrorInvalidDeviceFunction) when the build has neither its machine code nor PTX it can compile.
+cudaError_t kernel_image_status();
+
 // dst[i] = scale * src[i] with conversion (RNE to 16-bit types).
 void launch_scale_copy(void* dst, DType dst_type, const void* src, DType src_type, float scale, int64_t n,
                        cudaStream_t stream);

@@ -15,9 +15,13 @@ CudaStream::~CudaStream() {
   if (stream_ != nullptr && cudaStreamDestroy(stream_) != cudaSuccess) cudaGetLastError();
 }
 
-void CudaStream::synchronize() const { ZERO3_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
+void CudaStream::synchronize() const {
+  CudaDeviceGuard guard(device_);
+  ZERO3_CUDA_CHECK(cudaStreamSynchronize(stream_));
+}
 
 bool CudaStream::idle() const {
+  CudaDeviceGuard guard(device_);
   cudaError_t e = cudaStreamQuery(stream_);
   if (e == cudaErrorNotReady) {
     cudaGetLastError();  // "not ready" is an answer, not an error to report later
@@ -42,13 +46,27 @@ CudaEvent::~CudaEvent() {
   if (event_ != nullptr && cudaEventDestroy(event_) != cudaSuccess) cudaGetLastError();
 }
 
-void CudaEvent::record(cudaStream_t stream) { ZERO3_CUDA_CHECK(cudaEventRecord(event_, stream)); }
+// The event's device is made current for every call: cudaStreamLegacy (the default stream) names the legacy
+// stream of the current device, and a thread whose current device is another one would otherwise record on, or
+// make wait, that device's stream (a cross-device wait is legal, so nothing would fail: the ordering would be
+// silently lost).
+void CudaEvent::record(cudaStream_t stream) {
+  CudaDeviceGuard guard(device_);
+  ZERO3_CUDA_CHECK(cudaEventRecord(event_, stream));
+}
 
-void CudaEvent::make_wait(cudaStream_t stream) const { ZERO3_CUDA_CHECK(cudaStreamWaitEvent(stream, event_, 0)); }
+void CudaEvent::make_wait(cudaStream_t stream) const {
+  CudaDeviceGuard guard(device_);
+  ZERO3_CUDA_CHECK(cudaStreamWaitEvent(stream, event_, 0));
+}
 
-void CudaEvent::synchronize() const { ZERO3_CUDA_CHECK(cudaEventSynchronize(event_)); }
+void CudaEvent::synchronize() const {
+  CudaDeviceGuard guard(device_);
+  ZERO3_CUDA_CHECK(cudaEventSynchronize(event_));
+}
 
 bool CudaEvent::done() const {
+  CudaDeviceGuard guard(device_);
   cudaError_t e = cudaEventQuery(event_);
   if (e == cudaErrorNotReady) {
     cudaGetLastError();  // "not ready" is an answer, not an error to report later

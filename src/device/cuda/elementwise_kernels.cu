@@ -66,4 +66,9 @@ void launch_scale_add(void* dst, DType dst_type, const void* src, DType src_type
   launch(true, dst, dst_type, src, src_type, scale, n, stream);
 }
 
+cudaError_t kernel_image_status() {
+  cudaFuncAttributes attributes{};
+  return cudaFuncGetAttributes(&attributes, scale_copy_kernel<DType::f32, DType::f32>);
+}
+
 }  // namespace zero3::detail::cuda
