@@ -144,7 +144,11 @@ Plan make_plan(const AttentionDims& d, DType act, bool backward, int64_t workspa
   const int64_t scores = d.seq * d.seq;
   const int64_t per_unit = scores * (4 + (backward ? 4 : 0) + (copies ? 2 : 0) + (copies && backward ? 2 : 0));
   Plan p;
-  p.units = std::clamp<int64_t>(workspace_cap / std::max<int64_t>(per_unit, 1), 1, d.n_kv_heads);
+  // As many kv heads per chunk as the cap allows, then balanced: 8 heads under a cap of 5 run as 4 + 4 (same
+  // number of chunks as 5 + 3, less workspace).
+  const int64_t fit = std::clamp<int64_t>(workspace_cap / std::max<int64_t>(per_unit, 1), 1, d.n_kv_heads);
+  const int64_t chunks = (d.n_kv_heads + fit - 1) / fit;
+  p.units = (d.n_kv_heads + chunks - 1) / chunks;
   int64_t at = 0;
   auto region = [&](int64_t bytes) {
     const int64_t start = at;

@@ -7,7 +7,8 @@
 //
 // Math: CUBLAS_COMPUTE_32F always. f32 inputs run in CUBLAS_PEDANTIC_MATH (no TF32, not even under
 // NVIDIA_TF32_OVERRIDE), so f32 results differ from the CPU only by the order of the sums; bf16 inputs run in
-// the default math mode (tensor cores, f32 accumulation). The handle is bound to the stream for its life.
+// the default math mode (tensor cores) with reduced-precision split-K reductions disallowed, so every partial
+// sum is f32. The handle is bound to the stream for its life.
 #include <cublas_v2.h>
 
 #include <climits>
@@ -62,6 +63,16 @@ void check_shape(const GemmShape& g, const char* call) {
   if (g.lda < a_cols || g.ldb < b_cols || g.ldc < g.n) bad("a row stride is smaller than its matrix's width");
 }
 
+// f32: no TF32. bf16: tensor cores, and split-K partial sums kept in f32 even when C is bf16 (cuBLAS may
+// otherwise reduce them in the output type, which PyTorch allows by default).
+void set_math_mode(cublasHandle_t h, DType ab_type) {
+  const cublasMath_t mode =
+      ab_type == DType::f32
+          ? CUBLAS_PEDANTIC_MATH
+          : static_cast<cublasMath_t>(CUBLAS_DEFAULT_MATH | CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION);
+  check_cublas(cublasSetMathMode(h, mode), "cublasSetMathMode");
+}
+
 }  // namespace
 
 Blas::Blas(cudaStream_t stream) : stream_(stream) {
@@ -86,8 +97,7 @@ void Blas::gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, flo
   check_shape(g, "cublasGemmEx");
   if (m == 0 || n == 0) return;
   cublasHandle_t h = as_handle(handle_);
-  check_cublas(cublasSetMathMode(h, ab_type == DType::f32 ? CUBLAS_PEDANTIC_MATH : CUBLAS_DEFAULT_MATH),
-               "cublasSetMathMode");
+  set_math_mode(h, ab_type);
   check_cublas(cublasGemmEx(h, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, trans_a ? CUBLAS_OP_T : CUBLAS_OP_N,
                             static_cast<int>(n), static_cast<int>(m), static_cast<int>(k), &alpha, b,
                             cuda_type(ab_type), cublas_ld(ldb), a, cuda_type(ab_type), cublas_ld(lda), &beta, c,
@@ -105,8 +115,7 @@ void Blas::gemm_strided_batched(bool trans_a, bool trans_b, int64_t m, int64_t n
   }
   if (m == 0 || n == 0 || count == 0) return;
   cublasHandle_t h = as_handle(handle_);
-  check_cublas(cublasSetMathMode(h, ab_type == DType::f32 ? CUBLAS_PEDANTIC_MATH : CUBLAS_DEFAULT_MATH),
-               "cublasSetMathMode");
+  set_math_mode(h, ab_type);
   check_cublas(cublasGemmStridedBatchedEx(h, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, trans_a ? CUBLAS_OP_T : CUBLAS_OP_N,
                                           static_cast<int>(n), static_cast<int>(m), static_cast<int>(k), &alpha, b,
                                           cuda_type(ab_type), cublas_ld(ldb), static_cast<long long>(stride_b), a,
