@@ -78,6 +78,9 @@ class Device {
   // 64-byte aligned memory). nullptr for 0 bytes. Not counted in bytes_in_use(). Throws when unavailable.
   virtual void* allocate_host(size_t bytes);
   virtual void deallocate_host(void* ptr, size_t bytes) noexcept;
+  // Like deallocate_host, for memory that work already queued on `stream` may still use (cuda: reused after
+  // an event recorded on `stream`; cpu: at once).
+  virtual void deallocate_host_after(void* ptr, size_t bytes, Stream stream) noexcept;
 
   // The stream ordinary work of this device runs on, as a handle that queues asynchronously (cuda: CUDA's
   // legacy default stream, cudaStreamLegacy, where kernels launched without a stream run; cpu: nullptr).

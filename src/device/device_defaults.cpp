@@ -37,6 +37,8 @@ void* Device::allocate_host(size_t bytes) {
 
 void Device::deallocate_host(void* ptr, size_t) noexcept { std::free(ptr); }
 
+void Device::deallocate_host_after(void* ptr, size_t bytes, Stream) noexcept { deallocate_host(ptr, bytes); }
+
 std::unique_ptr<DeviceStream> Device::make_stream() { return std::make_unique<ImmediateStream>(); }
 
 std::unique_ptr<DeviceEvent> Device::make_event() { return std::make_unique<ImmediateEvent>(); }

@@ -95,6 +95,11 @@ EngineImpl::EngineImpl(const Config& config, std::shared_ptr<Communicator> comm,
           "offload_param cpu)");
     }
     log::debug("engine: zero_optimization.", key, ".device = ", where, " on device ", device.name());
+    if (on_gpu && !off->pin_memory) {
+      log::warn_rank0("zero_optimization.", key, ".pin_memory is false: the copies between ", device.name(),
+                      " and pageable host memory block the training thread until the GPU reaches them, so they do "
+                      "not overlap the compute; set it to true (DeepSpeed 0.19.4 and later default to true)");
+    }
     if (optimizer) {
       offload_optimizer_ = true;
       optimizer_on_host_ = on_gpu;
@@ -171,6 +176,9 @@ EngineImpl::~EngineImpl() {
     log::warn("engine shutdown: ", e.what());
   }
   queue_.reset();
+  // The buffers go back while the counters they report to (declared after units_) still exist.
+  open_grads_.clear();
+  units_.clear();
 }
 
 void EngineImpl::check_usable() {
@@ -355,7 +363,7 @@ void EngineImpl::materialize() {
   }
   try {
     check_declarations_agree();
-  } catch (const CommError&) {
+  } catch (...) {
     fail(std::current_exception());
   }
 
@@ -436,7 +444,7 @@ void EngineImpl::materialize() {
       if (opt_swap_) spill_optimizer_state(u);
     }
     queue_->drain();
-  } catch (const CommError&) {
+  } catch (...) {
     fail(std::current_exception());
   }
   materialized_ = true;
@@ -859,8 +867,7 @@ void EngineImpl::wait_gather(UnitState& u) {
   u.gather = GatherState::gathered;
   if (slice_swapped(u)) {
     if (slices_on_host_) {
-      u.slice_read->synchronize();  // the host buffer is freed at once
-      u.host_slice = HostBuffer();
+      u.host_slice.reset_after(*gather_stream_);  // once its copy up has run: the host does not wait
     } else if (param_reads_->claimed(static_cast<size_t>(u.info.id.index))) {
       param_reads_->release(static_cast<size_t>(u.info.id.index));
     }
@@ -952,7 +959,7 @@ UnitScope EngineImpl::enter(UnitId unit, Phase phase) {
       prefetch_after_entry();
       wait_gather(u);
     }
-  } catch (const CommError&) {
+  } catch (...) {
     fail(std::current_exception());
   }
   void* grads = nullptr;
@@ -999,7 +1006,7 @@ void EngineImpl::exit(UnitScope& scope) {
         prefetch_param_reads();  // its next use may be among the next units to read
       }
     }
-  } catch (const CommError&) {
+  } catch (...) {
     fail(std::current_exception());
   }
 }

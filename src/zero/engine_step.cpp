@@ -334,7 +334,7 @@ StepResult EngineImpl::step() {
                       result.clip_coef < 1.0 ? " (clipped)" : "", ", loss scale ", result.loss_scale, ", skipped ",
                       skipped_steps_, ", peak ", counters_.peak_total() >> 20, " MiB");
     }
-  } catch (const CommError&) {
+  } catch (...) {
     fail(std::current_exception());
   }
   return result;
@@ -375,7 +375,7 @@ void EngineImpl::gather_master_params(UnitId unit, float* out) {
   try {
     run_collective(log::concat("all_gather of the fp32 master parameters of unit '", u.info.name, "'"),
                    [&] { comm->all_gather_into(all.data(), in, static_cast<size_t>(S), DType::f32)->wait(); });
-  } catch (const CommError&) {
+  } catch (...) {
     fail(std::current_exception());
   }
   device_.copy(out, all.data(), static_cast<size_t>(u.info.numel) * sizeof(float));
@@ -433,7 +433,7 @@ void EngineImpl::refresh_params() {
     }
     queue_->drain();
     staging_.clear();
-  } catch (const CommError&) {
+  } catch (...) {
     fail(std::current_exception());
   }
 }

@@ -29,6 +29,27 @@ HostBuffer::HostBuffer(Device& device, HostMemory kind, MemoryCounters& counters
   counters.add(category, static_cast<int64_t>(bytes));
 }
 
+void HostBuffer::reset_after(DeviceStream& stream) noexcept {
+  if (ptr_ != nullptr && kind_ == HostMemory::pinned) {
+    device_->deallocate_host_after(ptr_, bytes_, stream.get());
+    counters_->add(category_, -static_cast<int64_t>(bytes_));
+    ptr_ = nullptr;
+    bytes_ = 0;
+    return;
+  }
+  try {
+    if (ptr_ != nullptr) stream.synchronize();
+  } catch (const std::exception& e) {
+    log::error("engine: waiting for a stream before freeing ", bytes_, " bytes of host memory: ", e.what(),
+               "; the memory is kept");
+    counters_->add(category_, -static_cast<int64_t>(bytes_));
+    ptr_ = nullptr;
+    bytes_ = 0;
+    return;
+  }
+  reset();
+}
+
 void HostBuffer::reset() noexcept {
   if (ptr_ != nullptr) {
     if (kind_ == HostMemory::pinned) {

@@ -6,8 +6,9 @@
 // and pageable (64-byte aligned heap memory, for state only the host reads and writes, or when pin_memory is
 // false). The contents are undefined after allocation.
 //
-// Freeing is immediate: no device work may still be queued on the memory (synchronize the event of the last
-// copy first). Allocation failure throws zero3::Error naming the size and the category.
+// reset() frees at once: no device work may still be queued on the memory (synchronize the event of the last
+// copy first). reset_after(stream) frees pinned memory once the work queued on `stream` has run. Allocation
+// failure throws zero3::Error naming the size and the category.
 #pragma once
 
 #include <cstddef>
@@ -37,6 +38,9 @@ class HostBuffer {
   ~HostBuffer() { reset(); }
 
   void reset() noexcept;
+  // Pinned: reused once the work queued on `stream` so far has finished (no host wait). Pageable: waits for
+  // `stream` first (a queued copy may still read the memory), then frees.
+  void reset_after(DeviceStream& stream) noexcept;
 
   void* data() const { return ptr_; }
   template <typename T>

@@ -46,8 +46,8 @@ class TileTransfer {
   // Queues the copy of n gradient elements at `grads` (device memory, grad dtype) into the next slot.
   void fetch(const void* grads, int64_t n);
   // Blocks until the oldest fetched tile is in host memory; returns its n gradients in fp32 multiplied by
-  // `scale` (in its pinned slot, or in an fp32 scratch tile for a 16-bit accumulator). Valid until the
-  // second fetch() after this call.
+  // `scale` (in its pinned slot, or in an fp32 scratch tile for a 16-bit accumulator). Valid until the next
+  // fetch(): the tile after the one already fetched lands in this tile's slot.
   float* take(float scale);
   // Pinned memory for the compute copy of the tile just taken, free of earlier copies (blocks until the
   // copy that last used it has finished).

@@ -288,6 +288,27 @@ void StreamPathDevice::deallocate_host(void* ptr, size_t bytes) noexcept {
   pinned_pool_->deallocate(ptr, bytes);
 }
 
+void StreamPathDevice::deallocate_host_after(void* ptr, size_t bytes, Stream stream) noexcept {
+  if (ptr == nullptr) return;
+  std::lock_guard lock(mu_);
+  pinned_blocks_.erase(static_cast<const char*>(ptr));
+  pinned_bytes_ -= static_cast<int64_t>(bytes);
+  try {
+    enqueue(stream,
+            [this, ptr, bytes] {
+              if (queued_work_uses(ptr, bytes)) {
+                usage_.frees_while_queued++;
+                kept_pinned_.emplace_back(ptr, bytes);
+                return;
+              }
+              pinned_pool_->deallocate(ptr, bytes);
+            },
+            {});
+  } catch (...) {
+    kept_pinned_.emplace_back(ptr, bytes);
+  }
+}
+
 std::unique_ptr<DeviceStream> StreamPathDevice::make_stream() {
   std::lock_guard lock(mu_);
   usage_.streams_made++;

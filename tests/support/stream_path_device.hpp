@@ -68,6 +68,7 @@ class StreamPathDevice final : public Device {
   void deallocate_after(void* ptr, size_t bytes, Stream stream) noexcept override;
   void* allocate_host(size_t bytes) override;
   void deallocate_host(void* ptr, size_t bytes) noexcept override;
+  void deallocate_host_after(void* ptr, size_t bytes, Stream stream) noexcept override;
   Stream default_stream() const override { return compute_; }
   std::unique_ptr<DeviceStream> make_stream() override;
   std::unique_ptr<DeviceEvent> make_event() override;

@@ -3,12 +3,15 @@
 // scaling and the memory each stage holds. Several ranks: tests/dist/test_equivalence*.cpp and
 // tests/dist/test_engine*.cpp.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <limits>
 
 #include "kernels/philox_init.hpp"
+#include "offload/swap_file.hpp"
 #include "support/mlp_trainer.hpp"
+#include "support/rank_temp_dir.hpp"
 #include "support/reference_model.hpp"
 #include "support/stream_path_device.hpp"
 #include "zero3/comm.hpp"
@@ -282,5 +285,42 @@ TEST(Engine, MemoryByCategoryFollowsTheStage) {
       EXPECT_EQ(e.memory().gathered, static_cast<int64_t>(37 * es)) << "released on exit (no trace yet)";
       EXPECT_EQ(e.memory().peak_gathered, static_cast<int64_t>((1102 + 37) * es));
     }
+  }
+}
+
+// An error inside a collective call that is not a communication error (here the optimizer's swap file cut
+// under the engine, so the step fails with some tiles updated) also leaves the engine failed: the next calls
+// rethrow it instead of training on half-updated state or issuing collectives the other ranks are not at.
+TEST(Engine, SwapFailureInTheStepFailsTheEngine) {
+  Fixture f;
+  RankTempDir dir;
+  Config c = equivalence_config(3);
+  c.zero.offload_optimizer.device = OffloadDevice::nvme;
+  c.zero.offload_optimizer.nvme_path = dir.path();
+  Engine e(c, f.comm, *f.device);
+  const MlpDims dims;
+  const MlpUnits units = declare_mlp(e, dims);
+  e.materialize();
+  TrainPlan plan;
+  plan.steps = 1;
+  train_mlp(e, units, plan);
+  const std::string swap = offload::swap_file_path(dir.path(), "optimizer", 0);
+  ASSERT_EQ(::truncate(swap.c_str(), 0), 0);
+  std::string msg;
+  for (int64_t m = 0; m < e.gradient_accumulation_steps() && msg.empty(); ++m) {
+    mlp_micro_step(e, units, dims, make_batch(dims, 3, m, plan.micro_batch));
+    try {
+      e.step();
+    } catch (const IoError& err) {
+      msg = err.what();
+    }
+  }
+  ASSERT_NE(msg, "") << "expected an IoError from the step";
+  EXPECT_NE(msg.find(swap), std::string::npos) << msg;
+  try {
+    UnitScope s = e.forward_scope(units.fc1);
+    FAIL() << "the engine should be failed";
+  } catch (const IoError& err) {
+    EXPECT_EQ(std::string(err.what()), msg);
   }
 }

@@ -101,6 +101,17 @@ void* CudaDevice::allocate_host(size_t bytes) {
 
 void CudaDevice::deallocate_host(void* ptr, size_t bytes) noexcept { pinned_host_deallocate(ptr, bytes); }
 
+void CudaDevice::deallocate_host_after(void* ptr, size_t bytes, Stream stream) noexcept {
+  try {
+    // The event goes on `stream` of this device (the legacy default stream means the current device's).
+    CudaDeviceGuard guard(index_);
+    pinned_host_deallocate_after(ptr, bytes, stream);
+  } catch (const std::exception& e) {
+    log::error(name(), ": releasing ", bytes, " bytes of pinned host memory after stream work: ", e.what(),
+               "; the block is kept");
+  }
+}
+
 std::unique_ptr<DeviceStream> CudaDevice::make_stream() { return std::make_unique<CudaDeviceStream>(index_); }
 
 std::unique_ptr<DeviceEvent> CudaDevice::make_event() { return std::make_unique<CudaDeviceEvent>(index_); }

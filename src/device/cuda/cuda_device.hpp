@@ -39,6 +39,7 @@ class CudaDevice final : public Device {
   // Page-locked memory from the process-wide pinned cache (pinned_host.hpp).
   void* allocate_host(size_t bytes) override;
   void deallocate_host(void* ptr, size_t bytes) noexcept override;
+  void deallocate_host_after(void* ptr, size_t bytes, Stream stream) noexcept override;
   // cudaStreamLegacy: the legacy default stream, queued asynchronously.
   Stream default_stream() const override { return reinterpret_cast<Stream>(cudaStreamLegacy); }
   // A non-blocking stream and a CUDA event on this device (cuda_stream.hpp).
