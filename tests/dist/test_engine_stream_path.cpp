@@ -1,10 +1,10 @@
 // The engine's stream path (the one it takes on a cuda device) run on the CPU: a test device that reports
 // itself as cuda but keeps host memory, runs the cpu kernels and runs each stream's work only when something
-// waits for it (support/stream_path_device.hpp), and a communicator that reports "nccl" and completes each
-// collective before returning (support/stream_path_comm.hpp). Everything the GPU path does differently on
-// the host side (inline queue, Works handed to CommQueue::track, events between the compute, gather and
-// reduce streams, agreement and statistics staged through device memory, stream-ordered frees) then runs in
-// CI and must give the reference's numbers, like the dist equivalence tests, on 1-3 ranks.
+// waits for it, or side streams' work at once (support/stream_path_device.hpp: both schedules run), and a
+// communicator that reports "nccl" and queues each collective on its stream (support/stream_path_comm.hpp). Everything
+// the GPU path does differently on the host side (inline queue, Works handed to CommQueue::track, events between the
+// compute, gather and reduce streams, agreement and statistics staged through device memory, stream-ordered frees) then
+// runs in CI and must give the reference's numbers, like the dist equivalence tests, on 1-3 ranks.
 //
 // The device also checks the ordering rules the GPU relies on: no stream or host waits on an event that was
 // never recorded (CUDA would silently not wait), events are recorded on real streams only, no memory is freed
@@ -40,9 +40,17 @@ struct Variant {
 
 class StreamPath : public ::testing::TestWithParam<Variant> {};
 
+void check_against_reference(const Variant& v, StreamSchedule schedule);
+
 TEST_P(StreamPath, SameNumbersAsTheReferenceAndOrderedByEvents) {
-  const Variant& v = GetParam();
-  StreamPathDevice device;
+  for (StreamSchedule schedule : {StreamSchedule::lazy, StreamSchedule::eager_side_streams}) {
+    SCOPED_TRACE(schedule == StreamSchedule::lazy ? "side streams run when waited for" : "side streams run at once");
+    check_against_reference(GetParam(), schedule);
+  }
+}
+
+void check_against_reference(const Variant& v, StreamSchedule schedule) {
+  StreamPathDevice device(schedule);
   auto comm = std::make_shared<StreamPathComm>(engine_world(), device);
   Config c = equivalence_config(v.stage);
   if (v.change) v.change(c);

@@ -1,7 +1,7 @@
 // Offload on the engine's stream path (what it does on a cuda device), run on the CPU through the stream-path
 // test device (support/stream_path_device.hpp: host memory told apart as device, pinned and pageable; stream
-// work runs only when waited for): optimizer offload to cpu and nvme, parameter offload to cpu and nvme, both,
-// at stages 1-3, in fp32 and bf16, with one tile per unit or many.
+// work runs only when waited for, or side streams' work at once: both schedules run): optimizer offload to cpu and
+// nvme, parameter offload to cpu and nvme, both, at stages 1-3, in fp32 and bf16, with one tile per unit or many.
 //
 // Each run must be bit-identical to the same engine without offload on the cpu device (as
 // test_equivalence_offload.cpp checks the cpu device's offload) and close to the reference model. The device
@@ -128,127 +128,130 @@ TEST_P(StreamPathOffload, BitIdenticalToNoOffloadOrderedAndCounted) {
     want_memory = engine.memory();
   }
 
-  StreamPathDevice device;
-  auto comm = std::make_shared<StreamPathComm>(engine_world(), device);
-  EngineRun got;
-  MemoryStats initial, final_memory;
-  int64_t pinned_in_use = 0, device_in_use = 0, gathered_persistent = 0, largest_slice = 0;
-  ModelDesc model;
-  {
-    Engine engine(off, comm, device);
-    MlpUnits units = declare_mlp(engine, plan.dims);
-    model = describe(engine);
-    engine.materialize();
-    initial = engine.memory();
-    got = train_mlp(engine, units, plan);
-    device.synchronize();
-    final_memory = engine.memory();
-    pinned_in_use = device.host_bytes_in_use();
-    device_in_use = device.bytes_in_use();
-    for (size_t i = 0; i < engine.num_units(); ++i) {
-      const UnitInfo& u = engine.unit(UnitId{static_cast<int32_t>(i)});
-      if (u.persistent) gathered_persistent += u.padded_numel * static_cast<int64_t>(dtype_size(u.dtype));
-      largest_slice = std::max(largest_slice, u.slice_numel);
-    }
-  }
-  EXPECT_EQ(device.bytes_in_use(), 0) << "the engine left device memory behind";
-  EXPECT_EQ(device.host_bytes_in_use(), 0) << "the engine left pinned memory behind";
-  EXPECT_FALSE(std::filesystem::exists(offload::swap_file_path(dir.path(), "optimizer", comm->rank())));
-  EXPECT_FALSE(std::filesystem::exists(offload::swap_file_path(dir.path(), "param", comm->rank())));
-
-  // The numbers: bit for bit those of the cpu device without offload, and close to the reference.
-  ASSERT_EQ(got.losses.size(), want.losses.size());
-  for (size_t i = 0; i < got.losses.size(); ++i) {
-    EXPECT_EQ(got.losses[i], want.losses[i]) << "micro-step " << i;
-  }
-  for (size_t i = 0; i < got.steps.size(); ++i) {
-    EXPECT_EQ(got.steps[i].grad_norm, want.steps[i].grad_norm) << "micro-step " << i;
-    EXPECT_EQ(got.steps[i].applied, want.steps[i].applied) << "micro-step " << i;
-  }
-  EXPECT_EQ(first_bit_difference(got.params, want.params), "");
-  ReferenceRun ref = run_reference(base, plan);
-  std::string worst;
-  EXPECT_LE(max_relative_error(got.params, ref.params, &worst), v.tolerance) << "largest difference at " << worst;
-
-  // The GPU's rules.
-  const StreamPathUsage u = device.usage();
-  EXPECT_EQ(u.waits_before_record, 0) << "a stream waited on an event that was never recorded";
-  EXPECT_EQ(u.syncs_before_record, 0) << "the host waited on an event that was never recorded";
-  EXPECT_EQ(u.null_stream_events, 0) << "an event was recorded or waited on the null stream";
-  EXPECT_EQ(u.frees_while_queued, 0) << "memory was freed while queued work still used it";
-  EXPECT_EQ(u.kernels_on_host_memory, 0) << "a kernel was given host memory";
-  EXPECT_EQ(u.wait_cycles, 0) << "two streams waited on each other";
-  EXPECT_EQ(comm->host_memory_collectives(), 0) << "a collective was given host memory (NCCL reads device memory)";
-  if (v.pin) {
-    EXPECT_EQ(u.pageable_async_copies, 0) << "an asynchronous copy used pageable memory";
-  }
-  const bool optimizer_off = v.optimizer != Where::none;
-  const bool param_off = v.param != Where::none;
-  if (optimizer_off) {
-    EXPECT_GT(u.d2h_copies_on_side_streams, 0) << "no gradient tile came down on a copy stream";
-    if (!param_off) {
-      EXPECT_GT(u.h2d_copies_on_side_streams, 0) << "no compute copy went up on a copy stream";
-      for (Stream s : u.h2d_streams) {
-        EXPECT_EQ(u.d2h_streams.count(s), 0u) << "both directions on one stream";
+  for (StreamSchedule schedule : {StreamSchedule::lazy, StreamSchedule::eager_side_streams}) {
+    SCOPED_TRACE(schedule == StreamSchedule::lazy ? "side streams run when waited for" : "side streams run at once");
+    StreamPathDevice device(schedule);
+    auto comm = std::make_shared<StreamPathComm>(engine_world(), device);
+    EngineRun got;
+    MemoryStats initial, final_memory;
+    int64_t pinned_in_use = 0, device_in_use = 0, gathered_persistent = 0, largest_slice = 0;
+    ModelDesc model;
+    {
+      Engine engine(off, comm, device);
+      MlpUnits units = declare_mlp(engine, plan.dims);
+      model = describe(engine);
+      engine.materialize();
+      initial = engine.memory();
+      got = train_mlp(engine, units, plan);
+      device.synchronize();
+      final_memory = engine.memory();
+      pinned_in_use = device.host_bytes_in_use();
+      device_in_use = device.bytes_in_use();
+      for (size_t i = 0; i < engine.num_units(); ++i) {
+        const UnitInfo& u = engine.unit(UnitId{static_cast<int32_t>(i)});
+        if (u.persistent) gathered_persistent += u.padded_numel * static_cast<int64_t>(dtype_size(u.dtype));
+        largest_slice = std::max(largest_slice, u.slice_numel);
       }
     }
-    // With several tiles, the next tile's gradients are queued before the host waits for the current one's.
-    EXPECT_GT(u.host_waits_with_work_behind, 0);
-  }
-  if (param_off && v.pin) {
-    EXPECT_GT(u.h2d_copies_on_side_streams, 0) << "no parameter slice went up on a stream";
-  }
+    EXPECT_EQ(device.bytes_in_use(), 0) << "the engine left device memory behind";
+    EXPECT_EQ(device.host_bytes_in_use(), 0) << "the engine left pinned memory behind";
+    EXPECT_FALSE(std::filesystem::exists(offload::swap_file_path(dir.path(), "optimizer", comm->rank())));
+    EXPECT_FALSE(std::filesystem::exists(offload::swap_file_path(dir.path(), "param", comm->rank())));
 
-  // Where the state lives.
-  if (v.optimizer == Where::cpu) {
-    EXPECT_EQ(initial.optimizer_state, 0);
-    EXPECT_EQ(initial.master, 0);
-    EXPECT_GT(initial.host_master, 0);
-    EXPECT_EQ(initial.host_optimizer_state, 2 * initial.host_master);
-  }
-  if (v.optimizer == Where::nvme) {
-    EXPECT_EQ(initial.optimizer_state + initial.host_optimizer_state, 0);
-    EXPECT_EQ(initial.master + initial.host_master, 0);
-  }
-  if (v.param == Where::cpu) {
-    EXPECT_GT(initial.host_params, 0);
-  }
-  if (v.param == Where::nvme) {
-    EXPECT_EQ(final_memory.host_params, 0);
-  }
-  // The step's fp32 gradient tile, for a bf16 accumulator: pageable (only the host touches it).
-  const int64_t scratch = v.accum_bf16 ? std::min(v.sub_group_size, largest_slice) * 4 : 0;
-  if (v.pin) {
-    EXPECT_EQ(pinned_in_use, final_memory.host_total() - scratch) << "pin_memory: host state must be pinned";
-  } else {
-    EXPECT_EQ(pinned_in_use, final_memory.host_buffers - scratch) << "without pin_memory only the staging is pinned";
-  }
-  // The device holds exactly what the engine accounts for, less than without offload (fp32 with parameter
-  // offload alone moves nothing: the device optimizer's master stays beside the host slice).
-  EXPECT_EQ(device_in_use, final_memory.total());
-  if (v.bf16 || optimizer_off) {
-    EXPECT_LT(final_memory.total(), want_memory.total());
-  } else {
-    EXPECT_EQ(final_memory.total(), want_memory.total());
-  }
+    // The numbers: bit for bit those of the cpu device without offload, and close to the reference.
+    ASSERT_EQ(got.losses.size(), want.losses.size());
+    for (size_t i = 0; i < got.losses.size(); ++i) {
+      EXPECT_EQ(got.losses[i], want.losses[i]) << "micro-step " << i;
+    }
+    for (size_t i = 0; i < got.steps.size(); ++i) {
+      EXPECT_EQ(got.steps[i].grad_norm, want.steps[i].grad_norm) << "micro-step " << i;
+      EXPECT_EQ(got.steps[i].applied, want.steps[i].applied) << "micro-step " << i;
+    }
+    EXPECT_EQ(first_bit_difference(got.params, want.params), "");
+    ReferenceRun ref = run_reference(base, plan);
+    std::string worst;
+    EXPECT_LE(max_relative_error(got.params, ref.params, &worst), v.tolerance) << "largest difference at " << worst;
 
-  // The counters against the memory plan for a GPU, between steps: without the transient entries (gathered
-  // units, the backward scope's buffer, step-only tiles), NVMe staging (the swapper's own) and NVMe slices.
-  MemoryPlanOptions po;
-  po.world_size = comm->size();
-  const MemoryPlan mp = plan_memory(model, off, po);
-  const auto dev = MemoryTier::device;
-  const auto host = MemoryTier::host;
-  EXPECT_EQ(final_memory.params, planned(mp, MemoryCategory::params, dev, {"worst case"}));
-  EXPECT_EQ(final_memory.gathered, gathered_persistent);
-  EXPECT_EQ(final_memory.master, planned(mp, MemoryCategory::master, dev, {}));
-  EXPECT_EQ(final_memory.grads, planned(mp, MemoryCategory::grads, dev, {"backward scope"}));
-  EXPECT_EQ(final_memory.optimizer_state, planned(mp, MemoryCategory::optimizer_state, dev, {}));
-  EXPECT_EQ(final_memory.buffers, planned(mp, MemoryCategory::buffers, dev, {"step tile"}));
-  EXPECT_EQ(final_memory.host_params, planned(mp, MemoryCategory::params, host, {}));
-  EXPECT_EQ(final_memory.host_master, planned(mp, MemoryCategory::master, host, {}));
-  EXPECT_EQ(final_memory.host_optimizer_state, planned(mp, MemoryCategory::optimizer_state, host, {}));
-  EXPECT_EQ(final_memory.host_buffers, planned(mp, MemoryCategory::buffers, host, {"NVMe staging"}));
+    // The GPU's rules.
+    const StreamPathUsage u = device.usage();
+    EXPECT_EQ(u.waits_before_record, 0) << "a stream waited on an event that was never recorded";
+    EXPECT_EQ(u.syncs_before_record, 0) << "the host waited on an event that was never recorded";
+    EXPECT_EQ(u.null_stream_events, 0) << "an event was recorded or waited on the null stream";
+    EXPECT_EQ(u.frees_while_queued, 0) << "memory was freed while queued work still used it";
+    EXPECT_EQ(u.kernels_on_host_memory, 0) << "a kernel was given host memory";
+    EXPECT_EQ(u.wait_cycles, 0) << "two streams waited on each other";
+    EXPECT_EQ(comm->host_memory_collectives(), 0) << "a collective was given host memory (NCCL reads device memory)";
+    if (v.pin) {
+      EXPECT_EQ(u.pageable_async_copies, 0) << "an asynchronous copy used pageable memory";
+    }
+    const bool optimizer_off = v.optimizer != Where::none;
+    const bool param_off = v.param != Where::none;
+    if (optimizer_off) {
+      EXPECT_GT(u.d2h_copies_on_side_streams, 0) << "no gradient tile came down on a copy stream";
+      if (!param_off) {
+        EXPECT_GT(u.h2d_copies_on_side_streams, 0) << "no compute copy went up on a copy stream";
+        for (Stream s : u.h2d_streams) {
+          EXPECT_EQ(u.d2h_streams.count(s), 0u) << "both directions on one stream";
+        }
+      }
+      // With several tiles, the next tile's gradients are queued before the host waits for the current one's.
+      EXPECT_GT(u.host_waits_with_work_behind, 0);
+    }
+    if (param_off && v.pin) {
+      EXPECT_GT(u.h2d_copies_on_side_streams, 0) << "no parameter slice went up on a stream";
+    }
+
+    // Where the state lives.
+    if (v.optimizer == Where::cpu) {
+      EXPECT_EQ(initial.optimizer_state, 0);
+      EXPECT_EQ(initial.master, 0);
+      EXPECT_GT(initial.host_master, 0);
+      EXPECT_EQ(initial.host_optimizer_state, 2 * initial.host_master);
+    }
+    if (v.optimizer == Where::nvme) {
+      EXPECT_EQ(initial.optimizer_state + initial.host_optimizer_state, 0);
+      EXPECT_EQ(initial.master + initial.host_master, 0);
+    }
+    if (v.param == Where::cpu) {
+      EXPECT_GT(initial.host_params, 0);
+    }
+    if (v.param == Where::nvme) {
+      EXPECT_EQ(final_memory.host_params, 0);
+    }
+    // The step's fp32 gradient tile, for a bf16 accumulator: pageable (only the host touches it).
+    const int64_t scratch = v.accum_bf16 ? std::min(v.sub_group_size, largest_slice) * 4 : 0;
+    if (v.pin) {
+      EXPECT_EQ(pinned_in_use, final_memory.host_total() - scratch) << "pin_memory: host state must be pinned";
+    } else {
+      EXPECT_EQ(pinned_in_use, final_memory.host_buffers - scratch) << "without pin_memory only the staging is pinned";
+    }
+    // The device holds exactly what the engine accounts for, less than without offload (fp32 with parameter
+    // offload alone moves nothing: the device optimizer's master stays beside the host slice).
+    EXPECT_EQ(device_in_use, final_memory.total());
+    if (v.bf16 || optimizer_off) {
+      EXPECT_LT(final_memory.total(), want_memory.total());
+    } else {
+      EXPECT_EQ(final_memory.total(), want_memory.total());
+    }
+
+    // The counters against the memory plan for a GPU, between steps: without the transient entries (gathered
+    // units, the backward scope's buffer, step-only tiles), NVMe staging (the swapper's own) and NVMe slices.
+    MemoryPlanOptions po;
+    po.world_size = comm->size();
+    const MemoryPlan mp = plan_memory(model, off, po);
+    const auto dev = MemoryTier::device;
+    const auto host = MemoryTier::host;
+    EXPECT_EQ(final_memory.params, planned(mp, MemoryCategory::params, dev, {"worst case"}));
+    EXPECT_EQ(final_memory.gathered, gathered_persistent);
+    EXPECT_EQ(final_memory.master, planned(mp, MemoryCategory::master, dev, {}));
+    EXPECT_EQ(final_memory.grads, planned(mp, MemoryCategory::grads, dev, {"backward scope"}));
+    EXPECT_EQ(final_memory.optimizer_state, planned(mp, MemoryCategory::optimizer_state, dev, {}));
+    EXPECT_EQ(final_memory.buffers, planned(mp, MemoryCategory::buffers, dev, {"step tile"}));
+    EXPECT_EQ(final_memory.host_params, planned(mp, MemoryCategory::params, host, {}));
+    EXPECT_EQ(final_memory.host_master, planned(mp, MemoryCategory::master, host, {}));
+    EXPECT_EQ(final_memory.host_optimizer_state, planned(mp, MemoryCategory::optimizer_state, host, {}));
+    EXPECT_EQ(final_memory.host_buffers, planned(mp, MemoryCategory::buffers, host, {"NVMe staging"}));
+  }
 }
 
 // bf16 bounds: test_equivalence_options.cpp explains 5e-3 (and 3e-2 with a bf16 accumulator).

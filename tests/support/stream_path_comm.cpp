@@ -14,33 +14,41 @@ void StreamPathComm::note_buffers(const void* a, const void* b) {
 WorkPtr StreamPathComm::all_gather_into(void* out, const void* in, size_t count, DType dtype, Stream stream) {
   if (!device_.is_compute(stream)) side_stream_gathers_++;
   if (count > 0) note_buffers(out, in);
-  device_.run_queued(stream);
-  inner_->all_gather_into(out, in, count, dtype)->wait();
-  return completed_work();
+  auto inner = inner_;
+  const size_t bytes = count * dtype_size(dtype);
+  return device_.enqueue_collective(
+      stream, [inner, out, in, count, dtype] { inner->all_gather_into(out, in, count, dtype)->wait(); }, out,
+      bytes * static_cast<size_t>(size()), in, bytes);
 }
 
 WorkPtr StreamPathComm::reduce_scatter(void* out, const void* in, size_t count, DType dtype, ReduceOp op,
                                        Stream stream) {
   if (!device_.is_compute(stream)) side_stream_reductions_++;
   if (count > 0) note_buffers(out, in);
-  device_.run_queued(stream);
-  inner_->reduce_scatter(out, in, count, dtype, op)->wait();
-  return completed_work();
+  auto inner = inner_;
+  const size_t bytes = count * dtype_size(dtype);
+  return device_.enqueue_collective(
+      stream, [inner, out, in, count, dtype, op] { inner->reduce_scatter(out, in, count, dtype, op)->wait(); }, out,
+      bytes, in, bytes * static_cast<size_t>(size()));
 }
 
 WorkPtr StreamPathComm::all_reduce(void* buf, size_t count, DType dtype, ReduceOp op, Stream stream) {
   if (!device_.is_compute(stream)) side_stream_reductions_++;
   if (count > 0) note_buffers(buf, buf);
-  device_.run_queued(stream);
-  inner_->all_reduce(buf, count, dtype, op)->wait();
-  return completed_work();
+  auto inner = inner_;
+  const size_t bytes = count * dtype_size(dtype);
+  return device_.enqueue_collective(
+      stream, [inner, buf, count, dtype, op] { inner->all_reduce(buf, count, dtype, op)->wait(); }, buf, bytes, nullptr,
+      0);
 }
 
 WorkPtr StreamPathComm::broadcast(void* buf, size_t count, DType dtype, int root, Stream stream) {
   if (count > 0) note_buffers(buf, buf);
-  device_.run_queued(stream);
-  inner_->broadcast(buf, count, dtype, root)->wait();
-  return completed_work();
+  auto inner = inner_;
+  const size_t bytes = count * dtype_size(dtype);
+  return device_.enqueue_collective(
+      stream, [inner, buf, count, dtype, root] { inner->broadcast(buf, count, dtype, root)->wait(); }, buf, bytes,
+      nullptr, 0);
 }
 
 std::unique_ptr<Communicator> StreamPathComm::split(int, int) {

@@ -1,7 +1,10 @@
 // The communicator of StreamPathDevice tests: reports "nccl" (the engine requires it on a cuda device) and runs
-// each collective on a real host communicator (gloo or local). A collective on a stream first runs the work
-// queued on that stream (nullptr: the compute stream), as the GPU would before starting it, then runs and
-// completes before returning, so its data is in place for whatever is queued on the stream after it.
+// each collective on a real host communicator (gloo or local). As NCCL does, a collective is queued on its
+// stream (nullptr: the compute stream) and runs when the device runs that stream up to it: after the work
+// queued before it, before the work queued after it, and not before something waits for it (its Work, an
+// event recorded after it, a synchronize). A missing wait between a collective and the work that reads or
+// writes its buffers on another stream therefore shows up as wrong numbers or a counted free of memory in use.
+// Every rank runs the same program, so every rank runs its collectives in the same order.
 // It counts the collectives issued on streams other than the compute stream, and those given memory that is not
 // the device's (NCCL reads and writes device memory only: host memory there is an illegal access or a refusal).
 #pragma once

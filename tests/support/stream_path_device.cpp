@@ -65,6 +65,30 @@ class QueuedEvent final : public DeviceEvent {
   uint64_t mark_ = 0;
 };
 
+// A collective queued on a stream: done when the stream has run it.
+class QueuedWork final : public Work {
+ public:
+  QueuedWork(StreamPathDevice& device, StreamPathDevice::Queue& queue, uint64_t mark)
+      : device_(device), queue_(queue), mark_(mark) {}
+  void wait() override {
+    std::lock_guard lock(device_.mu_);
+    device_.run_until(queue_, mark_);
+  }
+  bool wait_for(std::chrono::milliseconds) override {
+    wait();
+    return true;
+  }
+  bool is_completed() override {
+    std::lock_guard lock(device_.mu_);
+    return queue_.executed >= mark_;
+  }
+
+ private:
+  StreamPathDevice& device_;
+  StreamPathDevice::Queue& queue_;
+  uint64_t mark_;
+};
+
 // The cpu kernels, queued on the stream they are given.
 class QueuedKernels final : public detail::DeviceKernels {
  public:
@@ -125,7 +149,7 @@ class QueuedKernels final : public detail::DeviceKernels {
   detail::DeviceKernels& cpu_;
 };
 
-StreamPathDevice::StreamPathDevice() {
+StreamPathDevice::StreamPathDevice(StreamSchedule schedule) : schedule_(schedule) {
   kernels_ = std::make_unique<QueuedKernels>(*this, device_pool_->kernels());
   queues_.emplace_back();
   compute_ = handle_of(queues_.front());
@@ -150,6 +174,7 @@ void StreamPathDevice::enqueue(Stream stream, std::function<void()> run, std::ve
   Queue& q = queue_of(stream);
   q.ops.push_back({std::move(run), std::move(ranges)});
   q.enqueued++;
+  if (schedule_ == StreamSchedule::eager_side_streams && !is_compute(stream) && !q.running) run_until(q, q.enqueued);
 }
 
 void StreamPathDevice::run_until(Queue& q, uint64_t mark) {
@@ -172,6 +197,14 @@ void StreamPathDevice::run_queued(Stream stream) {
   std::lock_guard lock(mu_);
   Queue& q = queue_of(stream);
   run_until(q, q.enqueued);
+}
+
+WorkPtr StreamPathDevice::enqueue_collective(Stream stream, std::function<void()> run, const void* a, size_t a_bytes,
+                                             const void* b, size_t b_bytes) {
+  std::lock_guard lock(mu_);
+  enqueue(stream, std::move(run), {{static_cast<const char*>(a), a_bytes}, {static_cast<const char*>(b), b_bytes}});
+  Queue& q = queue_of(stream);
+  return std::make_shared<QueuedWork>(*this, q, q.enqueued);
 }
 
 void StreamPathDevice::run_all() {

@@ -5,12 +5,14 @@
 //
 // Streams: the compute stream (default_stream(), also what nullptr means, as CUDA's legacy default stream) and
 // every stream from make_stream() are queues. copy/move/fill_zero and the kernels append their work to the
-// queue of the stream they are given and return. Queued work runs when something waits for it:
+// queue of the stream they are given and return; so do the collectives of StreamPathComm. Queued work runs
+// when something waits for it (and, with StreamSchedule::eager_side_streams, side streams' work at once):
 //   - DeviceEvent::synchronize() and DeviceStream::synchronize(): that stream's work up to the mark;
 //   - DeviceEvent::wait_on(s): s runs the marked work before any of its own later work;
 //   - copy/move/fill_zero with stream nullptr (synchronous on cuda): the compute stream's work, then the call;
 //   - grad_stats (blocking): its stream's work; Device::synchronize() and the destructor: everything;
-//   - run_queued(s), which StreamPathComm calls before a collective on s.
+//   - a queued collective's Work::wait(): its stream's work up to the collective;
+//   - run_queued(s).
 // Memory: allocate() hands out "device" memory and allocate_host() "pinned host" memory (both host memory in
 // truth, from separate pools); anything else is pageable host memory. The device tells them apart and counts
 // what the engine does with them in StreamPathUsage.
@@ -31,6 +33,7 @@
 #include <vector>
 
 #include "device/device_kernels.hpp"
+#include "zero3/comm.hpp"
 #include "zero3/device.hpp"
 
 namespace zero3::testing {
@@ -54,9 +57,15 @@ struct StreamPathUsage {
   std::set<Stream> h2d_streams;
 };
 
+// When stream work runs. lazy: only when something waits for it (the latest a GPU could run it: a missing
+// wait of the compute stream for a side stream shows). eager_side_streams: work on a stream other than the
+// compute stream runs as soon as it is queued, pulling the compute work it waits for (the earliest a GPU could
+// run it: a missing wait of a side stream for the compute stream shows). Tests run both.
+enum class StreamSchedule { lazy, eager_side_streams };
+
 class StreamPathDevice final : public Device {
  public:
-  StreamPathDevice();
+  explicit StreamPathDevice(StreamSchedule schedule = StreamSchedule::lazy);
   ~StreamPathDevice() override;
 
   DeviceType type() const override { return DeviceType::cuda; }
@@ -85,6 +94,10 @@ class StreamPathDevice final : public Device {
   int64_t peak_host_bytes_in_use() const;
   // Runs the work queued on `stream` (nullptr: the compute stream) so far.
   void run_queued(Stream stream);
+  // Queues `run` (a collective) on `stream`, touching [a, a + a_bytes) and [b, b + b_bytes); the Work it
+  // returns is complete once the stream has run it, and wait() runs the stream up to it.
+  WorkPtr enqueue_collective(Stream stream, std::function<void()> run, const void* a, size_t a_bytes, const void* b,
+                             size_t b_bytes);
   // Whether `stream` is the compute stream (nullptr included).
   bool is_compute(Stream stream) const { return stream == nullptr || stream == compute_; }
   // Whether `p` is in memory from allocate() (not pinned or pageable host memory).
@@ -95,6 +108,7 @@ class StreamPathDevice final : public Device {
   friend class QueuedKernels;
   friend class QueuedEvent;
   friend class QueuedStream;
+  friend class QueuedWork;
 
   struct Range {
     const char* begin;
@@ -121,6 +135,7 @@ class StreamPathDevice final : public Device {
   bool queued_work_uses(const void* p, size_t bytes) const;
   void note_kernel_args(std::initializer_list<const void*> args);
 
+  const StreamSchedule schedule_;
   mutable std::recursive_mutex mu_;
   std::unique_ptr<Device> device_pool_ = make_cpu_device();
   std::unique_ptr<Device> pinned_pool_ = make_cpu_device();
