@@ -32,8 +32,9 @@ struct StepMetrics {
   double forward = 0, backward = 0, optimizer = 0, comm_wait = 0;
   int64_t mem_params = 0, mem_master = 0, mem_grads = 0, mem_optimizer = 0, mem_buffers = 0;
   int64_t mem_activations = 0, mem_peak = 0;
-  int64_t mem_device_peak = 0;  // the device's peak: engine, model buffers and kernel workspaces
-  std::optional<double> mfu;    // model FLOPs utilisation (mfu.hpp); nullopt: n/a (CPU, or an unknown GPU)
+  int64_t mem_device_peak = 0;              // the device's peak: engine, model buffers and kernel workspaces
+  int64_t mem_host = 0, mem_host_peak = 0;  // the engine's host memory (offload from a GPU), now and at its peak
+  std::optional<double> mfu;                // model FLOPs utilisation (mfu.hpp); nullopt: n/a (CPU, or an unknown GPU)
 };
 
 // The run's metrics CSV: a header line, then one line per step.

@@ -237,7 +237,10 @@ std::unique_ptr<Tokenizer> make_tokenizer(const std::string& spec) {
 std::string describe_memory(const zero3::MemoryStats& m, int64_t activations) {
   return "params " + format_bytes(m.params) + ", master " + format_bytes(m.master) + ", grads " +
          format_bytes(m.grads) + ", optimizer " + format_bytes(m.optimizer_state) + ", buffers " +
-         format_bytes(m.buffers) + ", activations " + format_bytes(activations);
+         format_bytes(m.buffers) + ", activations " + format_bytes(activations) +
+         (m.peak_host_total > 0
+              ? ", host " + format_bytes(m.host_total()) + " (peak " + format_bytes(m.peak_host_total) + ")"
+              : std::string());
 }
 
 std::string fmt(const char* f, double x) {
@@ -539,6 +542,8 @@ int train(const TrainOptions& o, zero3::Config cfg, const ModelConfig& mc, const
       m.mem_activations = model.activation_bytes();
       m.mem_peak = mem.peak_total;
       m.mem_device_peak = device_peak();
+      m.mem_host = mem.host_total();
+      m.mem_host_peak = mem.peak_host_total;
       m.mfu = model_flops_utilization(mc, o.seq_len, m.tokens_per_s / world, peak_flops);
       if (metrics) metrics->write(m);
       monitor->write_event("Train/Samples/train_loss", loss, m.samples);

@@ -117,6 +117,7 @@ struct MemoryStats {
   int64_t host_master = 0;
   int64_t host_optimizer_state = 0;
   int64_t host_buffers = 0;
+  int64_t peak_host_total = 0;  // the largest host_total() seen
   int64_t total() const { return params + master + grads + optimizer_state + buffers; }
   int64_t host_total() const { return host_params + host_master + host_optimizer_state + host_buffers; }
 };

@@ -590,6 +590,20 @@ void EngineImpl::new_compute_slice(UnitState& u) {
   device_.fill_zero(u.compute_slice.data(), u.compute_slice.bytes());
 }
 
+void EngineImpl::step_slice_for(UnitState* u) {
+  if (!param_swap_ || u == step_slice_) return;
+  if (step_slice_ != nullptr) {
+    // The optimizer on a GPU copied the slice down on the compute stream.
+    if (slices_on_host_ && !optimizer_on_host_) wait_for_device_writes();
+    store_compute_slice(*step_slice_);
+    step_slice_ = nullptr;
+  }
+  if (u != nullptr && slice_swapped(*u)) {
+    new_compute_slice(*u);
+    step_slice_ = u;
+  }
+}
+
 void EngineImpl::store_compute_slice(UnitState& u) {
   const size_t idx = static_cast<size_t>(u.info.id.index);
   // A read of the old slice started ahead must not feed a later gather.
@@ -1077,6 +1091,7 @@ MemoryStats EngineImpl::memory() const {
   m.host_master = host_counters_.bytes(MemoryCategory::master);
   m.host_optimizer_state = host_counters_.bytes(MemoryCategory::optimizer_state);
   m.host_buffers = host_counters_.bytes(MemoryCategory::buffers);
+  m.peak_host_total = host_counters_.peak_total();
   return m;
 }
 

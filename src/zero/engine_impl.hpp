@@ -199,6 +199,10 @@ class EngineImpl {
   bool slice_swapped(const UnitState& u) const;
   void new_compute_slice(UnitState& u);
   void store_compute_slice(UnitState& u);
+  // The step rebuilds one unit's slice at a time: allocated (zeroed) before the unit's first tile, written back
+  // to the swap before the next unit's (u nullptr: the last one), so host memory holds one slice, not all.
+  void step_slice_for(UnitState* u);
+  UnitState* step_slice_ = nullptr;
   void prefetch_param_reads();
 
   std::exception_ptr deferred_error_;  // from a scope destructor; thrown by the next call

@@ -115,6 +115,7 @@ void EngineImpl::run_optimizer(const AdamStepConsts& consts, float grad_factor) 
       const int64_t a = st.begin;
       const int64_t n = std::clamp<int64_t>(u.owned_valid - a, 0, st.length);
       if (n == 0) return;  // padding only
+      step_slice_for(&u);
       auto* p = reinterpret_cast<float*>(data.data());
       float* m = p + st.length;
       float* v = p + 2 * st.length;
@@ -134,6 +135,7 @@ void EngineImpl::run_optimizer(const AdamStepConsts& consts, float grad_factor) 
   DeviceBuffer copy_tile;
   for (UnitState& u : units_) {
     const size_t es = dtype_size(u.info.dtype);
+    step_slice_for(&u);
     for (int64_t a = 0; a < u.owned_valid; a += tile) {
       int64_t n = std::min(tile, u.owned_valid - a);
       float* g = tile_grads(u, a, n);
@@ -192,6 +194,7 @@ void EngineImpl::run_host_optimizer(const AdamStepConsts& consts, float grad_fac
     const StepTile& t = tiles[i];
     UnitState& u = *t.u;
     const DType ct = u.info.dtype;
+    step_slice_for(&u);
     float* g = transfer_->take(grad_factor);
     if (slices_on_host_) {
       if (slice_checked != &u) before_host_slice_write(u);
@@ -303,19 +306,13 @@ StepResult EngineImpl::step() {
     result.clip_coef = coef;
     ++applied_steps_;
     AdamStepConsts consts = adam_step_consts(hyper, applied_steps_);
-    if (param_swap_) {
-      // NVMe parameter offload: the step writes every unit's 16-bit slice (padding stays zero), which then
-      // goes back to the swap (dropping any read of the old slice started ahead); nothing needs reading first.
-      for (UnitState& u : units_) {
-        if (slice_swapped(u)) new_compute_slice(u);
-      }
-    }
     run_optimizer(consts, static_cast<float>(coef / scale));
     if (param_swap_) {
-      if (slices_on_host_ && !optimizer_on_host_) wait_for_device_writes();
+      // Units of which this rank owns only padding had no tile: their (zero) slices are rewritten too.
       for (UnitState& u : units_) {
-        if (slice_swapped(u)) store_compute_slice(u);
+        if (u.owned_valid == 0) step_slice_for(&u);
       }
+      step_slice_for(nullptr);
     }
     for (UnitState& u : units_) {
       if (policy_.shard_optimizer && !policy_.shard_params) publish_params(u);
