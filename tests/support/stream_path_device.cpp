@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 #include <initializer_list>
+#include <optional>
 #include <stdexcept>
 
 #include "zero3/dtype.hpp"
@@ -263,39 +264,33 @@ void* StreamPathDevice::allocate(size_t bytes) {
   return p;
 }
 
-void StreamPathDevice::deallocate(void* ptr, size_t bytes) noexcept {
+void StreamPathDevice::release(void* ptr, size_t bytes, Memory kind, std::optional<Stream> after) noexcept {
   if (ptr == nullptr) return;
   std::lock_guard lock(mu_);
-  device_blocks_.erase(static_cast<const char*>(ptr));
-  device_bytes_ -= static_cast<int64_t>(bytes);
-  if (queued_work_uses(ptr, bytes)) {
-    usage_.frees_while_queued++;
-    kept_device_.emplace_back(ptr, bytes);
-    return;
-  }
-  device_pool_->deallocate(ptr, bytes);
-}
-
-void StreamPathDevice::deallocate_after(void* ptr, size_t bytes, Stream stream) noexcept {
-  if (ptr == nullptr) return;
-  std::lock_guard lock(mu_);
-  device_blocks_.erase(static_cast<const char*>(ptr));
-  device_bytes_ -= static_cast<int64_t>(bytes);
+  const bool pinned = kind == Memory::pinned;
+  (pinned ? pinned_blocks_ : device_blocks_).erase(static_cast<const char*>(ptr));
+  (pinned ? pinned_bytes_ : device_bytes_) -= static_cast<int64_t>(bytes);
+  auto free_block = [this, ptr, bytes, pinned] {
+    if (queued_work_uses(ptr, bytes)) {
+      usage_.frees_while_queued++;
+      (pinned ? kept_pinned_ : kept_device_).emplace_back(ptr, bytes);
+      return;
+    }
+    (pinned ? pinned_pool_ : device_pool_)->deallocate(ptr, bytes);
+  };
+  if (!after) return free_block();
   try {
     // Freed once the stream gets there; work queued on other streams must not use it any more by then.
-    enqueue(stream,
-            [this, ptr, bytes] {
-              if (queued_work_uses(ptr, bytes)) {
-                usage_.frees_while_queued++;
-                kept_device_.emplace_back(ptr, bytes);
-                return;
-              }
-              device_pool_->deallocate(ptr, bytes);
-            },
-            {});
+    enqueue(*after, free_block, {});
   } catch (...) {
-    kept_device_.emplace_back(ptr, bytes);
+    (pinned ? kept_pinned_ : kept_device_).emplace_back(ptr, bytes);
   }
+}
+
+void StreamPathDevice::deallocate(void* ptr, size_t bytes) noexcept { release(ptr, bytes, Memory::device, {}); }
+
+void StreamPathDevice::deallocate_after(void* ptr, size_t bytes, Stream stream) noexcept {
+  release(ptr, bytes, Memory::device, stream);
 }
 
 void* StreamPathDevice::allocate_host(size_t bytes) {
@@ -308,38 +303,10 @@ void* StreamPathDevice::allocate_host(size_t bytes) {
   return p;
 }
 
-void StreamPathDevice::deallocate_host(void* ptr, size_t bytes) noexcept {
-  if (ptr == nullptr) return;
-  std::lock_guard lock(mu_);
-  pinned_blocks_.erase(static_cast<const char*>(ptr));
-  pinned_bytes_ -= static_cast<int64_t>(bytes);
-  if (queued_work_uses(ptr, bytes)) {
-    usage_.frees_while_queued++;
-    kept_pinned_.emplace_back(ptr, bytes);
-    return;
-  }
-  pinned_pool_->deallocate(ptr, bytes);
-}
+void StreamPathDevice::deallocate_host(void* ptr, size_t bytes) noexcept { release(ptr, bytes, Memory::pinned, {}); }
 
 void StreamPathDevice::deallocate_host_after(void* ptr, size_t bytes, Stream stream) noexcept {
-  if (ptr == nullptr) return;
-  std::lock_guard lock(mu_);
-  pinned_blocks_.erase(static_cast<const char*>(ptr));
-  pinned_bytes_ -= static_cast<int64_t>(bytes);
-  try {
-    enqueue(stream,
-            [this, ptr, bytes] {
-              if (queued_work_uses(ptr, bytes)) {
-                usage_.frees_while_queued++;
-                kept_pinned_.emplace_back(ptr, bytes);
-                return;
-              }
-              pinned_pool_->deallocate(ptr, bytes);
-            },
-            {});
-  } catch (...) {
-    kept_pinned_.emplace_back(ptr, bytes);
-  }
+  release(ptr, bytes, Memory::pinned, stream);
 }
 
 std::unique_ptr<DeviceStream> StreamPathDevice::make_stream() {

@@ -28,6 +28,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -132,6 +133,9 @@ class StreamPathDevice final : public Device {
   void run_until(Queue& q, uint64_t mark);
   void run_all();
   Memory memory_of(const void* p) const;
+  // Takes a device or pinned block off the books and returns it to its pool, at once (no `after`) or when
+  // `after` gets there; a block that queued work still uses is kept and counted in frees_while_queued.
+  void release(void* ptr, size_t bytes, Memory kind, std::optional<Stream> after) noexcept;
   bool queued_work_uses(const void* p, size_t bytes) const;
   void note_kernel_args(std::initializer_list<const void*> args);
 
