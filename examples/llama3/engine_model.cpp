@@ -97,16 +97,20 @@ void EngineModel::commit_grads(const zero3::UnitScope& scope) {
 // ---------------------------------------------------------------------------------------------------------
 // One micro-batch
 
-LossResult EngineModel::forward_backward(const int32_t* ids, const int32_t* targets, const BatchShape& shape,
-                                         const LossOptions& loss) {
+void EngineModel::check_shape(const BatchShape& shape, const char* what) const {
   if (shape.batch <= 0 || shape.seq <= 0) {
-    throw zero3::InvalidArgument("EngineModel::forward_backward: batch " + std::to_string(shape.batch) + " and seq " +
+    throw zero3::InvalidArgument(std::string(what) + ": batch " + std::to_string(shape.batch) + " and seq " +
                                  std::to_string(shape.seq) + " must both be > 0");
   }
   if (shape.seq > config_.max_position_embeddings) {
     zero3::log::warn_rank0("sequence length ", shape.seq, " exceeds the model's max_position_embeddings ",
                            config_.max_position_embeddings);
   }
+}
+
+LossResult EngineModel::forward_backward(const int32_t* ids, const int32_t* targets, const BatchShape& shape,
+                                         const LossOptions& loss) {
+  check_shape(shape, "EngineModel::forward_backward");
   const int64_t L = config_.num_hidden_layers, n = shape.tokens();
   runner_->begin_batch(ids, targets, shape, checkpointing_);
 
@@ -163,6 +167,30 @@ LossResult EngineModel::forward_backward(const int32_t* ids, const int32_t* targ
   ops_->synchronize();
   times_.backward += seconds_since(t0);
   ++times_.micro_batches;
+  return result;
+}
+
+LossResult EngineModel::evaluate(const int32_t* ids, const int32_t* targets, const BatchShape& shape,
+                                 const LossOptions& loss) {
+  if (!engine_.evaluating()) {
+    throw zero3::InvalidArgument("EngineModel::evaluate: the engine is not evaluating (open Engine::evaluate() first)");
+  }
+  check_shape(shape, "EngineModel::evaluate");
+  // One layer cache whatever checkpointing says: nothing is kept for a backward.
+  runner_->begin_batch(ids, targets, shape, true);
+  {
+    zero3::UnitScope s = engine_.forward_scope(units_.front());
+    runner_->embed_forward(params_act(s));
+    s.close();
+  }
+  for (int64_t i = 0; i < config_.num_hidden_layers; ++i) {
+    zero3::UnitScope s = engine_.forward_scope(units_[static_cast<size_t>(1 + i)]);
+    runner_->layer_forward(i, params_act(s));
+    s.close();
+  }
+  zero3::UnitScope s = engine_.forward_scope(units_.back());
+  LossResult result = runner_->head_forward_loss(params_act(s), loss);
+  s.close();
   return result;
 }
 

@@ -86,6 +86,12 @@ class EngineModel {
   LossResult forward_backward(const int32_t* ids, const int32_t* targets, const BatchShape& shape,
                               const LossOptions& loss = {});
 
+  // One micro-batch's loss without gradients (collective at stage 3), inside the engine's evaluation
+  // (Engine::evaluate(); zero3::InvalidArgument otherwise): the forward scopes of the embedding, the layers
+  // and the head, activations kept one layer at a time. ids, targets and the loss as forward_backward; fp16's
+  // loss scale plays no part.
+  LossResult evaluate(const int32_t* ids, const int32_t* targets, const BatchShape& shape, const LossOptions& loss = {});
+
   // Collective: unit `index`'s full fp32 master parameters, layouts()[index].numel floats, into host memory.
   void gather_unit(size_t index, float* out);
 
@@ -105,6 +111,7 @@ class EngineModel {
   ModelOps& ops() const { return *ops_; }
 
  private:
+  void check_shape(const BatchShape& shape, const char* what) const;
   const void* params_act(const zero3::UnitScope& scope);
   float* grads_f32(const zero3::UnitScope& scope);
   void commit_grads(const zero3::UnitScope& scope);

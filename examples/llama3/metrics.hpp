@@ -35,6 +35,7 @@ struct StepMetrics {
   int64_t mem_device_peak = 0;              // the device's peak: engine, model buffers and kernel workspaces
   int64_t mem_host = 0, mem_host_peak = 0;  // the engine's host memory (offload from a GPU), now and at its peak
   std::optional<double> mfu;                // model FLOPs utilisation (mfu.hpp); nullopt: n/a (CPU, or an unknown GPU)
+  std::optional<double> eval_loss;          // the held-out loss after this step, when it was evaluated
 };
 
 // The run's metrics CSV: a header line, then one line per step.

@@ -297,7 +297,15 @@ void ModelRunner::layer_backward(int64_t layer, const void* w, float* g) {
 }
 
 LossResult ModelRunner::head_forward_backward(const void* w, float* g, const LossOptions& opt) {
-  if (!batch_ready_) throw zero3::InvalidArgument("ModelRunner::head_forward_backward: no begin_batch yet");
+  return head(w, g, opt, "head_forward_backward");
+}
+
+LossResult ModelRunner::head_forward_loss(const void* w, const LossOptions& opt) {
+  return head(w, nullptr, opt, "head_forward_loss");
+}
+
+LossResult ModelRunner::head(const void* w, float* g, const LossOptions& opt, const char* what) {
+  if (!batch_ready_) throw zero3::InvalidArgument(std::string("ModelRunner::") + what + ": no begin_batch yet");
   const int64_t n = shape_.tokens(), hid = config_.hidden_size, vocab = config_.vocab_size;
   const int64_t count = count_targets(host_targets_.data(), n, vocab);
   const double normalizer = opt.normalizer > 0 ? opt.normalizer : static_cast<double>(count);
@@ -305,16 +313,16 @@ LossResult ModelRunner::head_forward_backward(const void* w, float* g, const Los
   const void* norm = w;
   const void* lm_head = act_at(w, head_lm_offset_);
   float* rstd = static_cast<float*>(head_rstd_.ptr);
-  void* xn = xn_.ptr;   // normalised final states
-  void* dxn = dh_.ptr;  // their gradient
+  void* xn = xn_.ptr;                            // normalised final states
+  void* dxn = g != nullptr ? dh_.ptr : nullptr;  // their gradient (none without g)
   ops_.rmsnorm_forward(x, norm, xn, rstd, n, hid, eps_);
   const float grad_scale = normalizer > 0 ? static_cast<float>(1.0 / normalizer) : 0.0f;
   int64_t chunk = opt.chunk_rows > 0 ? opt.chunk_rows : default_loss_chunk_rows(vocab);
   chunk = std::min(chunk, std::max<int64_t>(n, 1));
   const CrossEntropyResult ce =
       ops_.lm_head_cross_entropy(xn, lm_head, static_cast<const int32_t*>(targets_.ptr), host_targets_.data(), n, hid,
-                                 vocab, grad_scale, dxn, g + head_lm_offset_, chunk);
-  ops_.rmsnorm_backward(x, norm, rstd, dxn, dx_.ptr, g, n, hid, false);
+                                 vocab, grad_scale, dxn, g != nullptr ? g + head_lm_offset_ : nullptr, chunk);
+  if (g != nullptr) ops_.rmsnorm_backward(x, norm, rstd, dxn, dx_.ptr, g, n, hid, false);
   LossResult r;
   r.loss_sum = ce.loss_sum;
   r.count = ce.count;

@@ -8,6 +8,7 @@
 //   embed_forward(w)                                   layer input 0
 //   layer_forward(i, w)                  i = 0..L-1    layer input i+1 (cache i, or the one shared cache)
 //   head_forward_backward(w, g, loss)                  final norm, LM head, loss, dx; returns the loss
+//                                                      (evaluation: head_forward_loss(w, loss), then no backward)
 //   layer_backward(i, w, g)              i = L-1..0    recomputes layer i's forward first with checkpointing
 //   embed_backward(g)
 // Parameters `w`: a unit's flat buffer (llama_layout.hpp) in ops.act(), backend memory. Gradients `g`: the
@@ -73,6 +74,8 @@ class ModelRunner {
   void layer_forward(int64_t layer, const void* w);
   // The loss over this micro-batch's targets as head_forward_backward (llama_model.hpp) defines it.
   LossResult head_forward_backward(const void* w, float* g, const LossOptions& opt);
+  // The same loss without gradients (evaluation): final norm, LM head and cross-entropy, no backward.
+  LossResult head_forward_loss(const void* w, const LossOptions& opt);
   void layer_backward(int64_t layer, const void* w, float* g);
   void embed_backward(float* g);
 
@@ -109,6 +112,8 @@ class ModelRunner {
   void linear_backward(const void* x, int64_t ldx, const void* w, const void* dy, int64_t lddy, void* dx, int64_t lddx,
                        float* dw, int64_t in, int64_t out, bool accumulate_dx);
   void forward_into(const void* w, const void* x, void* y, Cache& cache);
+  // The head with its backward into g, or (g null) the loss only.
+  LossResult head(const void* w, float* g, const LossOptions& opt, const char* what);
 
   ModelConfig config_;
   ModelOps& ops_;

@@ -13,17 +13,20 @@
 #include <fstream>
 #include <iostream>
 #include <memory>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
 
 #include "data/dataset.hpp"
+#include "data/eval_batches.hpp"
 #include "data/sampler.hpp"
 #include "data/tokenizer.hpp"
 #include "engine_model.hpp"
 #include "metrics.hpp"
 #include "mfu.hpp"
 #include "model_config.hpp"
+#include "ops/cross_entropy.hpp"
 #include "progress.hpp"
 #include "train_options.hpp"
 #include "zero3/checkpoint.hpp"
@@ -370,13 +373,16 @@ int train(const TrainOptions& o, zero3::Config cfg, const ModelConfig& mc, const
   std::unique_ptr<Tokenizer> tokenizer = make_tokenizer(o.tokenizer);
   const std::vector<std::string> data_paths = o.data.empty() ? default_text_paths() : o.data;
   PackedDataset dataset = PackedDataset::from_paths(data_paths, *tokenizer, o.seq_len);
-  if (static_cast<int64_t>(tokenizer->vocab_size()) > mc.vocab_size ||
-      static_cast<int64_t>(dataset.max_token()) >= mc.vocab_size) {
-    throw zero3::InvalidArgument("the data holds token " + std::to_string(dataset.max_token()) +
-                                 " (tokenizer vocabulary " + std::to_string(tokenizer->vocab_size()) +
-                                 ") but the model's vocab_size is " + std::to_string(mc.vocab_size) + " (" + o.model +
-                                 ")");
-  }
+  auto check_vocab = [&](const PackedDataset& d, const char* what) {
+    if (static_cast<int64_t>(tokenizer->vocab_size()) > mc.vocab_size ||
+        static_cast<int64_t>(d.max_token()) >= mc.vocab_size) {
+      throw zero3::InvalidArgument(std::string(what) + " holds token " + std::to_string(d.max_token()) +
+                                   " (tokenizer vocabulary " + std::to_string(tokenizer->vocab_size()) +
+                                   ") but the model's vocab_size is " + std::to_string(mc.vocab_size) + " (" + o.model +
+                                   ")");
+    }
+  };
+  check_vocab(dataset, "the data");
   DistributedSampler sampler(dataset.num_sequences(), rank, world, o.seed);
   if (sampler.per_rank() < micro * gas) {
     throw zero3::InvalidArgument("the data has " + std::to_string(dataset.num_sequences()) + " sequences of " +
@@ -387,6 +393,18 @@ int train(const TrainOptions& o, zero3::Config cfg, const ModelConfig& mc, const
   log::info_rank0("data: ", dataset.num_tokens(), " tokens from ", data_paths.size(), " path(s), ",
                   dataset.num_sequences(), " sequences of ", o.seq_len, " (", fmt("%.1f", epoch_steps),
                   " steps per epoch), tokenized in ", fmt("%.2f", seconds_since(t_data)), " s");
+  // Held-out data: every sequence once per evaluation, split across the ranks.
+  std::optional<PackedDataset> eval_set;
+  std::optional<EvalBatches> eval_batches;
+  if (!o.eval_data.empty()) {
+    eval_set = PackedDataset::from_paths(o.eval_data, *tokenizer, o.seq_len);
+    check_vocab(*eval_set, "the evaluation data");
+    eval_batches.emplace(*eval_set, rank, world, micro, o.eval_batches, kIgnoreIndex);
+    log::info_rank0("evaluation data: ", eval_batches->sequences(), " of ", eval_set->num_sequences(),
+                    " sequences per evaluation (", eval_batches->batches(), " micro-batches per rank), after ",
+                    o.eval_interval > 0 ? "every " + std::to_string(o.eval_interval) + " steps and " : "",
+                    "the last step");
+  }
 
   // The model on the engine. The program prints the steps_per_print line itself (with loss, tokens/s and
   // memory), so the engine's own line, which would repeat part of it, is off.
@@ -466,8 +484,29 @@ int train(const TrainOptions& o, zero3::Config cfg, const ModelConfig& mc, const
     return device->peak_bytes_in_use() + model.ops().workspace_bytes() + (gpu ? 0 : model.activation_bytes());
   };
 
-  // Training.
+  // Evaluation (collective): the mean loss over every target of the held-out set, on all ranks.
   const BatchShape shape{micro, o.seq_len};
+  auto evaluate = [&]() {
+    std::vector<int32_t> eids(static_cast<size_t>(micro * o.seq_len)), etargets(eids.size());
+    double loss_sum = 0;
+    int64_t count = 0;
+    zero3::EvalMode mode = engine.evaluate();
+    for (int64_t b = 0; b < eval_batches->batches(); ++b) {
+      eval_batches->fill(b, eids.data(), etargets.data());
+      const LossResult r = model.evaluate(eids.data(), etargets.data(), shape);
+      loss_sum += r.loss_sum;
+      count += r.count;
+      mode.next_batch();
+    }
+    mode.end();
+    float sum = static_cast<float>(loss_sum);
+    all_reduce_host_sum(*comm, device.get(), &sum, 1);
+    // The targets of all ranks, counted exactly (the normalizer of one micro-batch per rank, times the ranks).
+    const double targets_all = step_loss_normalizer(*comm, count, 1, device.get()) * world;
+    return targets_all > 0 ? sum / targets_all : 0.0;
+  };
+
+  // Training.
   const int64_t print_every = std::max<int64_t>(1, cfg.steps_per_print);
   const int64_t tokens_per_step = micro * o.seq_len * gas * world;
   std::vector<int32_t> ids(static_cast<size_t>(gas * micro * o.seq_len)), targets(ids.size());
@@ -475,7 +514,7 @@ int train(const TrainOptions& o, zero3::Config cfg, const ModelConfig& mc, const
   const auto t_train = Clock::now();
   double window_time = 0, window_fwd = 0, window_bwd = 0, window_opt = 0, window_comm = 0;
   int64_t window_steps = 0;
-  double first_loss = NAN, last_loss = NAN;
+  double first_loss = NAN, last_loss = NAN, first_eval = NAN, last_eval = NAN;
   std::vector<std::pair<int64_t, double>> curve;
   for (int64_t step = start_step; step < o.steps; ++step) {
     const auto t_step = Clock::now();
@@ -516,9 +555,24 @@ int train(const TrainOptions& o, zero3::Config cfg, const ModelConfig& mc, const
     window_opt += opt_time;
     window_comm += comm_wait;
     ++window_steps;
+    std::optional<double> eval_loss;
+    if (eval_batches && (step + 1 == o.steps || (o.eval_interval > 0 && (step + 1) % o.eval_interval == 0))) {
+      const auto t_eval = Clock::now();
+      eval_loss = evaluate();
+      if (std::isnan(first_eval)) first_eval = *eval_loss;
+      last_eval = *eval_loss;
+      if (rank == 0) {
+        bar.clear();
+        std::printf("eval after step %lld | loss %.4f | perplexity %.2f | %lld sequences in %.1f s\n",
+                    static_cast<long long>(step + 1), *eval_loss, std::exp(*eval_loss),
+                    static_cast<long long>(eval_batches->sequences()), seconds_since(t_eval));
+        std::fflush(stdout);
+      }
+    }
     const zero3::MemoryStats mem = engine.memory();
     if (rank == 0) {
       StepMetrics m;
+      m.eval_loss = eval_loss;
       m.step = step + 1;
       m.samples = (step + 1) * micro * gas * world;
       m.tokens = (step + 1) * tokens_per_step;
@@ -548,6 +602,7 @@ int train(const TrainOptions& o, zero3::Config cfg, const ModelConfig& mc, const
       if (metrics) metrics->write(m);
       monitor->write_event("Train/Samples/train_loss", loss, m.samples);
       monitor->write_event("Train/Samples/lr", r.lr, m.samples);
+      if (eval_loss) monitor->write_event("Eval/Samples/eval_loss", *eval_loss, m.samples);
       if (compute == zero3::DType::f16) monitor->write_event("Train/Samples/loss_scale", m.loss_scale, m.samples);
       if (cfg.wall_clock_breakdown) {
         monitor->write_event("Train/Samples/elapsed_time_ms_forward", pt.forward * 1e3, m.samples);
@@ -615,6 +670,7 @@ int train(const TrainOptions& o, zero3::Config cfg, const ModelConfig& mc, const
                 static_cast<long long>(start_step + 1), static_cast<long long>(o.steps), train_seconds,
                 static_cast<double>(ran * tokens_per_step) / std::max(train_seconds, 1e-9), world, first_loss,
                 last_loss);
+    if (!std::isnan(last_eval)) std::printf("evaluation loss %.4f -> %.4f\n", first_eval, last_eval);
     std::printf("loss curve (step: loss):");
     for (const auto& [s, l] : curve) std::printf(" %lld: %.3f", static_cast<long long>(s), l);
     std::printf("\n");

@@ -61,6 +61,15 @@ const std::vector<Flag>& flags() {
        "text file, directory of text files, or token file (*.bin, *.u32: uint32 ids or llm.c's format); "
        "repeatable (default /usr/share/common-licenses)",
        [](TrainOptions& o, const std::string& v) { o.data.push_back(v); }},
+      {"eval-data", Kind::text, "PATH",
+       "held-out data in the forms --data takes; repeatable. Evaluated after the last step and every --eval-interval "
+       "steps: the mean loss over its every target and the perplexity",
+       [](TrainOptions& o, const std::string& v) { o.eval_data.push_back(v); }},
+      {"eval-interval", Kind::integer, "N", "optimizer steps between evaluations (default 0: after the last step only)",
+       [](TrainOptions& o, const std::string& v) { o.eval_interval = to_int("eval-interval", v, 0); }},
+      {"eval-batches", Kind::integer, "N",
+       "micro-batches per rank per evaluation (default 0: every sequence of --eval-data once)",
+       [](TrainOptions& o, const std::string& v) { o.eval_batches = to_int("eval-batches", v, 0); }},
       {"tokenizer", Kind::text, "bytes|FILE", "bytes (byte-level, vocab 256) or Llama-3's tokenizer.model (tiktoken)",
        [](TrainOptions& o, const std::string& v) { o.tokenizer = v; }},
       {"seq-len", Kind::integer, "N", "tokens per sequence (default 256)",

@@ -12,6 +12,9 @@ struct TrainOptions {
   std::string model = "configs/models/llama-3-tiny.json";  // Hugging Face config.json
   std::string deepspeed = "configs/zero-stage3.json";      // DeepSpeed JSON
   std::vector<std::string> data;                           // files, directories, token files; default: common-licenses
+  std::vector<std::string> eval_data;                      // held-out data, the same forms; none: no evaluation
+  int64_t eval_interval = 0;                               // optimizer steps between evaluations; 0: the last only
+  int64_t eval_batches = 0;                                // micro-batches per rank per evaluation; 0: the whole set
   std::string tokenizer = "bytes";                         // bytes | PATH/tokenizer.model
   int64_t seq_len = 256;
   std::optional<int64_t> micro_batch;  // resolve train_micro_batch_size_per_gpu "auto"

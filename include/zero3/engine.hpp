@@ -228,6 +228,31 @@ class UnitScope {
   void* grads_ = nullptr;  // the backward scope's gradient buffer
 };
 
+// Evaluation between optimizer steps (Engine::evaluate): forward scopes without gradients. Move-only; ending it
+// (destructor or end()) returns the engine to training.
+class EvalMode {
+ public:
+  EvalMode() = default;
+  EvalMode(EvalMode&& other) noexcept;
+  EvalMode& operator=(EvalMode&& other) noexcept;
+  EvalMode(const EvalMode&) = delete;
+  EvalMode& operator=(const EvalMode&) = delete;
+  // Ends evaluation. Never throws: an error is logged and rethrown by the engine's next call.
+  ~EvalMode();
+
+  bool active() const { return impl_ != nullptr; }
+  // Ends one evaluated batch (every scope closed): gathered units are released, and at stage 3 the order of
+  // the scopes since the last call is the one later batches prefetch along.
+  void next_batch();
+  // Ends evaluation now and throws what ending raised.
+  void end();
+
+ private:
+  friend class detail::EngineImpl;
+  explicit EvalMode(detail::EngineImpl* impl) : impl_(impl) {}
+  detail::EngineImpl* impl_ = nullptr;
+};
+
 class Engine {
  public:
   // `config` must be resolved (no "auto" left in the fields the engine reads: ConfigError names the key).
@@ -282,6 +307,19 @@ class Engine {
   double loss_scale() const;
   // The learning rate the next optimizer step will use.
   double current_lr() const;
+
+  // ---- Evaluation ----
+
+  // Forward passes without gradients (a validation loss, generation) between optimizer steps. Call it with
+  // every scope closed and no scope entered since the last step() (or before the first micro-step). Until the
+  // returned EvalMode ends, forward scopes gather parameters as in training; backward_scope() and step() throw
+  // InvalidArgument; the training schedule, the micro-step count, the accumulated gradients and the optimizer
+  // state stay as they were. Evaluation has a schedule of its own: at stage 3 its first batch records the order
+  // of units (checked equal on every rank, as training's first micro-step) and later batches prefetch along it,
+  // so evaluating does not disturb the order training follows. Collective like training: every rank must
+  // evaluate the same batches, entering the same units in the same order.
+  EvalMode evaluate();
+  bool evaluating() const;
 
   // ---- Parameters outside scopes ----
 

@@ -74,6 +74,33 @@ TensorView UnitScope::flat_grads() const {
   return impl_->flat_grad_view(unit_, grads_);
 }
 
+// ---- EvalMode ----
+
+EvalMode::EvalMode(EvalMode&& other) noexcept : impl_(other.impl_) { other.impl_ = nullptr; }
+
+EvalMode& EvalMode::operator=(EvalMode&& other) noexcept {
+  if (this != &other) {
+    if (impl_) impl_->end_eval_noexcept(*this);
+    impl_ = other.impl_;
+    other.impl_ = nullptr;
+  }
+  return *this;
+}
+
+EvalMode::~EvalMode() {
+  if (impl_) impl_->end_eval_noexcept(*this);
+}
+
+void EvalMode::next_batch() {
+  ZERO3_REQUIRE(impl_ != nullptr, InvalidArgument, "EvalMode::next_batch: evaluation has ended (or was moved from)");
+  impl_->next_eval_batch();
+}
+
+void EvalMode::end() {
+  ZERO3_REQUIRE(impl_ != nullptr, InvalidArgument, "EvalMode::end: evaluation has ended (or was moved from)");
+  impl_->end_eval(*this);
+}
+
 // ---- Engine ----
 
 Engine::Engine(const Config& config, std::shared_ptr<Communicator> comm, Device& device)
@@ -96,6 +123,8 @@ bool Engine::materialized() const { return impl_->materialized_; }
 
 UnitScope Engine::forward_scope(UnitId unit) { return impl_->enter(unit, Phase::forward); }
 UnitScope Engine::backward_scope(UnitId unit) { return impl_->enter(unit, Phase::backward); }
+EvalMode Engine::evaluate() { return impl_->begin_eval(); }
+bool Engine::evaluating() const { return impl_->evaluating_; }
 
 StepResult Engine::step() { return impl_->step(); }
 

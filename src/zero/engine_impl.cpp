@@ -386,6 +386,7 @@ void EngineImpl::materialize() {
     total_numel += u.info.numel;
   }
   schedule_ = std::make_unique<Schedule>(schedule_policy_, numels, persistent);
+  eval_schedule_ = std::make_unique<Schedule>(schedule_policy_, numels, persistent);
 
   ReducerOptions ro;
   ro.mode = policy_.shard_grads ? ReduceMode::reduce_scatter : ReduceMode::all_reduce;
@@ -680,7 +681,8 @@ void EngineImpl::build_compute_copies(UnitState& u, const float* master) {
 // is compared across ranks before anything else is issued for it.
 
 bool EngineImpl::checking_order() const {
-  return world_ > 1 && (local_micro_steps_ == 0 || config_.zero3.check_schedule_every_step);
+  const int64_t done = evaluating_ ? eval_batches_ : local_micro_steps_;
+  return world_ > 1 && (done == 0 || config_.zero3.check_schedule_every_step);
 }
 
 int64_t EngineImpl::event_code(ScheduleEvent e) const {
@@ -698,7 +700,9 @@ std::string EngineImpl::describe_code(int64_t code) const {
 }
 
 void EngineImpl::check_order(int64_t code, const std::string& doing) {
-  std::string where = log::concat("micro-step ", micro_steps_, " (optimizer step ", global_steps_, ")");
+  std::string where = evaluating_
+                          ? log::concat("evaluation batch ", eval_batches_, " (after optimizer step ", global_steps_, ")")
+                          : log::concat("micro-step ", micro_steps_, " (optimizer step ", global_steps_, ")");
   std::vector<float> mine{static_cast<float>(code)};
   if (ranks_agree(*queue_, *comm_, mine, "schedule check before " + doing + " in " + where, &device_)) return;
 
@@ -955,6 +959,8 @@ UnitScope EngineImpl::enter(UnitId unit, Phase phase) {
   const char* what = phase == Phase::forward ? "forward_scope" : "backward_scope";
   require_materialized(what);
   UnitState& u = unit_state(unit, what);
+  ZERO3_REQUIRE(!(evaluating_ && phase == Phase::backward), InvalidArgument, "Engine::backward_scope('", u.info.name,
+                "'): the engine is evaluating (no gradients); end the EvalMode first");
   ScheduleEvent event{unit, phase};
   try {
     if (checking_order()) check_order(event_code(event), log::concat(what, "('", u.info.name, "')"));

@@ -103,6 +103,13 @@ class EngineImpl {
   TensorView flat_param_view(UnitId unit) const;
   TensorView flat_grad_view(UnitId unit, void* grads) const;
 
+  // Evaluation (engine_eval.cpp).
+  EvalMode begin_eval();
+  void next_eval_batch();
+  void end_eval(EvalMode& mode);  // throws; refuses while scopes are open
+  void end_eval_noexcept(EvalMode& mode) noexcept;
+  void leave_eval(EvalMode& mode);  // ends evaluation even with scopes open
+
   // Step (engine_step.cpp).
   StepResult step();
   void gather_master_params(UnitId unit, float* out);
@@ -153,7 +160,11 @@ class EngineImpl {
   Stream compute_ = nullptr;
   std::unique_ptr<DeviceStream> gather_stream_;
   std::unique_ptr<DeviceStream> reduce_stream_;
+  // The schedule scopes follow: training's, or evaluation's while evaluating_ (begin_eval swaps the two).
   std::unique_ptr<Schedule> schedule_;
+  std::unique_ptr<Schedule> eval_schedule_;
+  bool evaluating_ = false;
+  int64_t eval_batches_ = 0;  // evaluation batches ended by this engine object (the first one checks the order)
   std::unique_ptr<Reducer> reducer_;
   std::unique_ptr<LrScheduler> lr_scheduler_;
   LossScaler loss_scaler_;

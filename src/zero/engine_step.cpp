@@ -242,6 +242,7 @@ void EngineImpl::wait_for_device_writes() {
 StepResult EngineImpl::step() {
   check_usable();
   require_materialized("step");
+  ZERO3_REQUIRE(!evaluating_, InvalidArgument, "Engine::step: the engine is evaluating; end the EvalMode first");
   if (open_scopes_ > 0) {
     std::string names;
     for (const UnitState& u : units_) {

@@ -76,11 +76,14 @@ MlpUnits declare_mlp(Engine& engine, const MlpDims& dims) {
   return {*engine.find_unit("fc1"), *engine.find_unit("norm"), *engine.find_unit("fc2"), *engine.find_unit("head")};
 }
 
-double mlp_micro_step(Engine& engine, const MlpUnits& units, const MlpDims& d, const Batch& batch, bool plant,
-                      float plant_value) {
+void mlp_forward(Engine& engine, const MlpUnits& units, const MlpDims& d, const Batch& batch, MlpActivations& act) {
   Device& dev = engine.device();
   const int64_t B = batch.size;
-  std::vector<float> a1(B * d.h1), a1n(B * d.h1), a2(B * d.h2), y(B * d.out);
+  act.a1.assign(B * d.h1, 0.0f);
+  act.a1n.assign(B * d.h1, 0.0f);
+  act.a2.assign(B * d.h2, 0.0f);
+  act.y.assign(B * d.out, 0.0f);
+  std::vector<float>&a1 = act.a1, &a1n = act.a1n, &a2 = act.a2, &y = act.y;
   {
     auto s = engine.forward_scope(units.fc1);
     auto w = to_f32(dev, s.param("w")), b = to_f32(dev, s.param("b"));
@@ -104,6 +107,21 @@ double mlp_micro_step(Engine& engine, const MlpUnits& units, const MlpDims& d, c
     auto w = to_f32(dev, s.param("w")), b = to_f32(dev, s.param("b"));
     linear_forward(w.data(), b.data(), a2.data(), y.data(), B, d.h2, d.out);
   }
+}
+
+double mlp_eval_loss(Engine& engine, const MlpUnits& units, const MlpDims& d, const Batch& batch) {
+  MlpActivations act;
+  mlp_forward(engine, units, d, batch, act);
+  return mse_loss(act.y, batch.t, batch.size, nullptr);
+}
+
+double mlp_micro_step(Engine& engine, const MlpUnits& units, const MlpDims& d, const Batch& batch, bool plant,
+                      float plant_value) {
+  Device& dev = engine.device();
+  const int64_t B = batch.size;
+  MlpActivations act;
+  mlp_forward(engine, units, d, batch, act);
+  const std::vector<float>&a1 = act.a1, &a1n = act.a1n, &a2 = act.a2, &y = act.y;
   std::vector<float> dy;
   double loss = mse_loss(y, batch.t, B, &dy);
   const float scale = static_cast<float>(engine.loss_scale());

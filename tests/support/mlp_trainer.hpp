@@ -31,6 +31,11 @@ EngineRun train_mlp(Engine& engine, const MlpUnits& units, const TrainPlan& plan
 
 // One micro-step (forward, backward, no step()). Returns the loss. `plant` adds `plant_value` to the first
 // gradient element of fc2.w (to inject Inf/NaN).
+// The forward half of a micro-step (four forward scopes): fills act's a1, a1n, a2 and y.
+void mlp_forward(Engine& engine, const MlpUnits& units, const MlpDims& dims, const Batch& batch, MlpActivations& act);
+// The loss of `batch` without gradients: forward scopes only (what an evaluation runs).
+double mlp_eval_loss(Engine& engine, const MlpUnits& units, const MlpDims& dims, const Batch& batch);
+
 double mlp_micro_step(Engine& engine, const MlpUnits& units, const MlpDims& dims, const Batch& batch,
                       bool plant = false, float plant_value = 0.0f);
 

@@ -6,6 +6,7 @@
 #include <set>
 
 #include "data/dataset.hpp"
+#include "data/eval_batches.hpp"
 #include "data/sampler.hpp"
 
 using namespace llama3;
@@ -86,4 +87,45 @@ TEST(DistributedSampler, ResumesMidEpochAndReshufflesPerEpoch) {
   for (int i = 13; i < 40; ++i) EXPECT_EQ(c.next(), first[i]) << i;
   EXPECT_NE(a.epoch_order(0), a.epoch_order(1));
   EXPECT_THROW(DistributedSampler(3, 0, 4, 1), std::runtime_error);
+}
+
+// Every sequence exactly once across the ranks per evaluation, the rest padding; the same batch count on every
+// rank; max_batches caps it.
+TEST(EvalBatches, EverySequenceOnceAcrossRanksThenPadding) {
+  std::vector<uint32_t> tokens(71);
+  for (uint32_t i = 0; i < tokens.size(); ++i) tokens[i] = i;
+  const auto d = PackedDataset::from_tokens(tokens, 5);  // 14 sequences; sequence i starts at token 5i
+  ASSERT_EQ(d.num_sequences(), 14);
+  for (int world : {1, 2, 3, 4}) {
+    SCOPED_TRACE("world " + std::to_string(world));
+    std::multiset<int32_t> firsts;
+    int64_t padded = 0;
+    for (int rank = 0; rank < world; ++rank) {
+      EvalBatches e(d, rank, world, 2, 0, -100);
+      EXPECT_EQ(e.batches(), (14 + 2 * world - 1) / (2 * world));
+      EXPECT_EQ(e.sequences(), 14);
+      std::vector<int32_t> ids(10), targets(10);
+      for (int64_t b = 0; b < e.batches(); ++b) {
+        e.fill(b, ids.data(), targets.data());
+        for (int j = 0; j < 2; ++j) {
+          if (targets[j * 5] == -100) {
+            ++padded;
+            for (int t = 0; t < 5; ++t) EXPECT_EQ(targets[j * 5 + t], -100);
+            continue;
+          }
+          firsts.insert(ids[j * 5]);
+          EXPECT_EQ(targets[j * 5], ids[j * 5] + 1);
+        }
+      }
+    }
+    std::multiset<int32_t> want;
+    for (int32_t i = 0; i < 14; ++i) want.insert(5 * i);
+    EXPECT_EQ(firsts, want);
+    EXPECT_EQ(padded, (14 + 2 * world - 1) / (2 * world) * 2 * world - 14);
+  }
+  EvalBatches capped(d, 1, 2, 2, 2, -100);
+  EXPECT_EQ(capped.batches(), 2);
+  EXPECT_EQ(capped.sequences(), 8);
+  EXPECT_THROW(EvalBatches(d, 2, 2, 2, 0, -100), std::invalid_argument);
+  EXPECT_THROW(EvalBatches(d, 0, 1, 0, 0, -100), std::invalid_argument);
 }

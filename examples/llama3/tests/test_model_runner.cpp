@@ -239,6 +239,14 @@ TEST_P(EngineModelOnCpu, EqualsTheReferenceOnTheWeightsItComputesWith) {
   mo.activation_checkpointing = ec.checkpointing;
   const LossResult want =
       model_forward_backward(c, ref.params(), ref.grads(), b.ids.data(), b.targets.data(), nullptr, b.shape, mo);
+  // Evaluation: the same loss, forward scopes only.
+  EXPECT_THROW(model.evaluate(b.ids.data(), b.targets.data(), b.shape), zero3::InvalidArgument);
+  {
+    zero3::EvalMode eval = engine.evaluate();
+    const LossResult evaluated = model.evaluate(b.ids.data(), b.targets.data(), b.shape);
+    EXPECT_EQ(evaluated.loss, want.loss);
+    EXPECT_EQ(evaluated.count, want.count);
+  }
   const LossResult have = model.forward_backward(b.ids.data(), b.targets.data(), b.shape);
   EXPECT_EQ(have.loss, want.loss);
   EXPECT_EQ(have.count, want.count);
