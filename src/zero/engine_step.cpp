@@ -135,7 +135,7 @@ void EngineImpl::run_optimizer(const AdamStepConsts& consts, float grad_factor) 
   DeviceBuffer copy_tile;
   for (UnitState& u : units_) {
     const size_t es = dtype_size(u.info.dtype);
-    step_slice_for(&u);
+    if (u.owned_valid > 0) step_slice_for(&u);
     for (int64_t a = 0; a < u.owned_valid; a += tile) {
       int64_t n = std::min(tile, u.owned_valid - a);
       float* g = tile_grads(u, a, n);
