@@ -2,6 +2,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -38,6 +39,13 @@ CudaModelOps::CudaModelOps(zero3::Device& device, DType act)
                              device.name() + ")");
   }
   LLAMA3_CUDA_CHECK(cudaSetDevice(device.index()));
+  // The kernels' scratch (attention and loss workspaces, RMSNorm's partial sums) comes from the device's
+  // stream-ordered pool. By default the pool gives memory back to the driver at every synchronization, so each
+  // micro-batch would map it again; keep what it holds instead (a few MiB beyond the workspaces' own bytes).
+  cudaMemPool_t pool = nullptr;
+  LLAMA3_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, device.index()));
+  uint64_t keep = UINT64_MAX;
+  LLAMA3_CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep));
   blas_ = std::make_unique<cuda::Blas>(as_cuda(stream_));
   attention_ = std::make_unique<cuda::Attention>(*blas_);
   lm_head_ = std::make_unique<cuda::LmHeadLoss>(*blas_);
