@@ -426,6 +426,10 @@ TEST_F(HostilePeer, PeerThatNeverReadsItsReplies) {
   // Pipeline gets of a 1 MiB value without reading: the server stops buffering at its bound.
   auto get = proto::encode_request({proto::Op::get, 1000, {"big"}});
   for (int i = 0; i < 200; ++i) peer.send(get);
+  // The peer reads nothing until the server has dropped it (closed_by_server reads, which a slow server could
+  // let keep up with its replies).
+  wait_until([&] { return server_->dropped_peers() >= 1; }, 20s);
+  EXPECT_EQ(server_->dropped_peers(), 1u);
   EXPECT_TRUE(peer.closed_by_server(10s));
   expect_server_fine();
 }
