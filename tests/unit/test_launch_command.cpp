@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
+#include <fstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -85,6 +86,24 @@ Result launch(const std::vector<std::string>& args, const std::vector<std::strin
   return r;
 }
 
+// Waits until process `pid` handles `sig`: blocks it (to read it from a signalfd, as the launcher does) or catches
+// it (the SigBlk and SigCgt masks of /proc/PID/status), so a signal sent next is not the default action killing a
+// process that is still starting up.
+bool wait_until_handles(pid_t pid, int sig, std::chrono::milliseconds limit = 20s) {
+  const auto deadline = Clock::now() + limit;
+  const unsigned long long bit = 1ULL << (sig - 1);
+  while (Clock::now() < deadline) {
+    std::ifstream status("/proc/" + std::to_string(pid) + "/status");
+    std::string line;
+    while (std::getline(status, line)) {
+      const bool mask = line.rfind("SigBlk:", 0) == 0 || line.rfind("SigCgt:", 0) == 0;
+      if (mask && (std::stoull(line.substr(7), nullptr, 16) & bit) != 0) return true;
+    }
+    std::this_thread::sleep_for(10ms);
+  }
+  return false;
+}
+
 bool contains(const std::string& s, const std::string& what) { return s.find(what) != std::string::npos; }
 
 TEST(ZeroLaunch, SetsTheVariablesAndPrefixesEveryLine) {
@@ -136,7 +155,8 @@ TEST(ZeroLaunch, RanksThatIgnoreSigtermAreKilledAfterTheGrace) {
 
 TEST(ZeroLaunch, ForwardsSigterm) {
   auto r = launch({"-n", "2", "--", "sh", "-c", "echo up; exec sleep 30"}, {}, [](pid_t pid) {
-    std::this_thread::sleep_for(500ms);
+    EXPECT_TRUE(wait_until_handles(pid, SIGTERM)) << "the launcher never took SIGTERM over";
+    std::this_thread::sleep_for(500ms);  // the ranks are started too
     ::kill(pid, SIGTERM);
   });
   EXPECT_EQ(r.status, 128 + SIGTERM);
