@@ -91,8 +91,7 @@ TEST(Eval, LossOfTheCurrentWeightsAndTrainingUndisturbed) {
     e.materialize();
     std::vector<double> eval_losses;
     const EngineRun got = train_with_eval(e, units, plan, 3, &eval_losses);
-    EXPECT_EQ(got.losses, want.losses);
-    EXPECT_EQ(first_bit_difference(got.params, want.params), "");
+    expect_same_run(got, want);
     EXPECT_EQ(e.micro_steps(), plain.micro_steps());
 
     // The last evaluation ran on the final weights.

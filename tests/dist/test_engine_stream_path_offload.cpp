@@ -27,6 +27,7 @@
 #include "support/mlp_trainer.hpp"
 #include "support/rank_temp_dir.hpp"
 #include "support/reference_model.hpp"
+#include "support/stream_path_checks.hpp"
 #include "support/stream_path_comm.hpp"
 #include "support/stream_path_device.hpp"
 #include "zero3/engine.hpp"
@@ -159,28 +160,14 @@ TEST_P(StreamPathOffload, BitIdenticalToNoOffloadOrderedAndCounted) {
     EXPECT_FALSE(std::filesystem::exists(offload::swap_file_path(dir.path(), "param", comm->rank())));
 
     // The numbers: bit for bit those of the cpu device without offload, and close to the reference.
-    ASSERT_EQ(got.losses.size(), want.losses.size());
-    for (size_t i = 0; i < got.losses.size(); ++i) {
-      EXPECT_EQ(got.losses[i], want.losses[i]) << "micro-step " << i;
-    }
-    for (size_t i = 0; i < got.steps.size(); ++i) {
-      EXPECT_EQ(got.steps[i].grad_norm, want.steps[i].grad_norm) << "micro-step " << i;
-      EXPECT_EQ(got.steps[i].applied, want.steps[i].applied) << "micro-step " << i;
-    }
-    EXPECT_EQ(first_bit_difference(got.params, want.params), "");
+    expect_same_run(got, want);
     ReferenceRun ref = run_reference(base, plan);
     std::string worst;
     EXPECT_LE(max_relative_error(got.params, ref.params, &worst), v.tolerance) << "largest difference at " << worst;
 
     // The GPU's rules.
     const StreamPathUsage u = device.usage();
-    EXPECT_EQ(u.waits_before_record, 0) << "a stream waited on an event that was never recorded";
-    EXPECT_EQ(u.syncs_before_record, 0) << "the host waited on an event that was never recorded";
-    EXPECT_EQ(u.null_stream_events, 0) << "an event was recorded or waited on the null stream";
-    EXPECT_EQ(u.frees_while_queued, 0) << "memory was freed while queued work still used it";
-    EXPECT_EQ(u.kernels_on_host_memory, 0) << "a kernel was given host memory";
-    EXPECT_EQ(u.wait_cycles, 0) << "two streams waited on each other";
-    EXPECT_EQ(comm->host_memory_collectives(), 0) << "a collective was given host memory (NCCL reads device memory)";
+    expect_gpu_ordering_rules(u, *comm);
     if (v.pin) {
       EXPECT_EQ(u.pageable_async_copies, 0) << "an asynchronous copy used pageable memory";
     }

@@ -112,15 +112,7 @@ TEST_P(OffloadEquivalence, BitIdenticalToNoOffloadAndCloseToTheReference) {
   EXPECT_FALSE(std::filesystem::exists(swap)) << "the engine should remove its swap file";
   EXPECT_FALSE(std::filesystem::exists(param_swap)) << "the engine should remove its swap file";
 
-  ASSERT_EQ(got.losses.size(), want.losses.size());
-  for (size_t i = 0; i < got.losses.size(); ++i) {
-    EXPECT_EQ(got.losses[i], want.losses[i]) << "micro-step " << i;
-  }
-  for (size_t i = 0; i < got.steps.size(); ++i) {
-    EXPECT_EQ(got.steps[i].grad_norm, want.steps[i].grad_norm) << "micro-step " << i;
-    EXPECT_EQ(got.steps[i].applied, want.steps[i].applied) << "micro-step " << i;
-  }
-  EXPECT_EQ(first_bit_difference(got.params, want.params), "");
+  expect_same_run(got, want);
 
   ReferenceRun ref = run_reference(base, plan);
   std::string worst;

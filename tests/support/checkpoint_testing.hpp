@@ -3,6 +3,7 @@
 // state of a unit, and exact comparisons.
 #pragma once
 
+#include <gtest/gtest.h>
 #include <unistd.h>
 
 #include <cmath>
@@ -131,6 +132,20 @@ inline std::string first_bit_difference(const std::map<std::string, std::vector<
     }
   }
   return "";
+}
+
+// Two runs of the same training are the same bits: losses, gradient norms, applied steps and final weights.
+inline void expect_same_run(const EngineRun& got, const EngineRun& want) {
+  ASSERT_EQ(got.losses.size(), want.losses.size());
+  for (size_t i = 0; i < got.losses.size(); ++i) {
+    EXPECT_EQ(got.losses[i], want.losses[i]) << "micro-step " << i;
+  }
+  ASSERT_EQ(got.steps.size(), want.steps.size());
+  for (size_t i = 0; i < got.steps.size(); ++i) {
+    EXPECT_EQ(got.steps[i].grad_norm, want.steps[i].grad_norm) << "micro-step " << i;
+    EXPECT_EQ(got.steps[i].applied, want.steps[i].applied) << "micro-step " << i;
+  }
+  EXPECT_EQ(first_bit_difference(got.params, want.params), "");
 }
 
 }  // namespace zero3::testing
