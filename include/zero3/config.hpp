@@ -80,7 +80,8 @@ struct AioConfig {
 
 struct Fp16Config {
   bool enabled = false;
-  bool auto_enabled = false;  // "enabled": "auto": follows the program's precision
+  bool auto_enabled = false;   // "enabled": "auto": follows the program's precision
+  bool section_given = false;  // the file has an fp16 section (without one, an fp16 program enables it)
   double loss_scale = 0;      // 0: dynamic
   int64_t initial_scale_power = 16;
   int64_t loss_scale_window = 1000;
@@ -92,6 +93,7 @@ struct Fp16Config {
 struct Bf16Config {
   bool enabled = false;
   bool auto_enabled = false;
+  bool section_given = false;  // the file has a bf16 section (without one, a bf16 program enables it)
   bool immediate_grad_update = false;
   bool check_grad_overflow = false;  // skip the optimizer step when a gradient holds Inf/NaN
 };
@@ -215,21 +217,32 @@ struct ResolveInputs {
   std::optional<int64_t> warmup_steps;
   std::optional<double> max_grad_norm;  // gradient_clipping "auto"; Hugging Face's default is 1.0
   std::optional<double> adam_beta1, adam_beta2, adam_epsilon;  // betas/eps "auto"; default 0.9, 0.999, 1e-8
+  // stage3_gather_16bit_weights_on_model_save "auto"; default false (Accelerate's zero3_save_16bit_model)
+  std::optional<bool> save_16bit_model;
 };
 
-// Parses DeepSpeed JSON text. `source` names the file in error messages. Throws ConfigError. Each warning
+// Parses DeepSpeed JSON text. `source` names the file in error messages. Throws ConfigError, never
+// crashes: arrays and objects nest at most 256 levels deep, a number must fit in a double, and values
+// quoted in messages are cut to 80 characters. Each warning
 // (deprecated names, ignored keys, unknown top-level keys) goes into Config::warnings and is logged once
 // at warn level on rank 0. Runs the cross-key checks that need no program facts.
 Config parse_config(const std::string& json_text, const std::string& source = "<config>");
 
-// Reads and parses a file. Throws ConfigError (unreadable file included).
-Config load_config(const std::string& path);
+// The most bytes load_config reads by default: a DeepSpeed config is a few KiB.
+inline constexpr uint64_t kMaxConfigBytes = uint64_t{16} << 20;
+
+// Reads and parses a file. Throws ConfigError naming the file: unreadable, a directory, larger than
+// `max_bytes`, or (a pipe, FIFO or device) no end of input within 5 s. Reading never waits longer and
+// never holds more than max_bytes + 64 KiB, so /dev/zero or a FIFO without a writer cannot hang it.
+Config load_config(const std::string& path, uint64_t max_bytes = kMaxConfigBytes);
 
 // Resolves "auto" and the batch triple, then runs the cross-field checks. Throws ConfigError naming the
 // key and the value to pass when something stays unresolved or inconsistent. An unset world_size counts
 // as 1. A value the program passes that contradicts an explicit config value (micro batch, gradient
-// accumulation, precision) is an error, as in Hugging Face's integration. Reads ZERO3_SWAP_DIR, which
-// replaces every nvme_path. Logs each resolution at info level.
+// accumulation, precision) is an error, as in Hugging Face's integration; a config with no bf16 (fp16)
+// section gets bf16 (fp16) enabled when the program's precision is bf16 (fp16), as Accelerate fills it.
+// A size computed from the inputs that does not fit in 64 bits is an error naming them. Reads
+// ZERO3_SWAP_DIR, which replaces every nvme_path. Logs each resolution at info level.
 void resolve(Config& config, const ResolveInputs& inputs);
 
 // Checks that need the machine: nvme_path exists and is writable. Throws ConfigError.

@@ -18,7 +18,8 @@
 //   - buffers: the reducer's two alternating buckets in communication_data_type (default: the grad
 //     accumulation dtype): stages 2-3 reduce-scatter, each bucket C*W in + C out elements with
 //     C = min(reduce_bucket_size / W, sum of S_u); stages 0-1 all-reduce, each C = min(reduce_bucket_size,
-//     sum of P_u) elements. With a 16-bit accumulator, an fp32 tile of min(sub_group_size, largest owned
+//     sum of P_u) elements; reduce_bucket_size 0 counts as the largest unit (W * max S_u, or max P_u).
+//     With a 16-bit accumulator, an fp32 tile of min(sub_group_size, largest owned
 //     range) elements for the optimizer step. NVMe tiers add their staging buffers (below).
 //   - Gathered units (stage 3) are simulated along the steady-state order of a micro-step, every unit's
 //     forward scope in declaration order and then every backward scope in reverse (a model without

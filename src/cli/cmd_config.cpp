@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <optional>
 #include <string>
 
 #include "cli/commands.hpp"
@@ -16,13 +17,15 @@ namespace {
 constexpr const char* kUsage =
     "usage: zero3 config check FILE [--world-size N] [--hidden-size N] [--micro-batch N] [--grad-accum N]\n"
     "                               [--precision bf16|fp16|fp32] [--lr X] [--weight-decay X] [--max-grad-norm X]\n"
-    "                               [--total-steps N] [--warmup-steps N] [--check-paths]\n"
+    "                               [--total-steps N] [--warmup-steps N] [--save-16bit-model true|false]\n"
+    "                               [--check-paths] [--max-config-bytes N]\n"
     "       zero3 config docs\n"
     "\n"
     "check: reads FILE (DeepSpeed JSON), resolves \"auto\" from the flags, runs every check and prints the\n"
     "       resolved config as JSON on stdout; warnings go to stderr. Exit 1 with a message naming the key\n"
     "       when the file cannot be used. --world-size defaults to 1. --check-paths also checks that NVMe\n"
-    "       offload directories exist and are writable, as a run does when it starts.\n"
+    "       offload directories exist and are writable, as a run does when it starts. FILE may be at most\n"
+    "       --max-config-bytes bytes (default 16777216, 16 MiB).\n"
     "docs:  prints the reference of every key as markdown (docs/config.md).\n";
 
 int usage_error(const std::string& message) {
@@ -46,6 +49,7 @@ int run_check(const Args& args) {
   std::string file;
   ResolveInputs in;
   bool check_paths = false;
+  uint64_t max_bytes = kMaxConfigBytes;
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];
     if (a == "--help" || a == "-h") {
@@ -85,7 +89,17 @@ int run_check(const Args& args) {
       return 0;
     };
     int rc = 0;
-    if (flag == "--world-size") {
+    if (flag == "--max-config-bytes") {
+      std::optional<int64_t> cap;
+      rc = want_int(cap, 1);
+      if (!rc) max_bytes = static_cast<uint64_t>(*cap);
+    } else if (flag == "--save-16bit-model") {
+      if (value == "true" || value == "false") {
+        in.save_16bit_model = value == "true";
+      } else {
+        rc = usage_error("--save-16bit-model: got '" + value + "', expected true or false");
+      }
+    } else if (flag == "--world-size") {
       rc = want_int(in.world_size, 1);
     } else if (flag == "--hidden-size") {
       rc = want_int(in.hidden_size, 1);
@@ -122,7 +136,7 @@ int run_check(const Args& args) {
   if (!in.world_size) in.world_size = 1;
 
   // Warnings are logged by the library (stderr) as they are found.
-  Config config = load_config(file);
+  Config config = load_config(file, max_bytes);
   resolve(config, in);
   if (check_paths) check_runtime_paths(config);
   std::string json = to_json(config);

@@ -1,11 +1,8 @@
 // parse_config / load_config: walks the JSON against the key table (key_table.cpp).
-#include <cerrno>
-#include <cstring>
-#include <fstream>
 #include <set>
-#include <sstream>
 
 #include "config/config_checks.hpp"
+#include "config/config_file.hpp"
 #include "config/json_text.hpp"
 #include "config/key_table.hpp"
 #include "config/suggest.hpp"
@@ -95,18 +92,20 @@ class Reader {
     }
     if (unknown.empty()) return;
     if (canonical_section.empty()) {
-      // DeepSpeed ignores unknown top-level keys; so do we, but not silently.
+      // DeepSpeed ignores unknown top-level keys; so do we, but not silently. The first few are named.
+      constexpr size_t kNamed = 10;
       std::string w = "unknown top-level keys, ignored (DeepSpeed ignores them too): ";
-      for (size_t i = 0; i < unknown.size(); ++i) {
+      for (size_t i = 0; i < unknown.size() && i < kNamed; ++i) {
         if (i) w += "; ";
-        w += "\"" + unknown[i] + "\"";
+        w += "\"" + shorten(unknown[i]) + "\"";
         std::string h = hint_for(unknown[i], "");
         if (h.rfind("known keys", 0) != 0) w += " (" + h + ")";
       }
+      if (unknown.size() > kNamed) w += "; and " + std::to_string(unknown.size() - kNamed) + " more";
       ctx_.warn(w);
       return;
     }
-    const std::string path = join_path(user_prefix, unknown.front());
+    const std::string path = join_path(user_prefix, shorten(unknown.front()));
     throw ConfigError(error_text(
         path, "unknown key in " + std::string(user_prefix) + "; " + hint_for(unknown.front(), canonical_section),
         ctx_.source));
@@ -200,6 +199,17 @@ class Reader {
 void finish(ReadContext& ctx) {
   Config& c = ctx.config;
   if (!c.zero.overlap_comm_set) c.zero.overlap_comm = c.zero.stage == 3;
+  c.fp16.section_given = ctx.given.count("fp16") > 0;
+  c.bf16.section_given = ctx.given.count("bf16") > 0;
+  if (c.zero.offload_param.device != OffloadDevice::none && c.zero.stage != 3) {
+    // DeepSpeed reads offload_param only in its stage 3 optimizer; below stage 3 it is ignored.
+    auto it = ctx.given.find("zero_optimization.offload_param");
+    const std::string key = it != ctx.given.end() ? it->second : "zero_optimization.offload_param";
+    ctx.warn(key + ": ignored at zero_optimization.stage " + std::to_string(c.zero.stage) +
+             ", as DeepSpeed ignores it there: only stage 3 partitions parameters, so only stage 3 offloads "
+             "them. Its device is read as \"none\".");
+    c.zero.offload_param.device = OffloadDevice::none;
+  }
   if (ctx.cpu_offload_use_pin_memory) {
     if (ctx.cpu_offload) c.zero.offload_optimizer.pin_memory = *ctx.cpu_offload_use_pin_memory;
     if (ctx.cpu_offload_param) c.zero.offload_param.pin_memory = *ctx.cpu_offload_use_pin_memory;
@@ -253,13 +263,8 @@ Config parse_config(const std::string& json_text, const std::string& source) {
   return config;
 }
 
-Config load_config(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw ConfigError(path + ": cannot open the config file (" + std::string(std::strerror(errno)) + ")");
-  std::ostringstream text;
-  text << in.rdbuf();
-  if (in.bad()) throw ConfigError(path + ": cannot read the config file");
-  return parse_config(text.str(), path);
+Config load_config(const std::string& path, uint64_t max_bytes) {
+  return parse_config(config_detail::read_config_file(path, max_bytes), path);
 }
 
 }  // namespace zero3

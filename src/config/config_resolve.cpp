@@ -28,6 +28,7 @@ class Resolver {
     precision();
     gradient_clipping();
     hidden_size_keys();
+    save_16bit_model();
     optimizer();
     scheduler();
     batch();
@@ -69,7 +70,19 @@ class Resolver {
       }
     }
     if (!in_.precision) return;
-    DType want = *in_.precision, have = c_.compute_dtype();
+    DType want = *in_.precision;
+    // Accelerate's set_mixed_precision: a bf16 (fp16) program whose config has no bf16 (fp16) section gets
+    // one with "enabled": true. An explicit section keeps its value (a mismatch is refused below).
+    if (!c_.bf16.enabled && !c_.fp16.enabled) {
+      if (want == DType::bf16 && !c_.bf16.section_given) {
+        c_.bf16.enabled = true;
+        notes_.push_back("bf16.enabled: no bf16 section -> true (the program's precision, as Accelerate fills it)");
+      } else if (want == DType::f16 && !c_.fp16.section_given) {
+        c_.fp16.enabled = true;
+        notes_.push_back("fp16.enabled: no fp16 section -> true (the program's precision, as Accelerate fills it)");
+      }
+    }
+    DType have = c_.compute_dtype();
     if (want == have || (c_.fp16.enabled && c_.bf16.enabled)) return;  // both enabled: check_static says so
     std::string want_name = want == DType::bf16 ? "bf16" : want == DType::f16 ? "fp16" : "fp32";
     if (have == DType::bf16) {
@@ -105,19 +118,30 @@ class Resolver {
     return *in_.hidden_size;
   }
 
+  // An "auto" size computed from the hidden size that does not fit in 64 bits.
+  [[noreturn]] void too_large(std::string_view path, const char* rule, int64_t h) const {
+    fail(path, "\"auto\" is " + std::string(rule) + ", which for hidden size " + std::to_string(h) +
+                   " (--hidden-size) is beyond the largest 64-bit integer, 9223372036854775807; pass the model's "
+                   "hidden size, or give the key a number");
+  }
+
   void hidden_size_keys() {
     ZeroConfig& z = c_.zero;
     if (!z.reduce_bucket_size) {
-      int64_t h = hidden("zero_optimization.reduce_bucket_size");
-      z.reduce_bucket_size = h * h;
-      note("zero_optimization.reduce_bucket_size", std::to_string(*z.reduce_bucket_size), "hidden_size^2");
+      const char* path = "zero_optimization.reduce_bucket_size";
+      int64_t h = hidden(path), h2 = 0;
+      if (__builtin_mul_overflow(h, h, &h2)) too_large(path, "hidden_size^2", h);
+      z.reduce_bucket_size = h2;
+      note(path, std::to_string(*z.reduce_bucket_size), "hidden_size^2");
     }
     if (!z.prefetch_bucket_size) {
       const char* path = "zero_optimization.stage3_prefetch_bucket_size";
       if (z.stage == 3) {
         int64_t h = hidden(path);
         // Python's int(0.9 * h * h): the same double arithmetic, left to right, truncated.
-        z.prefetch_bucket_size = static_cast<int64_t>(0.9 * static_cast<double>(h) * static_cast<double>(h));
+        double v = 0.9 * static_cast<double>(h) * static_cast<double>(h);
+        if (!(v < 9223372036854775808.0)) too_large(path, "int(0.9 x hidden_size^2)", h);
+        z.prefetch_bucket_size = static_cast<int64_t>(v);
         note(path, std::to_string(*z.prefetch_bucket_size), "int(0.9 x hidden_size^2)");
       } else {
         z.prefetch_bucket_size = 50'000'000;
@@ -127,13 +151,25 @@ class Resolver {
     if (!z.param_persistence_threshold) {
       const char* path = "zero_optimization.stage3_param_persistence_threshold";
       if (z.stage == 3) {
-        z.param_persistence_threshold = 10 * hidden(path);
+        int64_t h = hidden(path), t = 0;
+        if (__builtin_mul_overflow(int64_t{10}, h, &t)) too_large(path, "10 x hidden_size", h);
+        z.param_persistence_threshold = t;
         note(path, std::to_string(*z.param_persistence_threshold), "10 x hidden_size");
       } else {
         z.param_persistence_threshold = 100'000;
         note(path, "100000", "DeepSpeed's default; unused below stage 3");
       }
     }
+  }
+
+  // Accelerate fills "auto" from its zero3_save_16bit_model (accelerate config, or
+  // ACCELERATE_DEEPSPEED_ZERO3_SAVE_16BIT_MODEL), false unless set.
+  void save_16bit_model() {
+    const char* path = "zero_optimization.stage3_gather_16bit_weights_on_model_save";
+    if (!was_auto(path) || c_.resolved) return;
+    c_.zero.gather_16bit_weights_on_model_save = in_.save_16bit_model.value_or(false);
+    note(path, c_.zero.gather_16bit_weights_on_model_save ? "true" : "false",
+         in_.save_16bit_model ? "the program's save_16bit_model" : "Accelerate's default, zero3_save_16bit_model false");
   }
 
   // ----- optimizer and scheduler -----
@@ -234,7 +270,7 @@ class Resolver {
              "train_micro_batch_size_per_gpu or pass --micro-batch N (ResolveInputs::micro_batch in a program)");
       }
       if (!ga) ga = 1;  // absent (an "auto" one was filled above or refused): DeepSpeed's default
-      tb = *mb * *ga * world_;
+      tb = product(*mb, *ga);
       note(kTb, std::to_string(*tb), "micro batch x gradient accumulation x world size");
     }
     // DeepSpeed's _set_batch_related_parameters: given two, infer the third; given one, accumulation is 1.
@@ -247,7 +283,7 @@ class Resolver {
       mb = *tb / world_ / *ga;
       inferred_mb = true;
     } else if (mb && ga) {
-      tb = *mb * *ga * world_;
+      tb = product(*mb, *ga);
       inferred_tb = true;
     } else if (tb) {
       ga = 1;
@@ -255,23 +291,34 @@ class Resolver {
       inferred_ga = inferred_mb = true;
     } else if (mb) {
       ga = 1;
-      tb = *mb * world_;
+      tb = product(*mb, 1);
       inferred_ga = inferred_tb = true;
     } else {
       fail(kTb,
            "missing, and train_micro_batch_size_per_gpu is missing too: give one of them (DeepSpeed needs one), or "
            "set them to \"auto\" and pass --micro-batch and --grad-accum");
     }
-    if (*mb < 1 || *ga < 1 || *tb != *mb * *ga * world_) {
+    if (*mb < 1 || *ga < 1 || *tb != product(*mb, *ga)) {
       auto term = [](const char* name, int64_t v, bool inferred) {
         return std::string(name) + " " + std::to_string(v) + (inferred ? " (inferred)" : "");
       };
       fail(kTb, "got " + std::to_string(*tb) + ", expected " +
                     term("train_micro_batch_size_per_gpu", *mb, inferred_mb) + " x " +
                     term("gradient_accumulation_steps", *ga, inferred_ga) + " x world size " + std::to_string(world_) +
-                    " = " + std::to_string(*mb * *ga * world_) + ", every factor >= 1 (DeepSpeed's rule)");
+                    " = " + std::to_string(product(*mb, *ga)) + ", every factor >= 1 (DeepSpeed's rule)");
     }
     (void)inferred_tb;
+  }
+
+  // micro batch x gradient accumulation x world size, or an error naming the three when it does not fit.
+  int64_t product(int64_t mb, int64_t ga) const {
+    int64_t p = 0;
+    if (__builtin_mul_overflow(mb, ga, &p) || __builtin_mul_overflow(p, world_, &p)) {
+      fail("train_batch_size", "train_micro_batch_size_per_gpu " + std::to_string(mb) + " x gradient_accumulation_steps " +
+                                   std::to_string(ga) + " x world size " + std::to_string(world_) +
+                                   " is beyond the largest 64-bit integer, 9223372036854775807");
+    }
+    return p;
   }
 
   // ----- NVMe swap directories -----

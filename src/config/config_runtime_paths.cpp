@@ -16,13 +16,14 @@ namespace zero3 {
 namespace {
 
 void check_dir(const Config& c, const std::string& key, const std::string& dir) {
+  const std::string shown = config_detail::shorten(dir, 300);
   auto fail = [&](const std::string& what) {
-    throw ConfigError(config_detail::error_text(key, "\"" + dir + "\" " + what, c.source));
+    throw ConfigError(config_detail::error_text(key, "\"" + shown + "\" " + what, c.source));
   };
   struct stat st {};
   if (::stat(dir.c_str(), &st) != 0) {
     fail(std::string("cannot be used (") + std::strerror(errno) +
-         "), expected an existing writable directory (create it: mkdir -p " + dir + ")");
+         "), expected an existing writable directory (create it: mkdir -p " + shown + ")");
   }
   if (!S_ISDIR(st.st_mode)) fail("is not a directory, expected an existing writable directory");
   // access(2) can say yes where creating a file fails (read-only bind mounts, quotas); try it.

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cmath>
+#include <cstdio>
 
 #include "zero3/error.hpp"
 #include "zero3/log.hpp"
@@ -23,15 +24,86 @@ std::string error_text(std::string_view path, std::string_view message, std::str
 
 void ReadContext::warn(std::string message) { config.warnings.push_back(std::move(message)); }
 
+void ReadContext::note(const std::string& message) const { log::info_rank0(source, ": ", message); }
+
 void ReadContext::mark_auto(std::string path) {
   if (std::find(config.auto_keys.begin(), config.auto_keys.end(), path) == config.auto_keys.end()) {
     config.auto_keys.push_back(std::move(path));
   }
 }
 
+namespace {
+
+constexpr size_t kShowChars = 80;
+constexpr int kShowDepth = 8;
+
+// The longest prefix of `text` of at most `max` bytes that does not end inside a UTF-8 character.
+std::string_view utf8_prefix(std::string_view text, size_t max) {
+  if (text.size() <= max) return text;
+  size_t n = max;
+  while (n > 0 && (static_cast<unsigned char>(text[n]) & 0xC0) == 0x80) --n;
+  return text.substr(0, n);
+}
+
+std::string json_string(std::string_view text) {
+  // Parsed text is valid UTF-8 and the prefix ends between characters; a value built by a program may
+  // still hold invalid UTF-8, which is replaced rather than thrown about.
+  return nlohmann::json(std::string(utf8_prefix(text, kShowChars))).dump(-1, ' ', false,
+                                                                         nlohmann::json::error_handler_t::replace);
+}
+
+// Appends compact JSON, stopping once `out` holds more than kShowChars (the caller cuts it), so a value
+// of any size costs no more than that, and the recursion is at most kShowDepth deep.
+void put(std::string& out, const nlohmann::json& json, int depth) {
+  if (json.is_array() || json.is_object()) {
+    const bool array = json.is_array();
+    if (json.empty()) {
+      out += array ? "[]" : "{}";
+      return;
+    }
+    if (depth >= kShowDepth) {
+      out += array ? "[...]" : "{...}";
+      return;
+    }
+    out += array ? '[' : '{';
+    bool first = true;
+    for (auto it = json.begin(); it != json.end() && out.size() <= kShowChars; ++it) {
+      if (!first) out += ',';
+      first = false;
+      if (!array) out += json_string(it.key()) + ':';
+      put(out, *it, depth + 1);
+    }
+    out += array ? ']' : '}';
+  } else if (json.is_string()) {
+    out += json_string(json.get_ref<const std::string&>());
+  } else {
+    out += json.dump();
+  }
+}
+
+}  // namespace
+
 std::string show(const nlohmann::json& json) {
-  std::string s = json.dump();
-  if (s.size() > 80) s = s.substr(0, 77) + "...";
+  std::string s;
+  put(s, json, 0);
+  if (s.size() > kShowChars) s = std::string(utf8_prefix(s, kShowChars - 3)) + "...";
+  return s;
+}
+
+std::string shorten(std::string_view text, size_t max) {
+  std::string_view kept = text.size() <= max ? text : utf8_prefix(text, max > 3 ? max - 3 : 0);
+  std::string s;
+  for (char ch : kept) {
+    auto c = static_cast<unsigned char>(ch);
+    if (c < 0x20 || c == 0x7f) {  // a NUL would end the message where it is printed; escapes would act
+      char esc[8];
+      std::snprintf(esc, sizeof esc, "\\u%04x", c);
+      s += esc;
+    } else {
+      s += ch;
+    }
+  }
+  if (kept.size() < text.size()) s += "...";
   return s;
 }
 

@@ -34,6 +34,8 @@ struct ReadContext {
   bool cycle_second_stair_count_given = false;
 
   void warn(std::string message);
+  // A reading worth saying but no warning (0 read as the largest size): logged at info level on rank 0.
+  void note(const std::string& message) const;
   void mark_auto(std::string path);
 };
 
@@ -71,7 +73,13 @@ class Value {
   const ReadContext& ctx_;
 };
 
-// The value as it is written in a message: compact JSON, strings quoted.
+// The value as it is written in a message: compact JSON, strings quoted, at most 80 characters ("..."
+// ends a longer one) and 8 levels deep ("[...]", "{...}" below), whatever the size and depth of the value.
 std::string show(const nlohmann::json& json);
+
+// `text` itself, or its first bytes and "..." when it is longer than `max` bytes (cut between UTF-8
+// characters), with control characters written \u00XX: user-written names and messages quoted inside an
+// error stay short and printable.
+std::string shorten(std::string_view text, size_t max = 64);
 
 }  // namespace zero3::config_detail

@@ -4,6 +4,7 @@
 #include <set>
 #include <vector>
 
+#include "config/config_value.hpp"
 #include "zero3/error.hpp"
 
 namespace zero3::config_detail {
@@ -89,18 +90,28 @@ std::string strip_comments_and_trailing_commas(const std::string& text, const st
 
 namespace {
 
-// Tracks the keys of every open object during parsing to find a key given twice. nlohmann keeps the last
-// of two equal keys without a word; a config where one of them silently wins is a bug waiting to happen.
-class DuplicateFinder {
+// Follows the parse to know where it is, to find a key given twice (nlohmann keeps the last of two equal
+// keys without a word; a config where one of them silently wins is a bug waiting to happen), to stop
+// nesting deeper than kMaxConfigDepth before anything recurses over it, and to name the key of a value
+// the parser refuses.
+class StructureChecker {
  public:
-  bool on_event(int /*depth*/, nlohmann::json::parse_event_t event, const nlohmann::json& parsed) {
+  explicit StructureChecker(const std::string& source) : source_(source) {}
+
+  bool on_event(nlohmann::json::parse_event_t event, const nlohmann::json& parsed) {
     using E = nlohmann::json::parse_event_t;
     switch (event) {
       case E::object_start:
-        frames_.push_back({true, {}, {}});
-        break;
       case E::array_start:
-        frames_.push_back({false, {}, "[]"});
+        next_element();
+        if (frames_.size() >= static_cast<size_t>(kMaxConfigDepth)) {
+          throw ConfigError(error_text(path(0), "arrays and objects nested more than " +
+                                                    std::to_string(kMaxConfigDepth) +
+                                                    " levels deep, the most the config reader takes (DeepSpeed "
+                                                    "configs nest 3 or 4)",
+                                       source_));
+        }
+        frames_.push_back({event == E::object_start, {}, {}, -1});
         break;
       case E::object_end:
       case E::array_end:
@@ -110,38 +121,62 @@ class DuplicateFinder {
         if (frames_.empty()) break;
         Frame& top = frames_.back();
         const std::string& key = parsed.get_ref<const std::string&>();
-        if (!top.keys.insert(key).second && duplicate_.empty()) {
-          top.current = key;
-          duplicate_ = path();
-        }
         top.current = key;
+        if (!top.keys.insert(key).second && duplicate_.empty()) duplicate_ = path(0);
         break;
       }
       case E::value:
+        next_element();
         break;
     }
     return true;
   }
+
   const std::string& duplicate() const { return duplicate_; }
+
+  // The path of the value the parser reads next ("zero_optimization.reduce_bucket_size", "a.b[3]"), for a
+  // value it refuses before any event names it.
+  std::string pending_path() const { return path(1); }
 
  private:
   struct Frame {
     bool is_object;
     std::set<std::string> keys;
     std::string current;
+    int64_t index;  // arrays: the element being read
   };
-  std::string path() const {
+
+  void next_element() {
+    if (!frames_.empty() && !frames_.back().is_object) ++frames_.back().index;
+  }
+
+  std::string component(const Frame& f, int64_t array_bump) const {
+    if (f.is_object) return shorten(f.current);
+    return "[" + std::to_string(f.index + array_bump) + "]";
+  }
+
+  // The path to the current value; an array at the innermost level counts `array_bump` elements ahead.
+  // Deep paths show their first and last levels only.
+  std::string path(int64_t array_bump) const {
+    constexpr size_t kHead = 8;
     std::string p;
-    for (const Frame& f : frames_) {
-      if (f.is_object) {
-        if (!p.empty()) p += '.';
-        p += f.current;
-      } else {
-        p += f.current;
+    auto add = [&](size_t i) {
+      const Frame& f = frames_[i];
+      std::string c = component(f, i + 1 == frames_.size() ? array_bump : 0);
+      if (f.is_object && !p.empty()) p += '.';
+      p += c;
+    };
+    for (size_t i = 0; i < frames_.size(); ++i) {
+      if (frames_.size() > kHead + 2 && i == kHead) {
+        p += "...(" + std::to_string(frames_.size() - kHead - 1) + " levels)...";
+        i = frames_.size() - 1;
       }
+      add(i);
     }
     return p;
   }
+
+  const std::string& source_;
   std::vector<Frame> frames_;
   std::string duplicate_;
 };
@@ -163,26 +198,48 @@ std::string describe_parse_error(const nlohmann::json::parse_error& e, const std
     size_t colon = what.find("] ");
     if (colon != std::string::npos) detail = what.substr(colon + 2);
   }
-  return source + ":" + std::to_string(line) + ":" + std::to_string(column) + ": JSON syntax error: " + detail;
+  // nlohmann quotes the token it stopped at ("last read: '...'"), which can be a whole long string.
+  return source + ":" + std::to_string(line) + ":" + std::to_string(column) +
+         ": JSON syntax error: " + shorten(detail, 200);
 }
 
 }  // namespace
 
 nlohmann::json parse_json_text(const std::string& text, const std::string& source) {
+  // nlohmann's lexer takes a NUL byte for the end of the input and would ignore what follows it.
+  if (size_t nul = text.find('\0'); nul != std::string::npos) {
+    throw ConfigError(where(text, source, nul) + ": a NUL byte, expected JSON text (is this a binary file?)");
+  }
   std::string clean = strip_comments_and_trailing_commas(text, source);
-  DuplicateFinder finder;
-  nlohmann::json::parser_callback_t callback = [&finder](int depth, nlohmann::json::parse_event_t event,
-                                                         nlohmann::json& parsed) {
-    return finder.on_event(depth, event, parsed);
+  if (clean.find_first_not_of(" \t\r\n") == std::string::npos) {
+    throw ConfigError(source + ": no JSON in it (empty, or only comments), expected a JSON object {...}");
+  }
+  StructureChecker checker(source);
+  nlohmann::json::parser_callback_t callback = [&checker](int /*depth*/, nlohmann::json::parse_event_t event,
+                                                          nlohmann::json& parsed) {
+    return checker.on_event(event, parsed);
   };
   nlohmann::json root;
   try {
     root = nlohmann::json::parse(clean, callback, /*allow_exceptions=*/true, /*ignore_comments=*/false);
   } catch (const nlohmann::json::parse_error& e) {
     throw ConfigError(describe_parse_error(e, clean, source));
+  } catch (const nlohmann::json::exception& e) {
+    // out_of_range.406: "number overflow parsing '1e400'", a number beyond the range of a double.
+    std::string what = e.what();
+    std::string message = shorten(what, 200);
+    size_t open = what.find('\''), close = what.rfind('\'');
+    if (e.id == 406 && open != std::string::npos && close > open) {
+      message = "the number " + shorten(what.substr(open + 1, close - open - 1), 40) +
+                " is out of range: a number in a config must be a finite double (magnitude below about "
+                "1.8e308)";
+    }
+    std::string path = checker.pending_path();
+    if (path.empty()) throw ConfigError(source + ": " + message);
+    throw ConfigError(error_text(path, message, source));
   }
-  if (!finder.duplicate().empty()) {
-    throw ConfigError(finder.duplicate() +
+  if (!checker.duplicate().empty()) {
+    throw ConfigError(checker.duplicate() +
                       ": key given twice in the same object; JSON readers keep only one of them, so remove the "
                       "other (in " +
                       source + ")");

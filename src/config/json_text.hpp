@@ -14,8 +14,12 @@ namespace zero3::config_detail {
 // ("<source>:<line>:<col>: ...") for an unterminated comment.
 std::string strip_comments_and_trailing_commas(const std::string& text, const std::string& source);
 
-// Parses the text (after stripping). Throws ConfigError: "<source>:<line>:<col>: JSON syntax error: ..."
-// or "<key path>: key given twice in the same object ... (in <source>)".
+// Arrays and objects nest at most this deep (DeepSpeed configs nest 3 or 4 levels).
+inline constexpr int kMaxConfigDepth = 256;
+
+// Parses the text (after stripping). Throws ConfigError: "<source>:<line>:<col>: JSON syntax error: ...",
+// "<key path>: key given twice in the same object ... (in <source>)", "<key path>: nested deeper than
+// 256 ..." or "<key path>: the number 1e400 is out of range ...".
 nlohmann::json parse_json_text(const std::string& text, const std::string& source);
 
 // 1-based line and column of a byte offset.

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <limits>
 #include <string>
 
 #include "zero3/error.hpp"
@@ -625,7 +626,8 @@ std::vector<KeyEntry> build_table() {
       {.path = "fp16.enabled",
        .type = "boolean or \"auto\"",
        .default_json = "false",
-       .doc = "fp16 compute. \"auto\": on when the program's precision is fp16 (--precision).",
+       .doc = "fp16 compute. \"auto\": on when the program's precision is fp16 (--precision). A config without "
+              "an fp16 section gets it enabled when the program's precision is fp16, as Accelerate fills it.",
        .auto_ok = true,
        .apply =
            [](ReadContext& ctx, const Value& v) {
@@ -668,7 +670,8 @@ std::vector<KeyEntry> build_table() {
       {.path = "bf16.enabled",
        .type = "boolean or \"auto\"",
        .default_json = "false",
-       .doc = "bf16 compute. \"auto\": on when the program's precision is bf16 (--precision).",
+       .doc = "bf16 compute. \"auto\": on when the program's precision is bf16 (--precision). A config without "
+              "a bf16 section gets it enabled when the program's precision is bf16, as Accelerate fills it.",
        .auto_ok = true,
        .apply =
            [](ReadContext& ctx, const Value& v) {
@@ -715,8 +718,10 @@ std::vector<KeyEntry> build_table() {
                "buffers)."),
       KEY_BOOL("zero_optimization.reduce_scatter", c.zero.reduce_scatter, "true",
                "Reduce gradients with reduce-scatter (each rank gets its shard) rather than all-reduce."),
-      KEY_INT_AUTO("zero_optimization.reduce_bucket_size", c.zero.reduce_bucket_size, "5e8", 1,
-                   "Elements reduced per collective. \"auto\": hidden_size^2 (--hidden-size)."),
+      KEY_INT_AUTO("zero_optimization.reduce_bucket_size", c.zero.reduce_bucket_size, "5e8", 0,
+                   "Elements reduced per collective. 0: a bucket holds as many elements as the largest unit "
+                   "(DeepSpeed reduces each parameter's gradient on its own with 0; zero3's units take the "
+                   "place of its parameters). \"auto\": hidden_size^2 (--hidden-size)."),
       IGNORED("zero_optimization.use_multi_rank_bucket_allreduce", "boolean", "true", not_default,
               "Bucketing detail of DeepSpeed's stage 1/2 all-reduce; same values."),
       KEY_BOOL("zero_optimization.allgather_partitions", c.zero.allgather_partitions, "true",
@@ -740,7 +745,8 @@ std::vector<KeyEntry> build_table() {
               "zero3's checkpoints always load on any world size."),
       SECTION("zero_optimization.offload_param",
               "Parameter offload (ZeRO-Infinity); stage 3 only. Partitioned parameters live in host memory or "
-              "NVMe and come to the device when their unit is gathered."),
+              "NVMe and come to the device when their unit is gathered. Below stage 3 DeepSpeed ignores this "
+              "section, and so does zero3, with a warning (device read as \"none\")."),
       OFFLOAD_COMMON("zero_optimization.offload_param", offload_param, "5",
                      "NVMe: host buffers the parameter slices are read into from the swap file, each the size of "
                      "the largest slice. Up to this many units' slices are read ahead of their all-gathers, along "
@@ -772,9 +778,25 @@ std::vector<KeyEntry> build_table() {
               "Only for super_offload; zero3's CPU Adam uses OpenMP's threads."),
       REFUSED("zero_optimization.zenflow", "object", "null", present,
               "ZenFlow updates unimportant gradients asynchronously: different results from the ZeRO step."),
-      KEY_INT("zero_optimization.sub_group_size", c.zero.sub_group_size, "1e9", 1,
-              "Elements per optimizer-step tile with offload: the unit of NVMe swapping and, on a GPU, of the "
-              "gradient and parameter copies between device and host (two tiles of each staged in pinned memory)."),
+      {.path = "zero_optimization.sub_group_size",
+       .type = "integer",
+       .default_json = "1e9",
+       .doc = "Elements per optimizer-step tile with offload: the unit of NVMe swapping and, on a GPU, of the "
+              "gradient and parameter copies between device and host (two tiles of each staged in pinned "
+              "memory). Tiles never span units. 0 (axolotl's ZeRO-3 configs) is read as 9223372036854775807, "
+              "one tile per unit's owned range: DeepSpeed makes each parameter its own sub-group with 0, and a "
+              "unit is zero3's closest equivalent.",
+       .apply =
+           [](ReadContext& ctx, const Value& v) {
+             int64_t n = v.as_int(0);
+             if (n == 0) {
+               n = std::numeric_limits<int64_t>::max();
+               ctx.note(v.path() + ": 0 read as " + std::to_string(n) +
+                        " (one tile per unit's owned range; DeepSpeed makes each parameter its own sub-group)");
+             }
+             ctx.config.zero.sub_group_size = n;
+           },
+       .emit = [](const Config& c) -> Emitted { return J(c.zero.sub_group_size); }},
       {.path = "zero_optimization.cpu_offload",
        .type = "boolean",
        .default_json = "null",
@@ -821,8 +843,27 @@ std::vector<KeyEntry> build_table() {
       KEY_INT("zero_optimization.stage3_max_reuse_distance", c.zero.max_reuse_distance, "1e9", 0,
               "Stage 3: a unit used again within this many parameter elements is not released."),
       ALIAS("zero_optimization.max_reuse_distance", "zero_optimization.stage3_max_reuse_distance"),
-      KEY_BOOL("zero_optimization.stage3_gather_16bit_weights_on_model_save", c.zero.gather_16bit_weights_on_model_save,
-               "false", "Stage 3: gather the full 16-bit weights when the model is saved."),
+      {.path = "zero_optimization.stage3_gather_16bit_weights_on_model_save",
+       .type = "boolean or \"auto\"",
+       .default_json = "false",
+       .doc = "Stage 3: gather the full 16-bit weights when the model is saved (save_16bit_model refuses to "
+              "run at stage 3 without it). \"auto\" (Accelerate's templates): the program's value "
+              "(--save-16bit-model), else false, Accelerate's default.",
+       .auto_ok = true,
+       .apply =
+           [](ReadContext& ctx, const Value& v) {
+             if (v.is_auto()) {
+               // The canonical name, also when the file uses an alias: resolve() looks for it.
+               ctx.mark_auto("zero_optimization.stage3_gather_16bit_weights_on_model_save");
+               ctx.config.zero.gather_16bit_weights_on_model_save = false;
+             } else {
+               ctx.config.zero.gather_16bit_weights_on_model_save = v.as_bool();
+             }
+           },
+       .emit = [](const Config& c) -> Emitted {
+         if (pending_auto(c, "zero_optimization.stage3_gather_16bit_weights_on_model_save")) return J("auto");
+         return J(c.zero.gather_16bit_weights_on_model_save);
+       }},
       ALIAS("zero_optimization.gather_16bit_weights_on_model_save",
             "zero_optimization.stage3_gather_16bit_weights_on_model_save"),
       DEPRECATED("zero_optimization.stage3_gather_fp16_weights_on_model_save",

@@ -21,6 +21,7 @@ size_t edit_distance(std::string_view a, std::string_view b) {
 }
 
 std::string closest_name(std::string_view name, const std::vector<std::string_view>& candidates) {
+  if (name.size() > kMaxSuggestedName) return "";  // and the quadratic distance is never paid for it
   std::string_view best;
   size_t best_distance = SIZE_MAX;
   for (std::string_view c : candidates) {

@@ -118,8 +118,8 @@ EngineImpl::EngineImpl(const Config& config, std::shared_ptr<Communicator> comm,
   gas_ = gradient_accumulation(config_, world_);
   overlap_ = z.overlap_comm_set ? z.overlap_comm : z.stage == 3;
   reduce_bucket_numel_ = require_set(z.reduce_bucket_size, "zero_optimization.reduce_bucket_size");
-  ZERO3_REQUIRE(reduce_bucket_numel_ >= 1, ConfigError, "zero_optimization.reduce_bucket_size: ", reduce_bucket_numel_,
-                " is not a positive number of elements");
+  ZERO3_REQUIRE(reduce_bucket_numel_ >= 0, ConfigError, "zero_optimization.reduce_bucket_size: ", reduce_bucket_numel_,
+                " is negative, expected a number of elements (0: the largest unit)");
   schedule_policy_.prefetch_bucket_numel =
       require_set(z.prefetch_bucket_size, "zero_optimization.stage3_prefetch_bucket_size");
   schedule_policy_.max_live_numel = z.max_live_parameters;
@@ -371,9 +371,11 @@ void EngineImpl::materialize() {
   int64_t persistent_total = 0;
   std::vector<int64_t> numels;
   std::vector<bool> persistent;
-  int64_t total_slice = 0, total_numel = 0;
+  int64_t total_slice = 0, total_numel = 0, largest_slice = 0, largest_numel = 0;
   for (UnitState& u : units_) {
     u.info.slice_numel = slice_numel(u.info.numel, world_);
+    largest_slice = std::max(largest_slice, u.info.slice_numel);
+    largest_numel = std::max(largest_numel, u.info.numel);
     u.info.padded_numel = u.info.slice_numel * world_;
     u.flat_shape = {u.info.numel};
     bool keep = policy_.shard_params && u.info.numel <= persistence_threshold_ &&
@@ -392,7 +394,11 @@ void EngineImpl::materialize() {
   ro.mode = policy_.shard_grads ? ReduceMode::reduce_scatter : ReduceMode::all_reduce;
   ro.comm_dtype = comm_dtype_;
   ro.acc_dtype = acc_dtype_;
-  ro.bucket_numel = reduce_bucket_numel_;
+  // reduce_bucket_size 0: DeepSpeed reduces each parameter's gradient on its own; here a bucket holds the
+  // largest unit.
+  ro.bucket_numel = reduce_bucket_numel_ > 0      ? reduce_bucket_numel_
+                    : policy_.shard_grads ? largest_slice * world_
+                                          : largest_numel;
   ro.max_useful_numel = policy_.shard_grads ? total_slice : total_numel;
   // DeepSpeed's averaging: each micro-step's gradient counts 1/gradient_accumulation_steps; over ranks,
   // prescale_gradients divides before the sum, otherwise gradient_predivide_factor is divided out before

@@ -364,9 +364,9 @@ MemoryPlan plan_memory(const ModelDesc& model, const Config& config, const Memor
   ZERO3_REQUIRE(z.reduce_bucket_size.has_value(), ConfigError,
                 "zero_optimization.reduce_bucket_size: still \"auto\"; pass --hidden-size to zero3 plan (or "
                 "hidden_size to resolve())");
-  ZERO3_REQUIRE(*z.reduce_bucket_size >= 1, ConfigError,
+  ZERO3_REQUIRE(*z.reduce_bucket_size >= 0, ConfigError,
                 "zero_optimization.reduce_bucket_size: ", *z.reduce_bucket_size,
-                " is not a positive number of elements");
+                " is negative, expected a number of elements (0: the largest unit)");
 
   MemoryPlan plan;
   plan.stage = z.stage;
@@ -467,12 +467,16 @@ MemoryPlan plan_memory(const ModelDesc& model, const Config& config, const Memor
   // The reducer's two buckets.
   const int64_t cb = static_cast<int64_t>(dtype_size(comm));
   const std::string comm_label = dtype_label(comm);
+  // reduce_bucket_size 0: a bucket holds the largest unit (as the engine reads it).
+  const int64_t bucket = *z.reduce_bucket_size > 0 ? *z.reduce_bucket_size
+                         : z.stage >= 2            ? largest_slice * w
+                                                   : largest_numel;
   if (z.stage >= 2) {
-    int64_t chunk = std::max<int64_t>(1, std::min(std::max<int64_t>(1, *z.reduce_bucket_size / w), plan.shard_params));
+    int64_t chunk = std::max<int64_t>(1, std::min(std::max<int64_t>(1, bucket / w), plan.shard_params));
     add(MemoryCategory::buffers, MemoryTier::device, 2 * (chunk * w + chunk) * cb,
         "reduce-scatter buckets, 2 x " + std::to_string(chunk * w) + " (" + comm_label + ")");
   } else {
-    int64_t chunk = std::max<int64_t>(1, std::min(*z.reduce_bucket_size, plan.total_params));
+    int64_t chunk = std::max<int64_t>(1, std::min(bucket, plan.total_params));
     add(MemoryCategory::buffers, MemoryTier::device, 2 * chunk * cb,
         "all-reduce buckets, 2 x " + std::to_string(chunk) + " (" + comm_label + ")");
   }

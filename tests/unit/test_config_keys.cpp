@@ -287,8 +287,10 @@ TEST(ConfigKeys, DeprecatedKeys) {
          {"stage3_gather_fp16_weights_on_model_save", "keep one"});
   refuse(R"({"bfloat16": {"enabeld": true}})", {"bfloat16.enabeld", "did you mean \"enabled\"?"});
   refuse(R"({"zero_optimization": {"cpu_offload": "yes"}})", {"zero_optimization.cpu_offload", "true or false"});
-  refuse(R"({"zero_optimization": {"stage": 2, "cpu_offload_param": true}})",
-         {"zero_optimization.offload_param.device", "stage 3"});
+  // The old form of parameter offload below stage 3: ignored as DeepSpeed ignores it, with a warning naming it.
+  c = check(R"({"zero_optimization": {"stage": 2, "cpu_offload_param": true}})",
+            "zero_optimization.cpu_offload_param: ignored at zero_optimization.stage 2");
+  EXPECT_EQ(c.zero.offload_param.device, OffloadDevice::none);
 
   // Every deprecated entry of the table is exercised above.
   std::set<std::string> covered = {"zero_optimization.cpu_offload",

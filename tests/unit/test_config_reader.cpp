@@ -415,7 +415,7 @@ TEST(ConfigReader, IntegersWrittenAsFloats) {
 
 TEST(ConfigReader, NegativeSizes) {
   error_of(R"({"zero_optimization": {"reduce_bucket_size": -1}})",
-           {"zero_optimization.reduce_bucket_size", "got -1", ">= 1"});
+           {"zero_optimization.reduce_bucket_size", "got -1", ">= 0"});
   error_of(R"({"zero_optimization": {"stage3_max_live_parameters": -5}})",
            {"zero_optimization.stage3_max_live_parameters", "got -5", ">= 0"});
   error_of(R"({"zero_optimization": {"offload_param": {"buffer_size": -1}}})",
@@ -455,8 +455,6 @@ TEST(ConfigReader, OffloadValues) {
 }
 
 TEST(ConfigReader, CrossFieldChecks) {
-  error_of(R"({"zero_optimization": {"stage": 2, "offload_param": {"device": "cpu"}}})",
-           {"zero_optimization.offload_param.device", "got \"cpu\"", "zero_optimization.stage 2", "stage 3"});
   error_of(R"({"zero_optimization": {"stage": 0, "offload_optimizer": {"device": "cpu"}}})",
            {"zero_optimization.offload_optimizer.device", "stage 0", "stage 1, 2 or 3"});
   error_of(R"({"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu", "ratio": 0.5}}})",
@@ -496,7 +494,8 @@ TEST(ConfigReader, SyntaxErrorsKeepLineNumbers) {
   error_of("{\"a\": 1 /* never closed", {"test.json:1:9", "never closed"});
   error_of("{\"zero_optimization\": {\"stage\": 3,, }}", {"test.json:1:", "JSON syntax error"});
   error_of("[1, 2]", {"test.json", "must be a JSON object"});
-  error_of("", {"test.json", "JSON syntax error"});
+  error_of("", {"test.json: no JSON in it"});
+  error_of("  // only a comment\n", {"test.json: no JSON in it"});
 }
 
 TEST(ConfigReader, DuplicateKeys) {

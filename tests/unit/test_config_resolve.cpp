@@ -173,7 +173,12 @@ TEST(ConfigResolve, PrecisionMismatchIsAnError) {
                 {"bf16.enabled", "got true", "program runs in fp32", "\"auto\""});
   in.precision = DType::bf16;
   resolve_error(R"({"fp16": {"enabled": true}, "train_batch_size": 8})", in, {"fp16.enabled", "got true"});
-  resolve_error(R"({"train_batch_size": 8})", in, {"bf16.enabled", "selects fp32", "program runs in bf16"});
+  resolve_error(R"({"bf16": {"enabled": false}, "train_batch_size": 8})", in,
+                {"bf16.enabled", "selects fp32", "program runs in bf16"});
+  in.precision = DType::f16;
+  resolve_error(R"({"fp16": {"enabled": false}, "train_batch_size": 8})", in,
+                {"fp16.enabled", "selects fp32", "program runs in fp16"});
+  in.precision = DType::bf16;
   // Matching values pass.
   EXPECT_NO_THROW(resolved(R"({"bf16": {"enabled": true}, "train_batch_size": 8})", in));
 }
