@@ -26,8 +26,9 @@ does with it. Check a file, and see every value it resolves to, with
 It prints the resolved config as JSON on stdout and warnings on stderr, and exits non-zero with a
 message naming the key path, the value and what was expected when the file cannot be used. Other
 flags: `--lr X`, `--weight-decay X`, `--max-grad-norm X`, `--total-steps N`, `--warmup-steps N` (for
-the optimizer and scheduler "auto" values) and `--check-paths` (also check that NVMe directories
-exist and are writable, as a run does when it starts).
+the optimizer and scheduler "auto" values), `--save-16bit-model true|false` (for
+`stage3_gather_16bit_weights_on_model_save` "auto"), `--check-paths` (also check that NVMe directories
+exist and are writable, as a run does when it starts) and `--max-config-bytes N` (the size cap below).
 
 ## Reading rules
 
@@ -50,6 +51,29 @@ exist and are writable, as a run does when it starts).
 - **Two names for one setting** (an alias and its key, or a deprecated key and its replacement) in
   the same file: an error.
 
+## Limits of the reader
+
+No file makes the reader crash, hang or print a message the size of the input; what it cannot use is
+a `ConfigError` naming the file or the key path.
+
+- **Size.** `load_config` reads at most 16 MiB (16777216 bytes; `max_bytes` in a program,
+  `--max-config-bytes N` for `zero3 config check`). A larger regular file is refused before it is
+  read, naming its size and the cap; a device such as `/dev/zero` is refused once the cap is passed.
+- **Pipes, FIFOs, devices.** Read without blocking, for at most 5 s in all: a writer that keeps the
+  FIFO open without finishing gets an error saying so. A FIFO that no writer holds open reads as empty
+  (no waiting for a writer to come). `zero3 config check <(jq . ds_config.json)` works.
+- **Directories** are named as such ("is a directory"), not reported as a JSON syntax error.
+- **Nesting.** Arrays and objects nest at most 256 levels, the top-level object included; deeper is
+  an error naming the path (its first and last levels) and the limit.
+- **Numbers** must fit in a double: `1e400` is an error naming the key ("the number 1e400 is out of
+  range"). A NUL byte is an error with its line and column (JSON readers stop at it silently).
+- **Messages.** A value quoted in an error is cut to 80 characters and 8 levels of nesting; a key
+  name to 64 bytes, with control characters written `\u00XX`. A warning about unknown top-level keys
+  names the first 10 and counts the rest. Names longer than 100 bytes get no "did you mean".
+- **Arithmetic.** "auto" sizes are computed in 64-bit integers with overflow checks: a hidden size
+  whose square does not fit (`--hidden-size 4294967296`) is an error naming the key, the rule and the
+  hidden size, and so is a batch size (micro batch x accumulation x world size) that does not fit.
+
 ## "auto"
 
 As in Hugging Face's DeepSpeed integration, "auto" is filled from the training program's values
@@ -64,6 +88,7 @@ error that names the flag to pass. A program value that contradicts an explicit 
 | `train_batch_size` | micro batch x gradient accumulation x world size (`--world-size`, default 1) |
 | `gradient_clipping` | the program's max grad norm (`--max-grad-norm`), else 1.0 |
 | `bf16.enabled`, `fp16.enabled` | whether the program's precision (`--precision`) is bf16 / fp16 |
+| `zero_optimization.stage3_gather_16bit_weights_on_model_save` | the program's value (`--save-16bit-model`), else false (Accelerate's `zero3_save_16bit_model` default) |
 | `zero_optimization.reduce_bucket_size` | hidden_size^2 (`--hidden-size`) |
 | `zero_optimization.stage3_prefetch_bucket_size` | int(0.9 x hidden_size^2) at stage 3, else DeepSpeed's default |
 | `zero_optimization.stage3_param_persistence_threshold` | 10 x hidden_size at stage 3, else DeepSpeed's default |
@@ -75,14 +100,38 @@ error that names the flag to pass. A program value that contradicts an explicit 
 | `scheduler.params.warmup_num_steps` | the program's warmup steps (`--warmup-steps`) |
 | `scheduler.params.total_num_steps` | the program's total steps (`--total-steps`) |
 
+**A missing precision section** is filled the way Accelerate fills it: when the program's precision is
+bf16 (fp16) and the file has no `bf16` (`fp16`) section at all, the section counts as
+`{"enabled": true}` (a config with only `"fp16": {"enabled": "auto"}` in a bf16 program runs bf16). A
+section that is present keeps its value, so `"enabled": false` in a bf16 program, or fp16 enabled in
+a bf16 program, is a mismatch error. Without a program precision a missing section is off, as in
+DeepSpeed.
+
 **Batch sizes** follow DeepSpeed's rule: `train_batch_size` = `train_micro_batch_size_per_gpu` x
 `gradient_accumulation_steps` x world size. Given two, the third is inferred; given only the batch
 size or only the micro batch, gradient accumulation is 1. All three must then agree exactly.
 
+## Forms of published configs
+
+Values that DeepSpeed, Hugging Face or Accelerate accept and that zero3 reads with the nearest meaning
+(tests/data/configs/real/ has a config of each shape):
+
+- `zero_optimization.sub_group_size: 0` (axolotl's ZeRO-3 configs): DeepSpeed then makes each
+  parameter its own optimizer sub-group. zero3's optimizer tiles never span units, so 0 is read as
+  9223372036854775807, one tile per unit's owned range (logged at info level); that is also what any
+  size at least as large as the largest owned range gives.
+- `zero_optimization.reduce_bucket_size: 0` (transformers' older test configs): DeepSpeed then reduces
+  each parameter's gradient on its own. zero3's buckets then hold the largest unit (its slices on all
+  ranks at stages 2-3, the unit at stages 0-1); the values reduced are the same for any bucket size.
+- `stage3_gather_16bit_weights_on_model_save: "auto"` (Accelerate's templates): see the table above.
+- `fp16.enabled: "auto"` with no `bf16` section in a bf16 program (FastChat's configs): bf16, as above.
+- `offload_param` below stage 3 (configs generated for every stage): DeepSpeed reads it only at stage
+  3. zero3 ignores it there too, with a warning naming the key, and reads its device as "none".
+
 ## Cross-key checks
 
-- `zero_optimization.offload_param` needs stage 3; `offload_optimizer` needs stage 1, 2 or 3; an
-  `offload_optimizer.ratio` below 1 needs stage 3.
+- `zero_optimization.offload_param` is read at stage 3 only (above); `offload_optimizer` needs stage
+  1, 2 or 3; an `offload_optimizer.ratio` below 1 needs stage 3.
 - `"device": "nvme"` needs `nvme_path` (or `ZERO3_SWAP_DIR`, which replaces every `nvme_path`). When
   a run starts the directory must exist and be writable. The canonical configs
   (`configs/zero3-offload-nvme.json`) use `/tmp/zero3-nvme`: create it, or point `nvme_path` at a
@@ -92,6 +141,20 @@ size or only the micro batch, gradient accumulation is 1. All three must then ag
 
 Environment variables (`ZERO3_*`) are listed by `zero3 env`; they are declared in
 src/core/env_knobs.def.
+
+## Fuzzing the reader
+
+`tests/fuzz/fuzz_config.cpp` is a libFuzzer target (built with ASan and UBSan, from the config sources
+themselves). Each input is the text of a config: `parse_config` must accept it or throw `ConfigError`;
+an accepted one is resolved with a fixed program, and a resolved one must be written by `to_json` as a
+config that reads and resolves back to the same text. The seeds are every config of the repository
+(configs/ and tests/data/configs/), and `tests/fuzz/config.dict` holds the key names:
+
+    cmake -S . -B build-fuzz -G Ninja -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ -DZERO3_CUDA=OFF -DZERO3_FUZZ=ON
+    cmake --build build-fuzz --target fuzz_config
+    ctest --test-dir build-fuzz -L fuzz -R config    # seed replay + 20,000 runs with seed 1
+    mkdir -p /tmp/work && build-fuzz/bin/fuzz_config -max_total_time=300 -max_len=4096 \
+        -dict=tests/fuzz/config.dict /tmp/work configs tests/data/configs/seeds tests/data/configs/real tests/data/configs/bad
 )";
 
 std::string escape(std::string_view text) {

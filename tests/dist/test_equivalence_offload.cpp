@@ -9,6 +9,7 @@
 
 #include <filesystem>
 #include <functional>
+#include <limits>
 #include <ostream>
 #include <string>
 
@@ -133,6 +134,9 @@ const Variant kVariants[] = {
     {"stage3_param_cpu_bf16", 3, Offload::param_cpu, true, 50, 5e-3},
     {"stage3_param_nvme_bf16", 3, Offload::param_nvme, true, 1'000'000'000, 5e-3},
     {"stage3_both_nvme_bf16_tiles", 3, Offload::both_nvme, true, 23, 5e-3},
+    // sub_group_size 0 as the reader gives it: the largest int64, one tile per unit's owned range.
+    {"stage3_both_nvme_bf16_whole_units", 3, Offload::both_nvme, true, std::numeric_limits<int64_t>::max(), 5e-3},
+    {"stage3_optimizer_cpu_whole_units", 3, Offload::optimizer_cpu, false, std::numeric_limits<int64_t>::max(), 1e-5},
 };
 
 INSTANTIATE_TEST_SUITE_P(Offload, OffloadEquivalence, ::testing::ValuesIn(kVariants), variant_name);

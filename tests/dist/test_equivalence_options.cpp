@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <cmath>
 #include <functional>
+#include <limits>
 #include <ostream>
 #include <string>
 
@@ -60,6 +61,15 @@ const Variant kVariants[] = {
     {"stage3_comm_bf16", 3, [](Config& c) { c.communication_data_type = DType::bf16; }, 3e-2},
     {"stage1_comm_bf16", 1, [](Config& c) { c.communication_data_type = DType::bf16; }, 3e-2},
     {"stage2_accum_bf16", 2, [](Config& c) { c.grad_accum_dtype = DType::bf16; }, 3e-2},
+    // reduce_bucket_size 0 (a bucket of the largest unit) and sub_group_size 0 as the reader gives it (the
+    // largest int64: one tile per unit).
+    {"stage1_bucket_0", 1, [](Config& c) { c.zero.reduce_bucket_size = 0; }, 1e-5},
+    {"stage3_bucket_0_whole_tiles", 3,
+     [](Config& c) {
+       c.zero.reduce_bucket_size = 0;
+       c.zero.sub_group_size = std::numeric_limits<int64_t>::max();
+     },
+     1e-5},
     {"stage3_tight_schedule", 3,
      [](Config& c) {
        c.zero.param_persistence_threshold = 0;

@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 
 #include <dirent.h>
+#include <fcntl.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -246,6 +248,103 @@ TEST(ConfigCli, RefusesEveryBadConfigWithItsMessage) {
   }
 }
 
+TEST(ConfigCli, AcceptsTheRealConfigForms) {
+  // tests/data/configs/real/: forms of published configs that DeepSpeed and Accelerate run; each file
+  // names in "// flags: ..." the facts of a program it runs with. test_config_real_forms.cpp checks the
+  // values; here the command accepts each one and leaves no "auto".
+  std::vector<std::string> files = json_files(src("tests/data/configs/real"));
+  ASSERT_GE(files.size(), 7u);
+  for (const std::string& f : files) {
+    std::string flags;
+    std::istringstream lines(read_file(f));
+    for (std::string line; std::getline(lines, line);) {
+      if (line.rfind("// flags: ", 0) == 0) flags = line.substr(10);
+    }
+    CliResult r = run_zero3("config check " + f + " " + flags);
+    ASSERT_EQ(r.status, 0) << f << ": " << r.err;
+    json j = json::parse(r.out);
+    j.erase("zero3");
+    EXPECT_EQ(j.dump().find("\"auto\""), std::string::npos) << f << ": " << r.out;
+  }
+  CliResult r = run_zero3("config check " + src("tests/data/configs/real/zero0-offload-param.json") +
+                          " --precision fp16 --world-size 8");
+  EXPECT_NE(r.err.find("WARN"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("zero_optimization.offload_param: ignored at zero_optimization.stage 0"), std::string::npos)
+      << r.err;
+  EXPECT_EQ(json::parse(r.out)["zero_optimization"]["offload_param"]["device"], "none");
+  r = run_zero3("config check " + src("tests/data/configs/real/axolotl-zero3-bf16.json") +
+                " --precision bf16 --hidden-size 4096 --micro-batch 4 --grad-accum 4");
+  EXPECT_EQ(json::parse(r.out)["zero_optimization"]["sub_group_size"], 9223372036854775807);
+  EXPECT_NE(r.err.find("sub_group_size: 0 read as 9223372036854775807"), std::string::npos) << r.err;
+  const std::string gather = src("tests/data/configs/real/accelerate-zero3-offload-gather-auto.json") +
+                             " --precision fp16 --hidden-size 4096 --micro-batch 4 --lr 2e-5 --weight-decay 0.01 "
+                             "--warmup-steps 10 --total-steps 100";
+  r = run_zero3("config check " + gather);
+  EXPECT_EQ(json::parse(r.out)["zero_optimization"]["stage3_gather_16bit_weights_on_model_save"], false);
+  r = run_zero3("config check " + gather + " --save-16bit-model true");
+  EXPECT_EQ(json::parse(r.out)["zero_optimization"]["stage3_gather_16bit_weights_on_model_save"], true);
+}
+
+// Inputs that once crashed or hung `zero3 config check`, and their neighbours. Each run is killed after
+// 10 s (`timeout` then exits 137): every one must end by itself with exit status 1 and a message naming
+// the file or the key.
+TEST(ConfigCli, NoInputCrashesOrHangsTheCommand) {
+  const std::string dir = testing::TempDir() + "zero3_cli_hostile_" + std::to_string(::getpid());
+  ASSERT_EQ(std::system(("rm -rf " + dir + " && mkdir -p " + dir).c_str()), 0);
+  auto file = [&](const std::string& name, const std::string& text) {
+    std::ofstream(dir + "/" + name, std::ios::binary) << text;
+    return dir + "/" + name;
+  };
+  auto nested = [](const std::string& open, const std::string& close, int depth) {
+    std::string s;
+    for (int i = 0; i < depth; ++i) s += open;
+    for (int i = 0; i < depth; ++i) s += close;
+    return s;
+  };
+  const std::string fifo = dir + "/fifo.json";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  const std::string silent_fifo = dir + "/silent-fifo.json";
+  ASSERT_EQ(::mkfifo(silent_fifo.c_str(), 0600), 0);
+  int silent_writer = ::open(silent_fifo.c_str(), O_RDWR | O_NONBLOCK);  // holds it open, writes nothing
+  ASSERT_GE(silent_writer, 0);
+  const std::string large = file("large.json", "{}");
+  ASSERT_EQ(::truncate(large.c_str(), 17 << 20), 0);
+  std::string nul = "{\"train_batch_size\": 8}";
+  nul += '\0';
+  const std::string autos = file("autos.json", R"({"zero_optimization": {"stage": 3, "reduce_bucket_size": "auto",
+      "stage3_prefetch_bucket_size": "auto"}, "train_micro_batch_size_per_gpu": "auto"})");
+
+  struct Case {
+    std::string args, expect;
+  } cases[] = {
+      {file("deep-array.json", "{\"train_batch_size\": " + nested("[", "]", 100000) + "}"),
+       "train_batch_size[0][0][0]"},
+      {file("deep-object.json", nested("{\"a\": ", "}", 100000)), "a.a.a.a"},
+      {file("number.json", R"({"gradient_clipping": 1e400})"), "gradient_clipping: the number 1e400 is out of range"},
+      {file("nul.json", nul), "nul.json:1:24: a NUL byte"},
+      {file("long-key.json", "{\"aio\": {\"" + std::string(4 << 20, 'k') + "\": 1}}"), "aio.kkk"},
+      {dir, dir + ": is a directory"},
+      {large, "large.json: the config file has 17825792 bytes (17 MiB), more than the cap"},
+      {"/dev/zero", "/dev/zero: the config file goes on past the cap"},
+      {fifo, "fifo.json: no JSON in it"},
+      {silent_fifo, "silent-fifo.json: no end of input after 5 s"},
+      {autos + " --hidden-size 4294967296 --micro-batch 1",
+       "reduce_bucket_size: \"auto\" is hidden_size^2, which for hidden size 4294967296"},
+      {autos + " --hidden-size 64 --micro-batch 4611686018427387904 --world-size 4",
+       "train_micro_batch_size_per_gpu 4611686018427387904 x gradient_accumulation_steps 1 x world size 4"},
+  };
+  for (const Case& c : cases) {
+    CliResult r = run_zero3("config check " + c.args, "timeout -s KILL 10");
+    EXPECT_EQ(r.status, 1) << c.args.substr(0, 200) << " (137: killed after 10 s; -1: ended by a signal)\n"
+                           << r.err.substr(0, 2000);
+    EXPECT_NE(r.err.find(c.expect), std::string::npos) << c.expect << " not in " << r.err.substr(0, 2000);
+    EXPECT_LT(r.err.size(), 4000u) << "the message of " << c.args.substr(0, 200) << " is " << r.err.size()
+                                   << " bytes";
+  }
+  ::close(silent_writer);
+  std::system(("rm -rf " + dir).c_str());
+}
+
 TEST(ConfigCli, SwapDirOverridesNvmePath) {
   std::string dir = testing::TempDir() + "zero3_swap_cli";
   std::string cmd = "mkdir -p " + dir;
@@ -283,6 +382,15 @@ TEST(ConfigCli, UsageErrors) {
   r = run_zero3("config check x.json --precision int8");
   EXPECT_EQ(r.status, 2);
   EXPECT_NE(r.err.find("--precision"), std::string::npos) << r.err;
+  // Numbers the flags cannot hold, or that are not finite.
+  for (const char* bad : {"--hidden-size 99999999999999999999", "--world-size -4", "--micro-batch 0",
+                          "--lr 1e400", "--lr nan", "--weight-decay -1", "--max-config-bytes 0",
+                          "--save-16bit-model yes"}) {
+    r = run_zero3(std::string("config check x.json ") + bad);
+    EXPECT_EQ(r.status, 2) << bad;
+    std::string flag(bad, std::string(bad).find(' '));
+    EXPECT_NE(r.err.find(flag + ": got '"), std::string::npos) << bad << ": " << r.err;
+  }
   r = run_zero3("config check x.json --frobnicate 1");
   EXPECT_EQ(r.status, 2);
   EXPECT_NE(r.err.find("unknown flag --frobnicate"), std::string::npos) << r.err;
