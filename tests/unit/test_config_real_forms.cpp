@@ -7,11 +7,16 @@
 
 #include <cstdlib>
 #include <limits>
+#include <memory>
 #include <string>
+#include <utility>
 
 #include <nlohmann/json.hpp>
 
+#include "support/mlp_trainer.hpp"
+#include "zero3/comm.hpp"
 #include "zero3/config.hpp"
+#include "zero3/engine.hpp"
 #include "zero3/error.hpp"
 #include "zero3/memory_plan.hpp"
 
@@ -253,4 +258,33 @@ TEST(RealConfigForms, OffloadParamBelowStage3IsIgnoredWithAWarning) {
   code.zero.offload_param.device = OffloadDevice::cpu;
   code.train_batch_size = 8;
   EXPECT_THROW(resolve(code, {}), ConfigError);
+}
+
+// The engine reads reduce_bucket_size 0 as buckets of the largest unit (fc2, 1102 elements on one rank):
+// the same buffers as that size written out, and the same training.
+TEST(RealConfigForms, EngineBucketsOfTheLargestUnitForReduceBucketSizeZero) {
+  using namespace zero3::testing;
+  CommOptions o;
+  o.backend = "local";
+  std::shared_ptr<Communicator> comm = make_communicator(o, LaunchInfo{}, nullptr);
+  std::unique_ptr<Device> device = make_cpu_device();
+  auto run = [&](int stage, int64_t bucket) {
+    Config c = equivalence_config(stage);
+    c.zero.reduce_bucket_size = bucket;
+    Engine e(c, comm, *device);
+    MlpUnits units = declare_mlp(e, MlpDims{});
+    e.materialize();
+    TrainPlan plan;
+    plan.steps = 2;
+    EngineRun r = train_mlp(e, units, plan);
+    return std::make_pair(e.memory().buffers, r.losses);
+  };
+  for (int stage : {1, 3}) {
+    SCOPED_TRACE("stage " + std::to_string(stage));
+    auto zero = run(stage, 0);
+    auto largest = run(stage, 1102);
+    EXPECT_EQ(zero.first, largest.first);
+    EXPECT_GT(zero.first, run(stage, 1101).first);
+    EXPECT_EQ(zero.second, largest.second);
+  }
 }
