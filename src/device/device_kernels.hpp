@@ -1,14 +1,16 @@
 // The element kernels the engine runs on its Device: conversions, scaled copies and accumulation of
-// gradients, the gradient statistics of the step, the Adam update and the initialisation fill.
+// gradients, the gradient statistics of the step, the Adam update, the initialisation fill and the block
+// quantization of quantized collectives.
 //
 // Each device implements them from the single-source element functions (kernels/elementwise.hpp,
-// optim/adam_math.hpp, kernels/philox_init.hpp). Buffers are device memory of `n` elements of the given
+// optim/adam_math.hpp, kernels/philox_init.hpp, kernels/block_quantize.hpp). Buffers are device memory of `n` elements of the given
 // types; `stream` orders the work on cuda and is ignored on cpu, where every call completes before it
 // returns. Calls from different threads on disjoint buffers may run at the same time.
 #pragma once
 
 #include <cstdint>
 
+#include "kernels/block_quantize.hpp"
 #include "kernels/philox_init.hpp"
 #include "optim/adam_math.hpp"
 #include "zero3/device.hpp"
@@ -47,6 +49,23 @@ class DeviceKernels {
   // out[0, end - begin) = elements [begin, end) of the parameter with stream id `param_stream` (fp32).
   virtual void init_fill(float* out, const FillSpec& spec, uint64_t seed, uint64_t param_stream, int64_t begin,
                          int64_t end, Stream stream = nullptr) = 0;
+
+  // Block quantization (kernels/block_quantize.hpp: the format, the rounding, Inf/NaN and zero blocks).
+  // A message is the quantized form of one chunk of `chunk` elements, quant_message_bytes(chunk, f) bytes;
+  // the `chunks` chunks lie back to back, and so do their messages. Arguments are checked first
+  // (check_quant_args: InvalidArgument); the results are the same bits on every device.
+  //
+  // dst (messages) <- src (chunks of src_type). qwZ: a rank's slice becomes one message for the all-gather;
+  // qgZ: a bucket becomes one message per destination of an all-to-all.
+  virtual void quantize(void* dst, const void* src, DType src_type, int64_t chunk, int64_t chunks,
+                        const QuantFormat& f, Stream stream = nullptr) = 0;
+  // dst (chunks of dst_type) <- src (messages). qwZ: every rank's message into the unit's full buffer.
+  virtual void dequantize(void* dst, DType dst_type, const void* src, int64_t chunk, int64_t chunks,
+                          const QuantFormat& f, Stream stream = nullptr) = 0;
+  // dst (one chunk of fp32) = the sum of the dequantized messages, added in message order from +0. qgZ:
+  // the chunks an all-to-all delivered, reduced in fp32 before the next stage quantizes them again.
+  virtual void dequantize_sum(float* dst, const void* src, int64_t chunk, int64_t chunks, const QuantFormat& f,
+                              Stream stream = nullptr) = 0;
 };
 
 }  // namespace zero3::detail

@@ -15,23 +15,12 @@
 #pragma once
 
 #include <cstddef>
-#include <string_view>
 
+#include "core/cpu_isa.hpp"
 #include "optim/adam_math.hpp"
 #include "zero3/dtype.hpp"
 
 namespace zero3 {
-
-// Instruction set of the vector body. `best` picks the widest one the CPU supports (cpuid at run time).
-enum class CpuIsa { scalar, avx2, avx512, best };
-
-std::string_view cpu_isa_name(CpuIsa isa);
-
-// The ISA `best` resolves to on this CPU: avx512 needs AVX-512F/BW/VL; avx2 needs AVX2 and F16C.
-CpuIsa cpu_isa_detect();
-
-// True when this CPU can run `isa` (scalar and best: always).
-bool cpu_isa_supported(CpuIsa isa);
 
 // One Adam/AdamW step over n elements: p (fp32 master), g (fp32 gradient, already unscaled and clipped),
 // m and v (fp32 moments), all of length n, updated in place except g. The arrays may have any alignment

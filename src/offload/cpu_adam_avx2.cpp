@@ -2,22 +2,16 @@
 // a target attribute per function, the adam_update operations in order, no fma.
 #if defined(__x86_64__)
 
-// GCC 12 reports the deliberately undefined pass-through operands inside its own intrinsics
-// (_mm512_undefined_*) as maybe-uninitialized once they are inlined; the values are never read.
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-
-#include <immintrin.h>
-
 #include <cstdint>
 
+#include "kernels/simd_avx2.hpp"
 #include "offload/cpu_adam_kernels.hpp"
-
-// GCC contracts a*b+c into an fma by default in C++ (-ffp-contract=fast), and the intrinsics are plain vector
-// arithmetic to it; fp-contract=off keeps the separate roundings of the reference.
-#define ZERO3_AVX2 __attribute__((target("avx2,f16c"), optimize("fp-contract=off")))
 
 namespace zero3::detail {
 namespace {
+
+using avx2::to_bf16;
+using avx2::to_f16;
 
 enum class Copy { none, f32, bf16, f16 };
 
@@ -42,40 +36,6 @@ ZERO3_AVX2 inline __m256 update8(__m256 p, __m256 g, __m256& m, __m256& v, const
   __m256 upd = _mm256_div_ps(m, denom);
   __m256 delta = _mm256_mul_ps(k.step, upd);
   return _mm256_add_ps(pd, delta);
-}
-
-// Narrows 8 lanes holding values in [0, 0xffff] to 8 uint16 (unsigned saturation is then exact).
-ZERO3_AVX2 inline __m128i narrow_u16(__m256i x) {
-  return _mm_packus_epi32(_mm256_castsi256_si128(x), _mm256_extracti128_si256(x, 1));
-}
-
-ZERO3_AVX2 inline __m256i nan_mask(__m256i u) {
-  __m256i abs = _mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff));
-  return _mm256_cmpgt_epi32(abs, _mm256_set1_epi32(0x7f800000));
-}
-
-// f32_to_bf16 on 8 lanes.
-ZERO3_AVX2 inline __m128i to_bf16(__m256 x) {
-  __m256i u = _mm256_castps_si256(x);
-  __m256i hi = _mm256_srli_epi32(u, 16);
-  __m256i lsb = _mm256_and_si256(hi, _mm256_set1_epi32(1));
-  __m256i r = _mm256_srli_epi32(_mm256_add_epi32(u, _mm256_add_epi32(_mm256_set1_epi32(0x7fff), lsb)), 16);
-  __m256i qnan = _mm256_or_si256(hi, _mm256_set1_epi32(0x40));
-  r = _mm256_blendv_epi8(r, qnan, nan_mask(u));
-  return narrow_u16(r);
-}
-
-// f32_to_f16 on 8 lanes: F16C rounds to nearest even; NaNs are rewritten to the reference's sign|0x7e00.
-ZERO3_AVX2 inline __m128i to_f16(__m256 x) {
-  __m128i h = _mm256_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m256i u = _mm256_castps_si256(x);
-  __m256i nan = nan_mask(u);
-  if (_mm256_testz_si256(nan, nan)) return h;
-  __m256i qnan =
-      _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(0x8000)), _mm256_set1_epi32(0x7e00));
-  // Signed saturation keeps an all-ones 32-bit mask all-ones in 16 bits.
-  __m128i nan16 = _mm_packs_epi32(_mm256_castsi256_si128(nan), _mm256_extracti128_si256(nan, 1));
-  return _mm_blendv_epi8(h, narrow_u16(qnan), nan16);
 }
 
 template <Copy kCopy>

@@ -1,25 +1,18 @@
-// AVX-512 body of cpu_adam_step. Compiled with a target attribute on each function rather than a file-wide
-// -mavx512f, so that no inline function from a shared header gets an AVX-512 copy that the linker could
-// pick for a CPU without it. The arithmetic mirrors adam_update statement by statement (mul and add, never
-// fma) so the results are the scalar bits.
+// AVX-512 body of cpu_adam_step, each function under the target attribute of kernels/simd_avx512.hpp. The
+// arithmetic mirrors adam_update statement by statement (mul and add, never fma) so the results are the
+// scalar bits.
 #if defined(__x86_64__)
-
-// GCC 12 reports the deliberately undefined pass-through operands inside its own intrinsics
-// (_mm512_undefined_*) as maybe-uninitialized once they are inlined; the values are never read.
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-
-#include <immintrin.h>
 
 #include <cstdint>
 
+#include "kernels/simd_avx512.hpp"
 #include "offload/cpu_adam_kernels.hpp"
-
-// GCC contracts a*b+c into an fma by default in C++ (-ffp-contract=fast), and the intrinsics are plain vector
-// arithmetic to it; fp-contract=off keeps the separate roundings of the reference.
-#define ZERO3_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,f16c"), optimize("fp-contract=off")))
 
 namespace zero3::detail {
 namespace {
+
+using avx512::to_bf16;
+using avx512::to_f16;
 
 enum class Copy { none, f32, bf16, f16 };
 
@@ -44,31 +37,6 @@ ZERO3_AVX512 inline __m512 update16(__m512 p, __m512 g, __m512& m, __m512& v, co
   __m512 upd = _mm512_div_ps(m, denom);
   __m512 delta = _mm512_mul_ps(k.step, upd);
   return _mm512_add_ps(pd, delta);
-}
-
-// f32_to_bf16 on 16 lanes: add 0x7fff plus the lowest kept bit, keep the high half; NaN -> quiet NaN.
-ZERO3_AVX512 inline __m256i to_bf16(__m512 x) {
-  __m512i u = _mm512_castps_si512(x);
-  __m512i hi = _mm512_srli_epi32(u, 16);
-  __m512i lsb = _mm512_and_si512(hi, _mm512_set1_epi32(1));
-  __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), lsb)), 16);
-  __m512i abs = _mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff));
-  __mmask16 nan = _mm512_cmpgt_epi32_mask(abs, _mm512_set1_epi32(0x7f800000));
-  r = _mm512_mask_mov_epi32(r, nan, _mm512_or_si512(hi, _mm512_set1_epi32(0x40)));
-  return _mm512_cvtepi32_epi16(r);
-}
-
-// f32_to_f16 on 16 lanes: the hardware conversion rounds to nearest even (subnormals and overflow to Inf
-// included); only NaNs differ from the reference, which makes every NaN sign|0x7e00.
-ZERO3_AVX512 inline __m256i to_f16(__m512 x) {
-  __m256i h = _mm512_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512i u = _mm512_castps_si512(x);
-  __m512i abs = _mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff));
-  __mmask16 nan = _mm512_cmpgt_epi32_mask(abs, _mm512_set1_epi32(0x7f800000));
-  if (nan == 0) return h;
-  __m512i qnan =
-      _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x8000)), _mm512_set1_epi32(0x7e00));
-  return _mm256_mask_blend_epi16(nan, h, _mm512_cvtepi32_epi16(qnan));
 }
 
 template <Copy kCopy>

@@ -140,10 +140,39 @@ class QueuedKernels final : public detail::DeviceKernels {
                     },
                     {range(out, end - begin, DType::f32)});
   }
+  void quantize(void* dst, const void* src, DType src_type, int64_t chunk, int64_t chunks, const QuantFormat& f,
+                Stream stream) override {
+    std::lock_guard lock(device_.mu_);
+    device_.note_kernel_args({dst, src});
+    device_.enqueue(
+        stream, [this, dst, src, src_type, chunk, chunks, f] { cpu_.quantize(dst, src, src_type, chunk, chunks, f); },
+        {message_range(dst, chunk, chunks, f), range(src, chunk * chunks, src_type)});
+  }
+  void dequantize(void* dst, DType dst_type, const void* src, int64_t chunk, int64_t chunks, const QuantFormat& f,
+                  Stream stream) override {
+    std::lock_guard lock(device_.mu_);
+    device_.note_kernel_args({dst, src});
+    device_.enqueue(
+        stream,
+        [this, dst, dst_type, src, chunk, chunks, f] { cpu_.dequantize(dst, dst_type, src, chunk, chunks, f); },
+        {range(dst, chunk * chunks, dst_type), message_range(src, chunk, chunks, f)});
+  }
+  void dequantize_sum(float* dst, const void* src, int64_t chunk, int64_t chunks, const QuantFormat& f,
+                      Stream stream) override {
+    std::lock_guard lock(device_.mu_);
+    device_.note_kernel_args({dst, src});
+    device_.enqueue(
+        stream, [this, dst, src, chunk, chunks, f] { cpu_.dequantize_sum(dst, src, chunk, chunks, f); },
+        {range(dst, chunk, DType::f32), message_range(src, chunk, chunks, f)});
+  }
 
  private:
   static StreamPathDevice::Range range(const void* p, int64_t n, DType t) {
     return {static_cast<const char*>(p), n > 0 ? static_cast<size_t>(n) * dtype_size(t) : 0};
+  }
+  static StreamPathDevice::Range message_range(const void* p, int64_t chunk, int64_t chunks, const QuantFormat& f) {
+    int64_t bytes = chunk > 0 && chunks > 0 && f.block > 0 ? chunks * quant_message_bytes(chunk, f) : 0;
+    return {static_cast<const char*>(p), static_cast<size_t>(bytes)};
   }
 
   StreamPathDevice& device_;

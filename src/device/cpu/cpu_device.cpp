@@ -10,6 +10,7 @@
 
 #include "device/device_kernels.hpp"
 #include "device/device_registry.hpp"
+#include "kernels/block_quantize_cpu.hpp"
 #include "kernels/elementwise.hpp"
 #include "offload/cpu_adam.hpp"
 #include "zero3/device.hpp"
@@ -139,6 +140,21 @@ class CpuKernels final : public detail::DeviceKernels {
   void init_fill(float* out, const FillSpec& spec, uint64_t seed, uint64_t param_stream, int64_t begin, int64_t end,
                  Stream) override {
     philox_fill_cpu(spec, seed, param_stream, begin, end, out);
+  }
+
+  void quantize(void* dst, const void* src, DType src_type, int64_t chunk, int64_t chunks, const QuantFormat& f,
+                Stream) override {
+    quantize_cpu(dst, src, src_type, chunk, chunks, f);
+  }
+
+  void dequantize(void* dst, DType dst_type, const void* src, int64_t chunk, int64_t chunks, const QuantFormat& f,
+                  Stream) override {
+    dequantize_cpu(dst, dst_type, src, chunk, chunks, f);
+  }
+
+  void dequantize_sum(float* dst, const void* src, int64_t chunk, int64_t chunks, const QuantFormat& f,
+                      Stream) override {
+    dequantize_sum_cpu(dst, src, chunk, chunks, f);
   }
 };
 

@@ -72,4 +72,28 @@ void CudaKernels::init_fill(float* out, const FillSpec& spec, uint64_t seed, uin
   cuda::launch_philox_fill(out, spec, seed, param_stream, begin, end, as_cuda(stream));
 }
 
+void CudaKernels::quantize(void* dst, const void* src, DType src_type, int64_t chunk, int64_t chunks,
+                           const QuantFormat& f, Stream stream) {
+  check_quant_args("quantize", f, chunk, chunks);
+  if (chunk == 0 || chunks == 0) return;
+  CudaDeviceGuard guard(device_);
+  cuda::launch_quantize(dst, src, src_type, chunk, chunks, f, as_cuda(stream));
+}
+
+void CudaKernels::dequantize(void* dst, DType dst_type, const void* src, int64_t chunk, int64_t chunks,
+                             const QuantFormat& f, Stream stream) {
+  check_quant_args("dequantize", f, chunk, chunks);
+  if (chunk == 0 || chunks == 0) return;
+  CudaDeviceGuard guard(device_);
+  cuda::launch_dequantize(dst, dst_type, src, chunk, chunks, f, as_cuda(stream));
+}
+
+void CudaKernels::dequantize_sum(float* dst, const void* src, int64_t chunk, int64_t chunks, const QuantFormat& f,
+                                 Stream stream) {
+  check_quant_args("dequantize_sum", f, chunk, chunks);
+  if (chunk == 0) return;
+  CudaDeviceGuard guard(device_);
+  cuda::launch_dequantize_sum(dst, src, chunk, chunks, f, as_cuda(stream));
+}
+
 }  // namespace zero3::detail

@@ -22,6 +22,12 @@ class CudaKernels final : public DeviceKernels {
             DType copy_type, Stream stream) override;
   void init_fill(float* out, const FillSpec& spec, uint64_t seed, uint64_t param_stream, int64_t begin, int64_t end,
                  Stream stream) override;
+  void quantize(void* dst, const void* src, DType src_type, int64_t chunk, int64_t chunks, const QuantFormat& f,
+                Stream stream) override;
+  void dequantize(void* dst, DType dst_type, const void* src, int64_t chunk, int64_t chunks, const QuantFormat& f,
+                  Stream stream) override;
+  void dequantize_sum(float* dst, const void* src, int64_t chunk, int64_t chunks, const QuantFormat& f,
+                      Stream stream) override;
 
  private:
   const int device_;

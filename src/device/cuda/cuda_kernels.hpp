@@ -15,6 +15,7 @@
 
 #include <cstdint>
 
+#include "kernels/block_quantize.hpp"
 #include "kernels/philox_init.hpp"
 #include "optim/adam_math.hpp"
 #include "zero3/dtype.hpp"
@@ -48,5 +49,16 @@ void launch_adam(float* p, const float* g, float* m, float* v, int64_t n, const 
 // out[0, end - begin) = elements [begin, end) of the parameter (philox_fill_block per block of four).
 void launch_philox_fill(float* out, const FillSpec& spec, uint64_t seed, uint64_t param_stream, int64_t begin,
                         int64_t end, cudaStream_t stream);
+
+// Block quantization (quantize_kernels.cu), with the arguments of DeviceKernels::quantize, dequantize and
+// dequantize_sum, already checked (check_quant_args). Quantizing runs one warp per block: the lanes find
+// the block's maximum |x| bits, reduce them with shuffles and write the codes; dequantizing runs one thread
+// per element, and the sum adds the messages in order in each element's thread.
+void launch_quantize(void* dst, const void* src, DType src_type, int64_t chunk, int64_t chunks, const QuantFormat& f,
+                     cudaStream_t stream);
+void launch_dequantize(void* dst, DType dst_type, const void* src, int64_t chunk, int64_t chunks,
+                       const QuantFormat& f, cudaStream_t stream);
+void launch_dequantize_sum(float* dst, const void* src, int64_t chunk, int64_t chunks, const QuantFormat& f,
+                           cudaStream_t stream);
 
 }  // namespace zero3::detail::cuda
