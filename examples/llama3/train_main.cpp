@@ -277,6 +277,20 @@ void check_checkpoint_flags(const TrainOptions& o) {
   }
 }
 
+// Every directory the run will write into, checked before training: a read-only, non-directory or full
+// --save-dir would otherwise show at the first save (--save-interval steps in), a bad --consolidate-to only
+// after the last step. Each rank checks, since each rank writes its own shard file.
+void check_output_paths(const TrainOptions& o, const zero3::Config& cfg, const ModelConfig& mc, int64_t world,
+                        int64_t local_world) {
+  if (!o.save_dir.empty()) {
+    int64_t bytes = zero3::checkpoint_bytes(engine_model_desc(mc), world);
+    // With node-local storage a node's directory holds its own ranks' files only.
+    if (cfg.checkpoint.use_node_local_storage) bytes = bytes / world * local_world;
+    zero3::check_output_directory(o.save_dir, "--save-dir", static_cast<uint64_t>(bytes), "one checkpoint");
+  }
+  if (!o.consolidate_to.empty()) zero3::check_output_directory(o.consolidate_to, "--consolidate-to");
+}
+
 // What the program saves beside the engine's state to continue exactly: the sampler's position and the facts
 // that must not change across a resume.
 zero3::CheckpointExtras sampler_extras(const DistributedSampler& sampler, const TrainOptions& o,
@@ -286,13 +300,6 @@ zero3::CheckpointExtras sampler_extras(const DistributedSampler& sampler, const 
           {"seq_len", std::to_string(o.seq_len)},
           {"data_sequences", std::to_string(data.num_sequences())},
           {"seed", std::to_string(o.seed)}};
-}
-
-int64_t extra_int(const zero3::CheckpointExtras& e, const std::string& key, const std::string& where) {
-  auto it = e.find(key);
-  if (it == e.end())
-    throw zero3::CheckpointError(where + ": the checkpoint has no '" + key + "' (not saved by llama3_train?)");
-  return std::stoll(it->second);
 }
 
 int train(const TrainOptions& o, zero3::Config cfg, const ModelConfig& mc, const std::string& model_json) {
@@ -368,6 +375,8 @@ int train(const TrainOptions& o, zero3::Config cfg, const ModelConfig& mc, const
     std::fflush(stdout);
   }
 
+  check_output_paths(o, cfg, mc, world, launch.local_world_size);
+
   // Data: every rank packs the same token stream and the sampler hands each rank different sequences.
   auto t_data = Clock::now();
   std::unique_ptr<Tokenizer> tokenizer = make_tokenizer(o.tokenizer);
@@ -427,7 +436,7 @@ int train(const TrainOptions& o, zero3::Config cfg, const ModelConfig& mc, const
     const zero3::LoadedCheckpoint ck = zero3::load_checkpoint(engine, o.save_dir, *o.resume);
     const std::string where = ck.path.string();
     for (const char* key : {"seq_len", "data_sequences", "seed"}) {
-      const int64_t saved = extra_int(ck.extras, key, where);
+      const int64_t saved = ck.extra_int(key);
       const int64_t now = std::string(key) == "seq_len"          ? o.seq_len
                           : std::string(key) == "data_sequences" ? dataset.num_sequences()
                                                                  : static_cast<int64_t>(o.seed);
@@ -437,8 +446,8 @@ int train(const TrainOptions& o, zero3::Config cfg, const ModelConfig& mc, const
       }
     }
     DistributedSampler::State st;
-    st.epoch = extra_int(ck.extras, "sampler_epoch", where);
-    st.position = extra_int(ck.extras, "sampler_position", where);
+    st.epoch = ck.extra_int("sampler_epoch");
+    st.position = ck.extra_int("sampler_position");
     if (ck.saved_world_size != world) {
       // Each rank took `position` sequences of its share; on another world size the shares differ, so continue
       // with the next epoch's shuffle rather than repeat or skip sequences unevenly.

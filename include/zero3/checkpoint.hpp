@@ -5,7 +5,7 @@
 //   zero3::LoadedCheckpoint resumed;
 //   if (zero3::checkpoint_exists(dir)) {                       // DIR/latest names a checkpoint
 //     resumed = zero3::load_checkpoint(engine, dir);           // after materialize(), before the first scope
-//     sampler.seek(std::stoll(resumed.extras.at("samples_seen")));
+//     sampler.seek(resumed.extra_int("samples_seen"));
 //   }
 //   for (...) {
 //     ... forward and backward scopes, engine.step() ...
@@ -90,6 +90,11 @@ struct LoadedCheckpoint {
   CheckpointExtras extras;       // as given to save_checkpoint
   uint64_t bytes_read = 0;       // this rank: bytes read to verify checksums and to fill its slices
   double seconds = 0;
+
+  // The integer the program saved under `key` in its extras (as std::to_string writes it). Throws
+  // CheckpointError naming the manifest and extras.<key> when the key is missing or its value is not a
+  // decimal integer that fits 64 bits.
+  int64_t extra_int(const std::string& key) const;
 };
 
 // Saves the engine's state as DIR/TAG and points DIR/latest at it. Collective. `tag` is a file name: not
@@ -197,6 +202,18 @@ std::vector<FileCheck> verify_checkpoint_files(const CheckpointInfo& info);
 
 // read_checkpoint_info + verify_checkpoint_files; throws CheckpointError naming the first bad file.
 CheckpointInfo verify_checkpoint(const std::filesystem::path& dir, const std::string& tag = "latest");
+
+// ---- Start-up check of an output directory ----
+
+// Checks a directory the run will write into (checkpoints, exported weights), so that a bad path fails before
+// training instead of at the first save or at the end: creates `dir` with its parents when it is missing, then
+// requires that it is a directory, that a file can be created, written and removed there (which finds a
+// read-only file system, permissions, ACLs and quotas; permission bits do not stop root, whose saves would
+// work), and, when `bytes_needed` > 0, that its file system has that many bytes available to this user.
+// `what` names the path in errors ("--save-dir"), `needed_for` what the bytes are for ("one checkpoint").
+// Local: call it on every rank that will write there. Throws CheckpointError "<what> <dir>: <why>".
+void check_output_directory(const std::filesystem::path& dir, const std::string& what, uint64_t bytes_needed = 0,
+                            const std::string& needed_for = "");
 
 // ---- Export to Hugging Face safetensors ----
 

@@ -124,6 +124,8 @@ struct MemoryPlan {
   int64_t live_numel = 0;         // most unpadded ones (the engine's ScheduleStats::peak_live_numel)
   int64_t largest_unit = 0;       // padded elements of the largest unit
 
+  int64_t checkpoint_bytes = 0;  // one save_checkpoint, every rank's file together: see checkpoint_bytes()
+
   std::vector<MemoryPlanEntry> entries;  // per rank; entries with 0 bytes are left out
 
   int64_t rank_bytes(MemoryTier tier) const;
@@ -139,6 +141,12 @@ struct MemoryPlan {
 // the stage does not support (offload_param below stage 3, any offload at stage 0), InvalidArgument for
 // world_size or ranks_per_node < 1 or an empty model.
 MemoryPlan plan_memory(const ModelDesc& model, const Config& config, const MemoryPlanOptions& options);
+
+// The size of one checkpoint of `model` saved by `world_size` ranks (save_checkpoint: every rank's shard file
+// and the manifest together): the fp32 master weights and Adam's two moments of every parameter, 12 bytes each
+// (padding is not stored), plus an allowance of 4 KiB per unit and rank for the files' headers and 64 KiB for
+// the manifest's config.
+int64_t checkpoint_bytes(const ModelDesc& model, int64_t world_size);
 
 // A table: one row per entry (category, what, tier, bytes per rank), then totals per tier per rank and
 // per node, in bytes and in binary units (KiB, MiB, GiB).

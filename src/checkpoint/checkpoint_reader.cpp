@@ -1,6 +1,7 @@
 // load_checkpoint and the engine-free readers. A load verifies everything it will read before it writes any
 // engine state, then fills each rank's slices from the saved files' byte ranges (any saved world size).
 #include <algorithm>
+#include <charconv>
 #include <chrono>
 #include <cstring>
 #include <map>
@@ -107,6 +108,20 @@ struct UnitPlan {
 };
 
 }  // namespace
+
+int64_t LoadedCheckpoint::extra_int(const std::string& key) const {
+  const std::string where = (path / ckpt::kManifestName).string() + ": extras." + key;
+  const auto it = extras.find(key);
+  if (it == extras.end()) throw CheckpointError(where + " is missing (the program that saved it did not write it)");
+  const std::string& text = it->second;
+  int64_t value = 0;
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (text.empty() || ec != std::errc() || end != text.data() + text.size()) {
+    throw CheckpointError(where + " is '" + text + "', expected a decimal integer" +
+                          (ec == std::errc::result_out_of_range ? " that fits 64 bits" : ""));
+  }
+  return value;
+}
 
 std::string resolve_checkpoint_tag(const fs::path& dir, const std::string& tag) {
   if (tag == ckpt::kLatestName) return ckpt::read_latest(dir);

@@ -130,17 +130,24 @@ struct WrittenShard {
 // fsync'ed and renamed into place by the safetensors writer. The CRC-32C is computed on the way; the header,
 // which the writer lays down itself, is read back (a few KB) and combined in front of it.
 WrittenShard write_shard(Engine& engine, const fs::path& path, const std::vector<Piece>& pieces,
-                         const std::string& tag) {
+                         const std::string& tag, const TrainingState& state) {
   std::vector<st::TensorDecl> decls;
+  std::vector<CheckpointRange> ranges;
   for (const Piece& p : pieces) {
     for (StatePart part : ckpt::kStateParts) {
       decls.push_back({ckpt::shard_tensor_name(engine.unit(p.unit).name, part), st::Dtype::f32, {p.length}});
     }
+    ranges.push_back({p.unit.index, p.begin, p.length});
   }
+  std::vector<std::string> unit_names;
+  for (size_t i = 0; i < engine.num_units(); ++i) unit_names.push_back(engine.unit(UnitId{static_cast<int32_t>(i)}).name);
+  // Bound into the file (its header is under the CRC-32C): which elements it holds and at which step.
   const std::map<std::string, std::string> metadata = {{"format", "zero3-checkpoint-shard"},
                                                        {"tag", tag},
                                                        {"rank", std::to_string(engine.rank())},
-                                                       {"world_size", std::to_string(engine.world_size())}};
+                                                       {"world_size", std::to_string(engine.world_size())},
+                                                       {"ranges", ckpt::ranges_metadata(unit_names, ranges)},
+                                                       {"training_state", ckpt::training_state_metadata(state)}};
   st::SafetensorsWriter writer(path, decls, metadata);
   Device& device = engine.device();
   const bool host = device.type() == DeviceType::cpu;
@@ -373,7 +380,7 @@ SavedCheckpoint save_checkpoint_on_node(Engine& engine, const fs::path& dir, con
       const fs::path file = temp / ckpt::rank_file_name(rank, world);
       WrittenShard shard;
       try {
-        shard = write_shard(engine, file, pieces, tag);
+        shard = write_shard(engine, file, pieces, tag, state);
       } catch (const Error& e) {
         throw CheckpointError("cannot write " + file.string() + ": " + e.what());
       }

@@ -1,6 +1,7 @@
 #include "checkpoint/manifest.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -85,6 +86,105 @@ bool safe_file_name(const std::string& name) {
   return !name.empty() && name.find('/') == std::string::npos && name.find('\0') == std::string::npos && name[0] != '.';
 }
 
+std::string str(int64_t v) { return std::to_string(v); }
+
+// The step counters and the loss scaler's state, against each other (a fresh engine and every step keep these).
+void check_counters(const Reader& r, const TrainingState& s) {
+  if (s.applied_steps + s.skipped_steps != s.global_steps) {
+    r.fail("training_state: applied_steps (" + str(s.applied_steps) + ") + skipped_steps (" + str(s.skipped_steps) +
+           ") != global_steps (" + str(s.global_steps) + ")");
+  }
+  if (s.micro_steps < s.global_steps) {
+    r.fail("training_state.micro_steps " + str(s.micro_steps) + " is below global_steps " + str(s.global_steps) +
+           " (every optimizer step ends at least one micro-step)");
+  }
+  if (s.scaler_iter < 0 || s.scaler_iter > s.global_steps) {
+    r.fail("training_state.scaler_iter " + str(s.scaler_iter) + " is outside 0..global_steps (" +
+           str(s.global_steps) + "): the loss scaler counts at most one iteration per optimizer step");
+  }
+  if (s.scaler_last_overflow_iter != -1 &&
+      (s.scaler_last_overflow_iter < 0 || s.scaler_last_overflow_iter >= s.scaler_iter)) {
+    r.fail("training_state.scaler_last_overflow_iter " + str(s.scaler_last_overflow_iter) +
+           " is neither -1 (no overflow) nor an iteration before scaler_iter " + str(s.scaler_iter));
+  }
+  if (!(s.loss_scale > 0) || !std::isfinite(s.loss_scale)) {
+    r.fail("training_state.loss_scale " + std::to_string(s.loss_scale) + " is not a positive finite number");
+  }
+  if (s.scaler_hysteresis < 1) {
+    r.fail("training_state.scaler_hysteresis " + str(s.scaler_hysteresis) + " is below 1");
+  }
+}
+
+// "[b, e)"
+std::string span(int64_t begin, int64_t length) { return "[" + str(begin) + ", " + str(begin + length) + ")"; }
+
+// The files and their ranges against the partition the saving run used: at stages 1-3 rank r of W owns elements
+// [r*S, min((r+1)*S, numel)) of every unit, S = ceil(numel / W), and writes one file holding exactly those ranges
+// (none when it owns only padding); at stage 0 with several ranks rank 0 alone writes every unit whole. So the
+// world size, the units' sizes and the files' ranges must agree, and a file's ranges cannot be another file's.
+void check_layout(const Reader& r, const CheckpointInfo& info) {
+  const int world = info.world_size;
+  const bool replicated = info.stage == 0 && world > 1;
+  std::vector<std::vector<CheckpointRange>> owned(static_cast<size_t>(world));
+  for (size_t u = 0; u < info.units.size(); ++u) {
+    const CheckpointUnit& unit = info.units[u];
+    const int64_t slice = (unit.numel + world - 1) / world;
+    for (int rank = 0; rank < world; ++rank) {
+      const int64_t begin = replicated ? 0 : rank * slice;
+      const int64_t length = replicated ? (rank == 0 ? unit.numel : 0) : std::clamp<int64_t>(unit.numel - begin, 0, slice);
+      if (length > 0) owned[static_cast<size_t>(rank)].push_back({static_cast<int>(u), begin, length});
+    }
+  }
+  size_t expected_files = 0;
+  for (int rank = 0; rank < world; ++rank) expected_files += owned[static_cast<size_t>(rank)].empty() ? 0 : 1;
+  if (info.files.size() != expected_files) {
+    std::string listed;
+    for (const CheckpointFile& f : info.files) listed += (listed.empty() ? "" : ", ") + str(f.rank);
+    r.fail("world_size " + str(world) + " at stage " + str(info.stage) + " means " + str(static_cast<int64_t>(
+           expected_files)) + " shard file(s), one per rank that holds " + (replicated ? "the model (rank 0)" :
+           "a slice") + ", but files lists " + str(static_cast<int64_t>(info.files.size())) +
+           (listed.empty() ? "" : " (ranks " + listed + ")"));
+  }
+  for (size_t u = 0; u < info.units.size(); ++u) {
+    const CheckpointUnit& unit = info.units[u];
+    const int64_t slice = (unit.numel + world - 1) / world;
+    if (unit.slice_numel != slice || unit.padded_numel != slice * world) {
+      r.fail("units[" + str(static_cast<int64_t>(u)) + "] ('" + unit.name + "'): slice_numel " +
+             str(unit.slice_numel) + " and padded_numel " + str(unit.padded_numel) + " do not follow from numel " +
+             str(unit.numel) + " and world_size " + str(world) + " (expected ceil(" + str(unit.numel) + " / " +
+             str(world) + ") = " + str(slice) + " and " + str(slice * world) + ")");
+    }
+  }
+  std::vector<bool> seen(static_cast<size_t>(world), false);
+  for (size_t i = 0; i < info.files.size(); ++i) {
+    const CheckpointFile& f = info.files[i];
+    const std::string where = "files[" + str(static_cast<int64_t>(i)) + "] (" + f.name + ")";
+    if (seen[static_cast<size_t>(f.rank)]) r.fail(where + ": a second file of rank " + str(f.rank));
+    seen[static_cast<size_t>(f.rank)] = true;
+    if (f.name != rank_file_name(f.rank, world)) {
+      r.fail(where + ": rank " + str(f.rank) + " of " + str(world) + " writes '" + rank_file_name(f.rank, world) +
+             "', not '" + f.name + "'");
+    }
+    const std::vector<CheckpointRange>& want = owned[static_cast<size_t>(f.rank)];
+    for (size_t k = 0; k < std::max(want.size(), f.ranges.size()); ++k) {
+      const std::string claim =
+          k < f.ranges.size() ? "elements " + span(f.ranges[k].begin, f.ranges[k].length) + " of unit '" +
+                                    info.units[static_cast<size_t>(f.ranges[k].unit)].name + "'"
+                              : "nothing";
+      const std::string owns = k < want.size() ? "elements " + span(want[k].begin, want[k].length) + " of unit '" +
+                                                     info.units[static_cast<size_t>(want[k].unit)].name + "'"
+                                               : "nothing more";
+      const bool same = k < want.size() && k < f.ranges.size() && want[k].unit == f.ranges[k].unit &&
+                        want[k].begin == f.ranges[k].begin && want[k].length == f.ranges[k].length;
+      if (!same) {
+        r.fail(where + ": ranges[" + str(static_cast<int64_t>(k)) + "] is " + claim + ", but rank " + str(f.rank) +
+               " of " + str(world) + " at stage " + str(info.stage) + " holds " + owns +
+               " there (the ranges must be the saving run's partition: were they edited, or swapped between files?)");
+      }
+    }
+  }
+}
+
 }  // namespace
 
 const char* state_part_name(StatePart part) {
@@ -125,6 +225,31 @@ std::string crc_hex(uint32_t crc) {
   return buf;
 }
 
+namespace {
+
+ordered_json training_state_json(const TrainingState& s) {
+  return {{"micro_steps", s.micro_steps},
+          {"global_steps", s.global_steps},
+          {"skipped_steps", s.skipped_steps},
+          {"applied_steps", s.applied_steps},
+          {"loss_scale", s.loss_scale},
+          {"scaler_iter", s.scaler_iter},
+          {"scaler_last_overflow_iter", s.scaler_last_overflow_iter},
+          {"scaler_hysteresis", s.scaler_hysteresis}};
+}
+
+}  // namespace
+
+std::string ranges_metadata(const std::vector<std::string>& unit_names, const std::vector<CheckpointRange>& ranges) {
+  ordered_json out = ordered_json::array();
+  for (const CheckpointRange& r : ranges) {
+    out.push_back({unit_names.at(static_cast<size_t>(r.unit)), r.begin, r.length});
+  }
+  return out.dump();
+}
+
+std::string training_state_metadata(const TrainingState& state) { return training_state_json(state).dump(); }
+
 std::string manifest_to_json(const CheckpointInfo& info) {
   ordered_json m = ordered_json::object();
   m["format"] = kFormatName;
@@ -134,15 +259,7 @@ std::string manifest_to_json(const CheckpointInfo& info) {
   m["created"] = info.created;
   m["world_size"] = info.world_size;
   m["stage"] = info.stage;
-  const TrainingState& s = info.training_state;
-  m["training_state"] = {{"micro_steps", s.micro_steps},
-                         {"global_steps", s.global_steps},
-                         {"skipped_steps", s.skipped_steps},
-                         {"applied_steps", s.applied_steps},
-                         {"loss_scale", s.loss_scale},
-                         {"scaler_iter", s.scaler_iter},
-                         {"scaler_last_overflow_iter", s.scaler_last_overflow_iter},
-                         {"scaler_hysteresis", s.scaler_hysteresis}};
+  m["training_state"] = training_state_json(info.training_state);
   ordered_json extras = ordered_json::object();
   for (const auto& [k, v] : info.extras) extras[k] = v;
   m["extras"] = std::move(extras);
@@ -214,10 +331,7 @@ CheckpointInfo manifest_from_json(std::string_view text, const std::filesystem::
   s.scaler_iter = r.integer(st, "scaler_iter", "training_state", INT64_MIN, INT64_MAX);
   s.scaler_last_overflow_iter = r.integer(st, "scaler_last_overflow_iter", "training_state", INT64_MIN, INT64_MAX);
   s.scaler_hysteresis = r.integer(st, "scaler_hysteresis", "training_state", INT64_MIN, INT64_MAX);
-  if (s.applied_steps + s.skipped_steps != s.global_steps) {
-    r.fail("training_state: applied_steps (" + std::to_string(s.applied_steps) + ") + skipped_steps (" +
-           std::to_string(s.skipped_steps) + ") != global_steps (" + std::to_string(s.global_steps) + ")");
-  }
+  check_counters(r, s);
 
   const json& extras = r.field(m, "extras", "");
   if (!extras.is_object()) r.fail("extras is not a JSON object");
@@ -239,11 +353,6 @@ CheckpointInfo manifest_from_json(std::string_view text, const std::filesystem::
     u.numel = r.integer(ju, "numel", where, 1, INT64_MAX);
     u.slice_numel = r.integer(ju, "slice_numel", where, 1, INT64_MAX);
     u.padded_numel = r.integer(ju, "padded_numel", where, 1, INT64_MAX);
-    if (u.padded_numel < u.numel || u.padded_numel % u.slice_numel != 0) {
-      r.fail(where + " ('" + u.name + "'): padded_numel " + std::to_string(u.padded_numel) +
-             " is not a multiple of slice_numel " + std::to_string(u.slice_numel) + " covering numel " +
-             std::to_string(u.numel));
-    }
     const json& params = r.array(ju, "params", where);
     std::set<std::string> names;
     int64_t offset = 0;
@@ -287,8 +396,6 @@ CheckpointInfo manifest_from_json(std::string_view text, const std::filesystem::
 
   const json& files = r.array(m, "files", "");
   std::set<std::string> file_names;
-  // Per unit, the ranges of all files, to check that they tile [0, numel).
-  std::vector<std::vector<std::pair<int64_t, int64_t>>> cover(info.units.size());
   for (size_t i = 0; i < files.size(); ++i) {
     const std::string where = "files[" + std::to_string(i) + "]";
     const json& jf = files[i];
@@ -316,30 +423,24 @@ CheckpointInfo manifest_from_json(std::string_view text, const std::filesystem::
       range.unit = it->second;
       range.begin = r.integer(ranges[k], "begin", rw, 0, u.numel - 1);
       range.length = r.integer(ranges[k], "length", rw, 1, u.numel - range.begin);
-      cover[static_cast<size_t>(range.unit)].emplace_back(range.begin, range.length);
       f.ranges.push_back(range);
     }
     info.files.push_back(std::move(f));
   }
-  for (size_t u = 0; u < info.units.size(); ++u) {
-    auto& c = cover[u];
-    std::sort(c.begin(), c.end());
-    int64_t next = 0;
-    for (const auto& [begin, length] : c) {
-      if (begin != next) {
-        r.fail("the files' ranges of unit '" + info.units[u].name + "' " + (begin < next ? "overlap" : "leave a gap") +
-               " at element " + std::to_string(std::min(begin, next)));
-      }
-      next = begin + length;
-    }
-    if (next != info.units[u].numel) {
-      r.fail("the files' ranges of unit '" + info.units[u].name + "' end at element " + std::to_string(next) +
-             ", not at its numel " + std::to_string(info.units[u].numel));
-    }
-  }
+  check_layout(r, info);
 
   const json& config = r.field(m, "config", "");
   info.config_json = config.is_string() ? config.get<std::string>() : config.dump(2);
+  // A save happens only at the end of an accumulation window of the run that saved.
+  const json* gas = config.is_object() && config.contains("gradient_accumulation_steps")
+                        ? &config["gradient_accumulation_steps"]
+                        : nullptr;
+  if (gas != nullptr && gas->is_number_integer() && gas->get<int64_t>() >= 1 &&
+      s.micro_steps % gas->get<int64_t>() != 0) {
+    r.fail("training_state.micro_steps " + std::to_string(s.micro_steps) +
+           " is not a multiple of config.gradient_accumulation_steps " + std::to_string(gas->get<int64_t>()) +
+           " (checkpoints are saved only at the end of an accumulation window)");
+  }
   return info;
 }
 

@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "zero3/checkpoint.hpp"
 
@@ -40,5 +41,12 @@ CheckpointInfo read_manifest(const std::filesystem::path& checkpoint_dir);
 
 // 8 lowercase hex digits.
 std::string crc_hex(uint32_t crc);
+
+// Metadata a shard file carries in its safetensors header beside "format" ("zero3-checkpoint-shard"), "tag",
+// "rank" and "world_size": "ranges", the file's ranges as compact JSON [["unit", begin, length], ...], and
+// "training_state", the save's counters as the manifest's JSON object. The header lies inside the bytes the
+// file's CRC-32C covers, so each file is bound to the ranges and counters the manifest claims for it.
+std::string ranges_metadata(const std::vector<std::string>& unit_names, const std::vector<CheckpointRange>& ranges);
+std::string training_state_metadata(const TrainingState& state);
 
 }  // namespace zero3::ckpt

@@ -397,6 +397,7 @@ MemoryPlan plan_memory(const ModelDesc& model, const Config& config, const Memor
     largest_numel = std::max(largest_numel, p);
     units.push_back({p, slice * w, false});
   }
+  plan.checkpoint_bytes = checkpoint_bytes(model, w);
 
   auto add = [&plan](MemoryCategory cat, MemoryTier tier, int64_t bytes, std::string what) {
     if (bytes > 0) plan.entries.push_back({cat, tier, bytes, std::move(what)});
@@ -546,6 +547,11 @@ std::string human(int64_t bytes) {
 
 }  // namespace
 
+int64_t checkpoint_bytes(const ModelDesc& model, int64_t world_size) {
+  ZERO3_REQUIRE(world_size >= 1, InvalidArgument, "checkpoint_bytes: world_size ", world_size, " must be >= 1");
+  return 12 * model.numel() + static_cast<int64_t>(model.units.size()) * world_size * 4096 + 65536;
+}
+
 std::string format_memory_plan(const MemoryPlan& p) {
   std::ostringstream os;
   os << "zero3 memory plan: ZeRO stage " << p.stage << ", " << dtype_label(p.compute_dtype) << ", world size "
@@ -553,6 +559,8 @@ std::string format_memory_plan(const MemoryPlan& p) {
      << " ranks)\n";
   os << "parameters: " << with_commas(p.total_params) << " (padded " << with_commas(p.padded_params) << ", "
      << with_commas(p.shard_params) << " owned per rank)";
+  os << "\ncheckpoint: " << with_commas(p.checkpoint_bytes) << " bytes (" << human(p.checkpoint_bytes)
+     << ") per save, all ranks' files (fp32 master weights and Adam moments, 12 bytes per parameter)";
   if (p.stage == 3) {
     os << "\nstage 3: persistent units " << with_commas(p.persistent_numel)
        << " elements; gathered at once, worst case " << with_commas(p.live_numel) << " elements ("

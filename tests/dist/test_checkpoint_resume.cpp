@@ -6,8 +6,10 @@
 // zero3-test-ranks: 2 3
 #include <gtest/gtest.h>
 
+#include <fstream>
 #include <functional>
 
+#include "checkpoint/manifest.hpp"
 #include "support/checkpoint_testing.hpp"
 #include "support/engine_world.hpp"
 #include "zero3/checkpoint.hpp"
@@ -115,6 +117,62 @@ TEST(CheckpointExport, ConsolidatedAndSixteenBitFilesEqualTheGatheredModel) {
       for (size_t i = 0; i < values.size(); ++i) ASSERT_EQ(half[i], f32_to_bf16(values[i])) << name << "[" << i << "]";
     }
   }
+}
+
+// A checkpoint of N ranks whose manifest was edited by hand, loaded as a resume would load it: every rank refuses
+// it, naming the manifest or the file and what does not fit, before the engine changes.
+TEST(CheckpointTampering, EditedManifestsAreRefusedOnEveryRank) {
+  auto comm = engine_world();
+  ASSERT_GE(comm->size(), 2) << "needs two shard files";
+  SharedTempDir dir(*comm, "zero3-ckpt-tamper");
+  TrainPlan plan;
+  plan.world = comm->size();
+  MlpEngine m = make_mlp_engine(equivalence_config(3), comm, cpu_device());
+  train_steps(*m.engine, m.units, plan, 0, 2);
+  save_checkpoint(*m.engine, dir.path(), "s2");
+  const fs::path ck = dir.path() / "s2";
+  const std::string manifest = (ck / ckpt::kManifestName).string();
+  const CheckpointInfo saved = read_checkpoint_info(dir.path(), "s2");
+  MlpEngine fresh = make_mlp_engine(equivalence_config(3), comm, cpu_device());
+  const auto before = gather_all_state(*fresh.engine);
+
+  // Rank 0 edits, then every rank loads and must get a CheckpointError holding every one of `parts`.
+  auto expect_refused = [&](const std::function<void(CheckpointInfo&)>& edit, const std::vector<std::string>& parts) {
+    if (comm->rank() == 0) {
+      CheckpointInfo info = saved;
+      edit(info);
+      std::ofstream(manifest, std::ios::trunc) << ckpt::manifest_to_json(info);
+    }
+    comm->barrier();
+    try {
+      load_checkpoint(*fresh.engine, dir.path(), "s2");
+      ADD_FAILURE() << "rank " << comm->rank() << " loaded the edited checkpoint; expected " << parts[0];
+    } catch (const CheckpointError& e) {
+      for (const std::string& p : parts) EXPECT_NE(std::string(e.what()).find(p), std::string::npos) << e.what();
+    }
+    comm->barrier();
+  };
+  // The ranges of the first two files swapped: each unit is still covered exactly once.
+  expect_refused([](CheckpointInfo& info) { std::swap(info.files[0].ranges, info.files[1].ranges); },
+                 {manifest, "files[0] (rank-00000-of-", "swapped between files"});
+  // One more rank than files.
+  const std::string more = std::to_string(comm->size() + 1);
+  expect_refused([](CheckpointInfo& info) { info.world_size += 1; },
+                 {manifest, "world_size " + more + " at stage 3 means " + more + " shard file(s)"});
+  // The two files exchanged on disk, with their sizes and checksums in the manifest: each file's header still says
+  // which rank wrote it.
+  if (comm->rank() == 0) {
+    fs::rename(ck / saved.files[0].name, ck / "swap");
+    fs::rename(ck / saved.files[1].name, ck / saved.files[0].name);
+    fs::rename(ck / "swap", ck / saved.files[1].name);
+  }
+  expect_refused(
+      [](CheckpointInfo& info) {
+        std::swap(info.files[0].bytes, info.files[1].bytes);
+        std::swap(info.files[0].crc32c, info.files[1].crc32c);
+      },
+      {"was written with rank '1'", "the manifest says '0'"});
+  EXPECT_EQ(first_bit_difference(gather_all_state(*fresh.engine), before), "") << "a refused load changed the engine";
 }
 
 }  // namespace

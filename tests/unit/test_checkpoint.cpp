@@ -236,6 +236,63 @@ TEST_F(CheckpointTest, TruncatedAndMissingFilesAreNamed) {
   expect_checkpoint_error([&] { load_checkpoint(*fresh.engine, dir(), "nope"); }, {"no checkpoint 'nope'"});
 }
 
+// A manifest edited after the save (counters rewritten so that they still agree with each other, a file entry
+// pointing at another save's shard) is refused naming the file: each shard file's header, under its CRC, records
+// the tag, the rank, its ranges and the counters it was saved with.
+TEST_F(CheckpointTest, AManifestRewrittenAfterTheSaveIsRefused) {
+  MlpEngine m = engine();
+  train_steps(*m.engine, m.units, plan_, 0, 2);
+  save_checkpoint(*m.engine, dir(), "a");
+  train_steps(*m.engine, m.units, plan_, 2, 1);
+  save_checkpoint(*m.engine, dir(), "b");
+  const fs::path manifest = dir() / "b" / "manifest.json";
+  const fs::path file = dir() / "b" / "rank-00000-of-00001.safetensors";
+  const std::string original = read_text(manifest);
+  MlpEngine fresh = engine();
+
+  CheckpointInfo info = ckpt::read_manifest(dir() / "b");
+  const int64_t gas = m.engine->gradient_accumulation_steps();
+  info.training_state.global_steps += 10;
+  info.training_state.applied_steps += 10;
+  info.training_state.micro_steps += 10 * gas;
+  write_text(manifest, ckpt::manifest_to_json(info));
+  expect_checkpoint_error([&] { load_checkpoint(*fresh.engine, dir(), "b"); },
+                          {file.string(), "was saved at training_state.micro_steps " + std::to_string(3 * gas),
+                           "the manifest says " + std::to_string(13 * gas), "restore_training_state"});
+  expect_checkpoint_error([&] { verify_checkpoint(dir(), "b"); }, {"training_state.micro_steps"});
+
+  // b's entry now describes a's file, copied over b's (size and CRC made to match).
+  write_text(manifest, original);
+  info = ckpt::read_manifest(dir() / "b");
+  const CheckpointInfo a = ckpt::read_manifest(dir() / "a");
+  fs::copy_file(dir() / "a" / file.filename(), file, fs::copy_options::overwrite_existing);
+  info.files[0].bytes = a.files[0].bytes;
+  info.files[0].crc32c = a.files[0].crc32c;
+  write_text(manifest, ckpt::manifest_to_json(info));
+  expect_checkpoint_error([&] { load_checkpoint(*fresh.engine, dir(), "b"); },
+                          {file.string(), "was written with tag 'a'", "the manifest says 'b'", "another save"});
+  EXPECT_EQ(fresh.engine->training_state().global_steps, 0) << "a refused load changed the engine";
+}
+
+// The program's own state: a value that is not a number is named with its file and key, not just "stoll".
+TEST_F(CheckpointTest, ExtrasReadAsIntegersNameTheKey) {
+  MlpEngine m = engine();
+  train_steps(*m.engine, m.units, plan_, 0, 1);
+  save_checkpoint(*m.engine, dir(), "e", {{"position", "123"}, {"epoch", "-4"}, {"seen", "12x"}, {"huge", "1e3"}});
+  MlpEngine fresh = engine();
+  const LoadedCheckpoint loaded = load_checkpoint(*fresh.engine, dir(), "e");
+  EXPECT_EQ(loaded.extra_int("position"), 123);
+  EXPECT_EQ(loaded.extra_int("epoch"), -4);
+  const std::string manifest = (dir() / "e" / "manifest.json").string();
+  expect_checkpoint_error([&] { loaded.extra_int("seen"); },
+                          {manifest + ": extras.seen is '12x', expected a decimal integer"});
+  expect_checkpoint_error([&] { loaded.extra_int("huge"); }, {"extras.huge is '1e3'"});
+  expect_checkpoint_error([&] { loaded.extra_int("gone"); }, {manifest + ": extras.gone is missing"});
+  LoadedCheckpoint big = loaded;
+  big.extras["position"] = "99999999999999999999";
+  expect_checkpoint_error([&] { big.extra_int("position"); }, {"fits 64 bits"});
+}
+
 TEST_F(CheckpointTest, AnotherModelIsRefusedNamingTheFirstDifference) {
   MlpEngine m = engine();
   train_steps(*m.engine, m.units, plan_, 0, 1);

@@ -61,7 +61,7 @@ CheckpointInfo sample_info() {
   info.world_size = 4;
   info.stage = 3;
   info.config_json = R"({"zero_optimization": {"stage": 3}})";
-  info.training_state = {14, 7, 1, 6, 32768.0, 12, 3, 2};
+  info.training_state = {14, 7, 1, 6, 32768.0, 7, 3, 2};
   info.extras = {{"epoch", "2"}, {"rng", "[1, 2, 3]"}};
   CheckpointUnit u;
   u.name = "layers.0";
@@ -114,13 +114,6 @@ void expect_invalid(const CheckpointInfo& info, const std::string& part) {
 }
 
 TEST(Manifest, RefusesInconsistentLayouts) {
-  CheckpointInfo gap = sample_info();
-  gap.files[1].ranges[0].begin = 4;
-  gap.files[1].ranges[0].length = 2;
-  expect_invalid(gap, "leave a gap at element 3");
-  CheckpointInfo overlap = sample_info();
-  overlap.files[1].ranges[0].begin = 2;
-  expect_invalid(overlap, "overlap");
   CheckpointInfo shape = sample_info();
   shape.units[0].params[1].numel = 5;
   expect_invalid(shape, "does not match its shape");
@@ -133,9 +126,9 @@ TEST(Manifest, RefusesInconsistentLayouts) {
   CheckpointInfo rank = sample_info();
   rank.files[0].rank = 4;
   expect_invalid(rank, "files[0].rank is 4");
-  CheckpointInfo counters = sample_info();
-  counters.training_state.applied_steps = 7;
-  expect_invalid(counters, "applied_steps");
+  CheckpointInfo beyond = sample_info();
+  beyond.files[3].ranges[0].length = 2;
+  expect_invalid(beyond, "files[3].ranges[0].length is 2, expected 1..1");
 
   std::string text = manifest_to_json(sample_info());
   std::string newer = text;
@@ -146,6 +139,99 @@ TEST(Manifest, RefusesInconsistentLayouts) {
   std::string crc = text;
   crc.replace(crc.find("deadbeef"), 8, "DEADBEEF");
   EXPECT_THROW(manifest_from_json(crc, "m.json"), CheckpointError);
+}
+
+// The files' ranges must be the partition of the run that saved: ceil(numel / world_size) elements per rank, rank r
+// from r * slice, padding not stored; rank 0 alone at stage 0. Whatever breaks it is named.
+TEST(Manifest, RangesMustBeTheSavingRunsPartition) {
+  CheckpointInfo gap = sample_info();
+  gap.files[1].ranges[0] = {0, 4, 2};
+  expect_invalid(gap, "files[1] (rank-00001-of-00004.safetensors): ranges[0] is elements [4, 6) of unit 'layers.0', "
+                      "but rank 1 of 4 at stage 3 holds elements [3, 6) of unit 'layers.0' there");
+  CheckpointInfo overlap = sample_info();
+  overlap.files[1].ranges[0].begin = 2;
+  expect_invalid(overlap, "ranges[0] is elements [2, 5)");
+  // Two files' ranges swapped: every unit is still covered exactly once, but the bytes of each file are the other
+  // rank's slice.
+  CheckpointInfo swapped = sample_info();
+  std::swap(swapped.files[0].ranges, swapped.files[1].ranges);
+  expect_invalid(swapped, "files[0] (rank-00000-of-00004.safetensors): ranges[0] is elements [3, 6) of unit "
+                          "'layers.0', but rank 0 of 4 at stage 3 holds elements [0, 3)");
+  expect_invalid(swapped, "swapped between files");
+  // world_size rewritten: 5 ranks of 10 elements write 5 files.
+  CheckpointInfo world = sample_info();
+  world.world_size = 5;
+  expect_invalid(world, "world_size 5 at stage 3 means 5 shard file(s), one per rank that holds a slice, but files "
+                        "lists 4 (ranks 0, 1, 2, 3)");
+  CheckpointInfo sizes = sample_info();
+  sizes.units[0].slice_numel = 4;
+  sizes.units[0].padded_numel = 16;
+  expect_invalid(sizes, "slice_numel 4 and padded_numel 16 do not follow from numel 10 and world_size 4 (expected "
+                        "ceil(10 / 4) = 3 and 12)");
+  CheckpointInfo name = sample_info();
+  name.files[2].name = rank_file_name(2, 8);
+  expect_invalid(name, "rank 2 of 4 writes 'rank-00002-of-00004.safetensors', not 'rank-00002-of-00008.safetensors'");
+  CheckpointInfo twice = sample_info();
+  twice.files[1].rank = 0;
+  expect_invalid(twice, "files[1] (rank-00001-of-00004.safetensors): a second file of rank 0");
+  CheckpointInfo more = sample_info();
+  more.files[0].ranges.push_back({0, 9, 1});
+  expect_invalid(more, "ranges[1] is elements [9, 10) of unit 'layers.0', but rank 0 of 4 at stage 3 holds nothing more");
+  CheckpointInfo stage0 = sample_info();
+  stage0.stage = 0;
+  expect_invalid(stage0, "world_size 4 at stage 0 means 1 shard file(s), one per rank that holds the model (rank 0)");
+
+  // What the writer produces passes: stage 0 (rank 0 holds whole units), and units smaller than the world, of which
+  // the last ranks hold nothing (a rank holding nothing at all writes no file).
+  CheckpointInfo whole = sample_info();
+  whole.stage = 0;
+  whole.files.resize(1);
+  whole.files[0].ranges = {{0, 0, 10}};
+  EXPECT_NO_THROW(manifest_from_json(manifest_to_json(whole), "m.json"));
+  CheckpointInfo small = sample_info();
+  CheckpointUnit tiny;
+  tiny.name = "norm";
+  tiny.dtype = DType::f32;
+  tiny.numel = 2;
+  tiny.slice_numel = 1;
+  tiny.padded_numel = 4;
+  tiny.params = {{"g", "norm.g", {2}, DType::f32, 0, 2}};
+  small.units.push_back(tiny);
+  small.files[0].ranges.push_back({1, 0, 1});
+  small.files[1].ranges.push_back({1, 1, 1});
+  EXPECT_NO_THROW(manifest_from_json(manifest_to_json(small), "m.json"));
+  CheckpointInfo idle = sample_info();
+  idle.world_size = 8;  // 10 elements: slices of 2, ranks 5-7 hold nothing and write no file
+  idle.units[0].slice_numel = 2;
+  idle.units[0].padded_numel = 16;
+  idle.files.clear();
+  for (int r = 0; r < 5; ++r) idle.files.push_back({rank_file_name(r, 8), r, 100, 1, {{0, 2 * r, 2}}});
+  EXPECT_NO_THROW(manifest_from_json(manifest_to_json(idle), "m.json"));
+}
+
+// The counters move together: every optimizer step is applied or skipped, ends at least one micro-step and at most
+// one loss-scaler iteration, and a save ends an accumulation window.
+TEST(Manifest, CountersMustAgree) {
+  auto with = [](auto change) {
+    CheckpointInfo info = sample_info();
+    change(info.training_state);
+    return info;
+  };
+  expect_invalid(with([](TrainingState& s) { s.applied_steps = 7; }),
+                 "applied_steps (7) + skipped_steps (1) != global_steps (7)");
+  expect_invalid(with([](TrainingState& s) { s.micro_steps = 5; }),
+                 "training_state.micro_steps 5 is below global_steps 7");
+  expect_invalid(with([](TrainingState& s) { s.scaler_iter = 9; }), "training_state.scaler_iter 9 is outside 0..global_steps (7)");
+  expect_invalid(with([](TrainingState& s) { s.scaler_last_overflow_iter = 7; }),
+                 "training_state.scaler_last_overflow_iter 7 is neither -1 (no overflow) nor an iteration before "
+                 "scaler_iter 7");
+  expect_invalid(with([](TrainingState& s) { s.loss_scale = 0; }), "training_state.loss_scale");
+  expect_invalid(with([](TrainingState& s) { s.scaler_hysteresis = 0; }), "training_state.scaler_hysteresis 0 is below 1");
+  CheckpointInfo window = sample_info();
+  window.config_json = R"({"gradient_accumulation_steps": 4, "zero_optimization": {"stage": 3}})";
+  expect_invalid(window, "training_state.micro_steps 14 is not a multiple of config.gradient_accumulation_steps 4");
+  window.config_json = R"({"gradient_accumulation_steps": 2, "zero_optimization": {"stage": 3}})";
+  EXPECT_NO_THROW(manifest_from_json(manifest_to_json(window), "m.json"));
 }
 
 TEST(Reshard, ReadsCoverANewSliceAcrossOldFiles) {
