@@ -23,8 +23,16 @@
 // the in-place layout, a root outside the world, max for reduce_scatter) throw InvalidArgument from the
 // call itself, before anything is sent, so the ranks stay in step.
 //
+// Agreement. Ranks that call different collectives at the same position (another operation, count, dtype,
+// reduce op or root) must not reach the transport: Gloo would abort the process on a size it did not expect,
+// NCCL would hang or move the wrong bytes. Gloo compares every call across ranks before it moves data (each
+// rank sends its call's description to every other rank): a difference is a CollectiveMismatchError on every
+// rank, naming each rank's call, and the communicator stays usable. NCCL cannot compare calls;
+// checks_collectives() says which kind a communicator is (the engine checks the calls itself where it is not).
+//
 // Gloo runs each communicator's operations on a worker thread of its own; the calling thread only queues
-// them. bf16/f16 reductions are done in f32 (one rounding at the end). A count of 0 completes at once.
+// them. bf16/f16 reductions are done in f32 (one rounding at the end). A count of 0 completes at once, with no
+// communication and no comparison.
 //
 // Thread-safety: one thread issues operations on a communicator at a time; Work may be waited on from
 // any thread.
@@ -79,6 +87,9 @@ class Communicator {
   virtual std::chrono::milliseconds timeout() const = 0;
   // The CUDA device whose memory and streams the collectives take (nccl); -1 for backends over host memory.
   virtual int cuda_device() const { return -1; }
+  // True when every collective is compared across ranks before data moves (gloo, and local's world of one): a
+  // mismatch is a CollectiveMismatchError instead of a crash, a hang or wrong data. False for nccl.
+  virtual bool checks_collectives() const { return false; }
 
   // out[r*count .. (r+1)*count) = rank r's `in`, for every rank r. `out` holds size()*count elements; `in`
   // holds count elements and may be out + rank()*count (in place).

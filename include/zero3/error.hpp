@@ -29,6 +29,13 @@ class TimeoutError : public CommError {
   using CommError::CommError;
 };
 
+// The ranks called different collectives at the same position of their sequence (the operation, count, dtype,
+// reduce op or root differ). Found before any data moved, and on every rank alike, so the communicator stays
+// usable. Names each rank's call.
+class CollectiveMismatchError : public CommError {
+  using CommError::CommError;
+};
+
 // The CUDA runtime, cuBLAS or a kernel launch failed.
 class CudaError : public Error {
   using Error::Error;

@@ -130,11 +130,11 @@ void CommQueue::drain() {
   std::exception_ptr err;
   for (auto& [what, work] : tracked) {
     try {
-      work->wait();
-    } catch (const TimeoutError& e) {
-      if (!err) err = std::make_exception_ptr(TimeoutError(what + " failed: " + e.what()));
-    } catch (const CommError& e) {
-      if (!err) err = std::make_exception_ptr(CommError(what + " failed: " + e.what()));
+      try {
+        work->wait();
+      } catch (const CommError&) {
+        rethrow_comm_error(what + " failed: ");
+      }
     } catch (...) {
       if (!err) err = std::current_exception();
     }
@@ -143,6 +143,18 @@ void CommQueue::drain() {
   blocked_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   if (err && !error_) error_ = err;
   if (error_) std::rethrow_exception(error_);
+}
+
+void rethrow_comm_error(const std::string& prefix) {
+  try {
+    throw;
+  } catch (const CollectiveMismatchError& e) {
+    throw CollectiveMismatchError(prefix + e.what());
+  } catch (const TimeoutError& e) {
+    throw TimeoutError(prefix + e.what());
+  } catch (const CommError& e) {
+    throw CommError(prefix + e.what());
+  }
 }
 
 double CommQueue::blocked_seconds() {

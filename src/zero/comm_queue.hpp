@@ -76,6 +76,10 @@ class CommQueue {
   std::thread thread_;
 };
 
+// Inside a catch block for a CommError: throws it again with `prefix` before its message, keeping its type
+// (TimeoutError, CollectiveMismatchError), so that the name of the operation is added without losing what failed.
+[[noreturn]] void rethrow_comm_error(const std::string& prefix);
+
 struct CommQueue::Task {
   std::string what;
   std::function<void()> fn;

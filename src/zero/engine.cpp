@@ -165,7 +165,7 @@ int Engine::stage() const { return impl_->policy_.stage; }
 DType Engine::compute_dtype() const { return impl_->compute_dtype_; }
 DType Engine::grad_dtype() const { return impl_->acc_dtype_; }
 Device& Engine::device() const { return impl_->device_; }
-Communicator& Engine::communicator() const { return *impl_->comm_; }
+Communicator& Engine::communicator() const { return *impl_->user_comm_; }
 
 size_t Engine::num_units() const { return impl_->units_.size(); }
 size_t Engine::num_params() const { return impl_->params_.size(); }

@@ -31,6 +31,8 @@ void EngineImpl::next_eval_batch() {
   ZERO3_REQUIRE(open_scopes_ == 0, InvalidArgument, "EvalMode::next_batch: close every scope first");
   if (schedule_->current().empty()) return;  // no scope since the last batch: nothing to end
   try {
+    verify_schedule("EvalMode::next_batch()");
+    reset_events();
     end_micro_step_schedule();
     ++eval_batches_;
     prefetch_param_reads();

@@ -9,6 +9,7 @@
 #include "core/check.hpp"
 #include "device/device_kernels.hpp"
 #include "kernels/philox_init.hpp"
+#include "zero/collective_guard.hpp"
 #include "zero/param_fill.hpp"
 #include "zero/partition.hpp"
 #include "zero/rank_agreement.hpp"
@@ -54,7 +55,7 @@ std::string shape_string(const std::vector<int64_t>& shape) {
 // Construction and declaration
 
 EngineImpl::EngineImpl(const Config& config, std::shared_ptr<Communicator> comm, Device& device)
-    : config_(config), comm_(std::move(comm)), device_(device), loss_scaler_(config.fp16) {
+    : config_(config), user_comm_(std::move(comm)), comm_(user_comm_), device_(device), loss_scaler_(config.fp16) {
   ZERO3_REQUIRE(comm_ != nullptr, InvalidArgument, "Engine: the communicator is null");
   rank_ = comm_->rank();
   world_ = comm_->size();
@@ -151,6 +152,9 @@ EngineImpl::EngineImpl(const Config& config, std::shared_ptr<Communicator> comm,
     ZERO3_REQUIRE(std::string_view(comm_->backend()) != "nccl", Unsupported, "Engine: the cpu device needs a ",
                   "communicator over host memory (gloo, or local for one process); nccl works on GPU memory only");
   }
+  // Ranks whose schedules differ must not reach a library that cannot tell (nccl: a hang or wrong bytes).
+  if (world_ > 1 && !comm_->checks_collectives()) comm_ = std::make_shared<CollectiveGuard>(comm_, device);
+  reset_events();
   // With streams, a task only enqueues its collective, so tasks run inline: overlap comes from the streams.
   queue_ = std::make_unique<CommQueue>(overlap_ && gather_stream_ == nullptr);
   log::debug("engine: stage ", z.stage, ", world ", world_, ", compute ", dtype_name(compute_dtype_), ", grads ",
@@ -191,8 +195,9 @@ void EngineImpl::check_usable() {
 }
 
 void EngineImpl::fail(std::exception_ptr error) {
-  if (!fatal_error_) fatal_error_ = error;
-  std::rethrow_exception(error);
+  if (fatal_error_) std::rethrow_exception(error);
+  fatal_error_ = explain_mismatch(error);
+  std::rethrow_exception(fatal_error_);
 }
 
 void EngineImpl::require_materialized(const char* what) const {
@@ -356,8 +361,8 @@ void EngineImpl::materialize() {
   check_usable();
   require_declaring("materialize");
   ZERO3_REQUIRE(!units_.empty(), InvalidArgument, "Engine::materialize: no unit was declared");
-  ZERO3_REQUIRE(2 * static_cast<int64_t>(units_.size()) + 2 < kMaxExactFloatInt, InvalidArgument,
-                "Engine::materialize: ", units_.size(), " units are more than the engine supports (8 million)");
+  ZERO3_REQUIRE(4 * static_cast<int64_t>(units_.size()) + 3 < kMaxExactFloatInt, InvalidArgument,
+                "Engine::materialize: ", units_.size(), " units are more than the engine supports (4 million)");
   for (const UnitState& u : units_) {
     ZERO3_REQUIRE(u.info.numel > 0, InvalidArgument, "Engine::materialize: unit '", u.info.name, "' has no parameters");
   }
@@ -683,39 +688,55 @@ void EngineImpl::build_compute_copies(UnitState& u, const float* master) {
 }
 
 // ---------------------------------------------------------------------------------------------------------
-// Order checks: during the first micro-step (and every one in debug mode), every scope entry and step()
-// is compared across ranks before anything else is issued for it.
+// Schedule agreement. Every scope entry and exit is an event; each micro-step (evaluation batch) keeps its
+// events and their running hash, and step() (EvalMode::next_batch()) compares the hash across ranks before it
+// does anything else, so the optimizer never applies gradients reduced in another rank's order. A collective
+// that already differs in the middle of the micro-step (another unit's all-gather) is caught by the
+// communicator (Gloo) or the CollectiveGuard (nccl) before it moves data. Either way the ranks then exchange
+// their events, and the error names the first one that differs. During the first micro-step, and every one
+// with zero3.check_schedule_every_step, each entry is also compared before anything is issued for it.
 
 bool EngineImpl::checking_order() const {
   const int64_t done = evaluating_ ? eval_batches_ : local_micro_steps_;
   return world_ > 1 && (done == 0 || config_.zero3.check_schedule_every_step);
 }
 
-int64_t EngineImpl::event_code(ScheduleEvent e) const {
-  return 1 + 2 * static_cast<int64_t>(e.unit.index) + (e.phase == Phase::backward ? 1 : 0);
+void EngineImpl::record_event(int64_t code) {
+  events_.push_back(code);
+  events_hash_ = fnv1a(&code, sizeof code, events_hash_);
 }
+
+void EngineImpl::reset_events() {
+  events_.clear();
+  events_hash_ = fnv1a("zero3-schedule", 14);
+}
+
+int64_t EngineImpl::event_code(UnitId unit, Phase phase, bool closing) const {
+  return 1 + 4 * static_cast<int64_t>(unit.index) + (closing ? 2 : 0) + (phase == Phase::backward ? 1 : 0);
+}
+
+int64_t EngineImpl::step_code() const { return 1 + 4 * static_cast<int64_t>(units_.size()); }
+
+int64_t EngineImpl::batch_end_code() const { return 2 + 4 * static_cast<int64_t>(units_.size()); }
 
 std::string EngineImpl::describe_code(int64_t code) const {
-  if (code < 0) return "nothing (it stopped earlier)";
-  if (code == 1 + 2 * static_cast<int64_t>(units_.size())) return "step()";
-  int64_t u = (code - 1) / 2;
-  bool backward = (code - 1) % 2 == 1;
-  return log::concat(backward ? "backward_scope" : "forward_scope", "('",
-                     u >= 0 && static_cast<size_t>(u) < units_.size() ? units_[static_cast<size_t>(u)].info.name : "?",
-                     "')");
+  if (code < 0) return "nothing more (its events end here)";
+  if (code == step_code()) return "called step()";
+  if (code == batch_end_code()) return "called EvalMode::next_batch()";
+  const int64_t u = (code - 1) / 4;
+  const int64_t kind = (code - 1) % 4;
+  const std::string name =
+      u >= 0 && static_cast<size_t>(u) < units_.size() ? units_[static_cast<size_t>(u)].info.name : "?";
+  const char* scope = kind % 2 == 1 ? "backward_scope" : "forward_scope";
+  return log::concat(kind >= 2 ? "closed " : "called ", scope, "('", name, "')");
 }
 
-void EngineImpl::check_order(int64_t code, const std::string& doing) {
-  std::string where = evaluating_
-                          ? log::concat("evaluation batch ", eval_batches_, " (after optimizer step ", global_steps_, ")")
-                          : log::concat("micro-step ", micro_steps_, " (optimizer step ", global_steps_, ")");
-  std::vector<float> mine{static_cast<float>(code)};
-  if (ranks_agree(*queue_, *comm_, mine, "schedule check before " + doing + " in " + where, &device_)) return;
+std::string EngineImpl::schedule_position() const {
+  return evaluating_ ? log::concat("evaluation batch ", eval_batches_, " (after optimizer step ", global_steps_, ")")
+                     : log::concat("micro-step ", micro_steps_, " (optimizer step ", global_steps_, ")");
+}
 
-  std::vector<int64_t> history;
-  for (const ScheduleEvent& e : schedule_->current()) history.push_back(event_code(e));
-  history.push_back(code);
-  auto all = gather_from_ranks(*queue_, *comm_, history, "schedule check: exchanging the orders of " + where, &device_);
+std::string EngineImpl::divergence_message(const std::vector<std::vector<int64_t>>& all) const {
   size_t longest = 0;
   for (const auto& h : all) longest = std::max(longest, h.size());
   for (size_t i = 0; i < longest; ++i) {
@@ -727,15 +748,69 @@ void EngineImpl::check_order(int64_t code, const std::string& doing) {
     if (groups.size() == 1) continue;
     std::string detail;
     for (const auto& [c, ranks] : groups) {
-      detail += log::concat(detail.empty() ? "" : "; ", ranks.size() == 1 ? "rank " : "ranks ", rank_list(ranks),
-                            " called ", describe_code(c));
+      detail += log::concat(detail.empty() ? "" : "; ", ranks.size() == 1 ? "rank " : "ranks ", rank_list(ranks), " ",
+                            describe_code(c));
     }
-    throw CommError(log::concat("the ranks entered units in different orders at entry ", i, " of ", where, ": ", detail,
-                                ". Every rank must open the same unit scopes in the same order (the "
-                                "collectives of ZeRO-3 depend on it); this is rank ",
-                                rank_, "."));
+    return log::concat("the ranks entered units in different orders at scope event ", i, " of ", schedule_position(),
+                       ": ", detail,
+                       ". Every rank must open and close the same unit scopes in the same order (the collectives of "
+                       "ZeRO depend on it); this is rank ",
+                       rank_, ".");
   }
-  throw CommError(log::concat("the ranks disagree on the order of units in ", where, " (rank ", rank_, ")"));
+  return "";
+}
+
+void EngineImpl::check_order(int64_t code, const std::string& doing) {
+  std::vector<float> mine{static_cast<float>(code)};
+  if (ranks_agree(*queue_, *comm_, mine, "schedule check before " + doing + " in " + schedule_position(), &device_)) {
+    return;
+  }
+  std::vector<int64_t> history = events_;
+  history.push_back(code);
+  auto all = gather_from_ranks(*queue_, *comm_, history, "schedule check: exchanging the events of " +
+                               schedule_position(), &device_);
+  std::string message = divergence_message(all);
+  if (message.empty()) message = log::concat("the ranks disagree on the order of units in ", schedule_position());
+  throw CommError(message);
+}
+
+void EngineImpl::verify_schedule(const std::string& doing) {
+  if (world_ == 1) return;
+  std::vector<float> mine = hash_to_floats(events_hash_);
+  mine.push_back(static_cast<float>(events_.size() % (kMaxExactFloatInt / 2)));
+  const std::string where = schedule_position();
+  if (ranks_agree(*queue_, *comm_, mine, "schedule agreement at " + doing + " in " + where, &device_)) return;
+  auto all = gather_from_ranks(*queue_, *comm_, events_, "schedule agreement: exchanging the events of " + where,
+                               &device_);
+  std::string message = divergence_message(all);
+  if (message.empty()) {
+    message = log::concat("the ranks' scope events of ", where, " hash differently (rank ", rank_, ")");
+  }
+  throw CommError(message);
+}
+
+std::exception_ptr EngineImpl::explain_mismatch(std::exception_ptr error) noexcept {
+  try {
+    std::rethrow_exception(error);
+  } catch (const CollectiveMismatchError& mismatch) {
+    // Every rank found the difference at the same collective and issued nothing after it (the queue is
+    // poisoned), so the communicator is in step for one more exchange, run here outside the queue.
+    try {
+      CommQueue exchange(false);
+      auto all = gather_from_ranks(exchange, *comm_, events_,
+                                   "schedule agreement: exchanging the events of " + schedule_position(), &device_);
+      std::string message = divergence_message(all);
+      if (!message.empty()) {
+        return std::make_exception_ptr(
+            CommError(log::concat(message, " (Found when the ranks' collectives differed: ", mismatch.what(), ")")));
+      }
+    } catch (const std::exception& e) {
+      log::warn("after the ranks' collectives differed, exchanging their scope events failed: ", e.what());
+    }
+    return error;
+  } catch (...) {
+    return error;
+  }
 }
 
 // ---------------------------------------------------------------------------------------------------------
@@ -871,10 +946,8 @@ void EngineImpl::issue_gather(UnitState& u, bool prefetch) {
         gathered->record(s);
         queue->track(log::concat(what, " on rank ", rank), std::move(work));
       }
-    } catch (const TimeoutError& e) {
-      throw TimeoutError(log::concat(what, " on rank ", rank, " failed: ", e.what()));
-    } catch (const CommError& e) {
-      throw CommError(log::concat(what, " on rank ", rank, " failed: ", e.what()));
+    } catch (const CommError&) {
+      rethrow_comm_error(log::concat(what, " on rank ", rank, " failed: "));
     }
   });
   u.gather = GatherState::in_flight;
@@ -969,7 +1042,9 @@ UnitScope EngineImpl::enter(UnitId unit, Phase phase) {
                 "'): the engine is evaluating (no gradients); end the EvalMode first");
   ScheduleEvent event{unit, phase};
   try {
-    if (checking_order()) check_order(event_code(event), log::concat(what, "('", u.info.name, "')"));
+    const int64_t code = event_code(unit, phase, false);
+    if (checking_order()) check_order(code, log::concat(what, "('", u.info.name, "')"));
+    record_event(code);
     schedule_->record(event);
     if (policy_.shard_params) {
       if (u.prefetched_unused) {
@@ -997,12 +1072,14 @@ UnitScope EngineImpl::enter(UnitId unit, Phase phase) {
   }
   u.open_scopes++;
   open_scopes_++;
+  if (phase == Phase::backward) window_backward_ = true;
   if (policy_.shard_params) prefetch_param_reads();  // with the scope open: it knows whether u is read again
   return UnitScope(this, unit, phase, grads);
 }
 
 void EngineImpl::exit(UnitScope& scope) {
   UnitState& u = units_[static_cast<size_t>(scope.unit().index)];
+  record_event(event_code(scope.unit(), scope.phase(), true));
   void* grads = scope.grads_;
   scope.impl_ = nullptr;
   scope.grads_ = nullptr;

@@ -127,6 +127,9 @@ class EngineImpl {
 
   // Public state (read by Engine's queries).
   Config config_;
+  std::shared_ptr<Communicator> user_comm_;  // the communicator the engine was given (Engine::communicator())
+  // What the engine issues its collectives on: user_comm_, or where it cannot compare calls across ranks itself
+  // (nccl), a CollectiveGuard around it that does.
   std::shared_ptr<Communicator> comm_;
   Device& device_;
   int rank_ = 0;
@@ -171,6 +174,12 @@ class EngineImpl {
   AdamHyper adam_;
   std::unordered_map<void*, DeviceBuffer> open_grads_;  // backward scopes' gradient buffers
   int open_scopes_ = 0;
+
+  // Schedule agreement: the scope events of the current micro-step (or evaluation batch) as event codes, and
+  // their running hash, compared across ranks when it ends (verify_schedule).
+  std::vector<int64_t> events_;
+  uint64_t events_hash_ = 0;
+  bool window_backward_ = false;  // a backward scope was entered since the last accumulation boundary
 
   int64_t micro_steps_ = 0;
   int64_t global_steps_ = 0;
@@ -233,8 +242,15 @@ class EngineImpl {
   void before_host_slice_write(UnitState& u);
   bool checking_order() const;
   void check_order(int64_t code, const std::string& doing);
-  int64_t event_code(ScheduleEvent e) const;
+  void record_event(int64_t code);
+  void reset_events();
+  int64_t event_code(UnitId unit, Phase phase, bool closing) const;
+  int64_t step_code() const;
+  int64_t batch_end_code() const;
   std::string describe_code(int64_t code) const;
+  std::string schedule_position() const;
+  std::string divergence_message(const std::vector<std::vector<int64_t>>& all) const;
+  std::exception_ptr explain_mismatch(std::exception_ptr error) noexcept;
   const void* claim_param_slice(UnitState& u);
   void issue_gather(UnitState& u, bool prefetch);
   void wait_gather(UnitState& u);
@@ -256,6 +272,9 @@ class EngineImpl {
  public:
   // Runs a collective through the queue and waits, wrapping errors with `what` (engine_step.cpp).
   void run_collective(const std::string& what, const std::function<void()>& fn);
+  // Collective: compares the hash of this micro-step's (or evaluation batch's) scope events across ranks; a
+  // difference is a CommError naming the first differing event and the ranks (engine_impl.cpp).
+  void verify_schedule(const std::string& doing);
   [[noreturn]] void fail(std::exception_ptr error);
 };
 

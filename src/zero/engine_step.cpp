@@ -26,10 +26,8 @@ void EngineImpl::run_collective(const std::string& what, const std::function<voi
   auto ticket = queue_->submit(what, [&] {
     try {
       fn();
-    } catch (const TimeoutError& e) {
-      throw TimeoutError(log::concat(what, " on rank ", rank_, " failed: ", e.what()));
-    } catch (const CommError& e) {
-      throw CommError(log::concat(what, " on rank ", rank_, " failed: ", e.what()));
+    } catch (const CommError&) {
+      rethrow_comm_error(log::concat(what, " on rank ", rank_, " failed: "));
     }
   });
   queue_->wait(ticket);
@@ -252,7 +250,10 @@ StepResult EngineImpl::step() {
   }
   StepResult result;
   try {
-    if (checking_order()) check_order(1 + 2 * static_cast<int64_t>(units_.size()), "step()");
+    // Before anything of the step: the final bucket's size and the reduced sums depend on the order.
+    if (checking_order()) check_order(step_code(), "step()");
+    verify_schedule("step()");
+    reset_events();
     end_micro_step_schedule();
     reducer_->flush();
     queue_->drain();
@@ -266,6 +267,20 @@ StepResult EngineImpl::step() {
       return result;
     }
     result.boundary = true;
+    if (!window_backward_) {
+      // No backward scope since the last boundary, on any rank (the ranks' scopes were just compared): nothing
+      // to apply. Like PyTorch's optimizers with no gradients: no update, no weight decay, no Adam step, and the
+      // lr schedule does not move. Counted as a skipped step.
+      ++global_steps_;
+      ++skipped_steps_;
+      result.global_step = global_steps_;
+      result.lr = adam_hyper_at(adam_, *lr_scheduler_, applied_steps_ - 1).lr;
+      result.loss_scale = loss_scaler_.scale();
+      log::info_rank0("step ", global_steps_, ": no backward_scope since the last optimizer step; nothing applied");
+      prefetch_param_reads();
+      return result;
+    }
+    window_backward_ = false;
     reduce_at_boundary();
 
     // Inf/NaN and the squared norm over this rank's owned ranges. At stage 0 every rank holds the same full

@@ -149,10 +149,8 @@ void Reducer::launch() {
         work = comm_.all_reduce(in, static_cast<size_t>(fill), opt_.comm_dtype, ReduceOp::sum, s);
       }
       if (s == nullptr) work->wait();
-    } catch (const TimeoutError& e) {
-      throw TimeoutError(log::concat(what, " on rank ", comm_.rank(), " failed: ", e.what()));
-    } catch (const CommError& e) {
-      throw CommError(log::concat(what, " on rank ", comm_.rank(), " failed: ", e.what()));
+    } catch (const CommError&) {
+      rethrow_comm_error(log::concat(what, " on rank ", comm_.rank(), " failed: "));
     }
     auto& k = device_.kernels();
     for (const Piece& p : pieces) {

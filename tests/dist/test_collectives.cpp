@@ -6,6 +6,8 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <functional>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -310,6 +312,52 @@ TEST_F(Collectives, ZeroCountAndBadArguments) {
   EXPECT_THROW(comm_->all_gather_into(buf.data(), buf.data() + 1, 2, DType::f32), InvalidArgument);
 }
 
+// Ranks that call different collectives at the same position: before, Gloo aborted the process of a rank that
+// received more bytes than it posted ("enforce fail at pair.cc ... op.preamble.length <= op.nbytes"). Now every
+// rank gets a CollectiveMismatchError naming each rank's call, nothing was sent, and the communicator goes on.
+TEST_F(Collectives, DifferentCallsAreAnErrorOnEveryRankAndTheCommunicatorGoesOn) {
+  if (size_ == 1) GTEST_SKIP() << "one rank cannot disagree with itself";
+  if (!comm_->checks_collectives()) GTEST_SKIP() << comm_->backend() << " does not compare calls across ranks";
+  auto expect_mismatch = [&](const std::function<void()>& call, const std::vector<std::string>& parts) {
+    try {
+      call();
+      ADD_FAILURE() << "expected CollectiveMismatchError on rank " << rank_;
+    } catch (const CollectiveMismatchError& e) {
+      std::string m = e.what();
+      for (const std::string& p : parts) EXPECT_NE(m.find(p), std::string::npos) << "missing \"" << p << "\" in " << m;
+    }
+  };
+  // Counts that differ: rank r all-gathers r + 1 elements per rank (the larger ones used to abort the others).
+  std::vector<float> in(static_cast<size_t>(size_), 1.0f), out(static_cast<size_t>(size_ * size_), 0.0f);
+  std::vector<std::string> parts = {"on rank " + std::to_string(rank_) + " of " + std::to_string(size_),
+                                    "the ranks called different collectives as call #"};
+  for (int r = 0; r < size_; ++r) {
+    parts.push_back("rank " + std::to_string(r) + " called all_gather_into(count=" + std::to_string(r + 1) +
+                    ", dtype=f32)");
+  }
+  expect_mismatch(
+      [&] { comm_->all_gather_into(out.data(), in.data(), static_cast<size_t>(rank_ + 1), DType::f32)->wait(); },
+      parts);
+  EXPECT_EQ(out, std::vector<float>(out.size(), 0.0f)) << "data moved although the calls differed";
+  // Another operation: rank 0 broadcasts, the others all-reduce the same count.
+  std::string others = size_ == 2 ? "rank 1" : "ranks 1";
+  for (int r = 2; r < size_; ++r) others += ", " + std::to_string(r);
+  float v[3] = {1, 2, 3};
+  expect_mismatch(
+      [&] {
+        if (rank_ == 0) {
+          comm_->broadcast(v, 3, DType::f32, 0)->wait();
+        } else {
+          comm_->all_reduce(v, 3, DType::f32, ReduceOp::sum)->wait();
+        }
+      },
+      {"rank 0 called broadcast(count=3, dtype=f32, root=0)", others + " called all_reduce(count=3, dtype=f32, op=sum)"});
+  // Still in step: an all_reduce gives the exact sum.
+  float x = static_cast<float>(rank_ + 1);
+  comm_->all_reduce(&x, 1, DType::f32, ReduceOp::sum)->wait();
+  EXPECT_EQ(x, static_cast<float>(size_ * (size_ + 1) / 2));
+}
+
 TEST_F(Collectives, TimeoutNamesTheCollective) {
   if (size_ == 1) GTEST_SKIP() << "one rank never waits for another";
   // A communicator of its own with a short timeout: after a timeout gloo closes its connections.
@@ -332,9 +380,10 @@ TEST_F(Collectives, TimeoutNamesTheCollective) {
           << msg;
       EXPECT_NE(msg.find("timed out"), std::string::npos) << msg;
     }
+    // Within 2 s of the setting (the bound docs/architecture.md states), not a multiple of it.
     auto took = std::chrono::steady_clock::now() - t0;
     EXPECT_GE(took, 1400ms);
-    EXPECT_LT(took, 10s);
+    EXPECT_LT(took, 1500ms + 2s);
     // Broken from now on, and says so at once.
     EXPECT_THROW(quick->all_reduce(v, 5, DType::f32, ReduceOp::sum)->wait(), CommError);
   }

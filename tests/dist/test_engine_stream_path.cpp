@@ -13,10 +13,12 @@
 // zero3-test-ranks: 1 2 3
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "support/engine_world.hpp"
 #include "support/mlp_trainer.hpp"
@@ -103,5 +105,47 @@ const Variant kVariants[] = {
 
 INSTANTIATE_TEST_SUITE_P(Engine, StreamPath, ::testing::ValuesIn(kVariants),
                          [](const ::testing::TestParamInfo<Variant>& info) { return info.param.name; });
+
+// NCCL cannot tell calls of different sizes apart (a hang, or the wrong bytes), so on a communicator that does not
+// compare calls the engine compares each collective's description before issuing it. A forward run in reverse on
+// the last rank in micro-step 3 then fails on every rank as on Gloo, found by the engine's comparison: the first
+// all-gather of another unit never reaches the communicator.
+TEST(StreamPathDivergence, AReversedForwardIsStoppedBeforeTheCommunicator) {
+  auto world = engine_world();
+  if (world->size() == 1) GTEST_SKIP() << "one rank cannot disagree with itself";
+  StreamPathDevice device;
+  auto comm = std::make_shared<StreamPathComm>(world, device);
+  ASSERT_FALSE(comm->checks_collectives());
+  Config c = equivalence_config(3);
+  c.gradient_accumulation_steps = 1;
+  const int last = comm->size() - 1;
+  std::string message;
+  {
+    Engine e(c, comm, device);
+    MlpDims d;
+    MlpUnits units = declare_mlp(e, d);
+    e.materialize();
+    for (int step = 0; step < 3; ++step) {
+      mlp_micro_step(e, units, d, make_batch(d, 1, step * comm->size() + comm->rank(), 2));
+      EXPECT_TRUE(e.step().applied);
+    }
+    std::vector<UnitId> order = {units.fc1, units.norm, units.fc2, units.head};
+    if (comm->rank() == last) std::reverse(order.begin(), order.end());
+    try {
+      for (UnitId u : order) {
+        auto s = e.forward_scope(u);
+      }
+      e.step();
+      ADD_FAILURE() << "no error on rank " << comm->rank();
+    } catch (const CommError& err) {
+      message = err.what();
+    }
+  }
+  EXPECT_TRUE(message.find("different orders at scope event 0 of micro-step 3") != std::string::npos) << message;
+  EXPECT_TRUE(message.find("rank " + std::to_string(last) + " called forward_scope('head')") != std::string::npos)
+      << message;
+  EXPECT_TRUE(message.find("compared by the engine before calling nccl") != std::string::npos) << message;
+  EXPECT_EQ(device.bytes_in_use(), 0);
+}
 
 }  // namespace

@@ -11,7 +11,18 @@ void StreamPathComm::note_buffers(const void* a, const void* b) {
   if (!device_.is_device_memory(a) || !device_.is_device_memory(b)) host_memory_collectives_++;
 }
 
+void StreamPathComm::note_stream(Stream stream) {
+  std::lock_guard<std::mutex> lock(mu_);
+  collective_streams_.insert(stream);
+}
+
+std::set<Stream> StreamPathComm::collective_streams() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return collective_streams_;
+}
+
 WorkPtr StreamPathComm::all_gather_into(void* out, const void* in, size_t count, DType dtype, Stream stream) {
+  note_stream(stream);
   if (!device_.is_compute(stream)) side_stream_gathers_++;
   if (count > 0) note_buffers(out, in);
   auto inner = inner_;
@@ -23,6 +34,7 @@ WorkPtr StreamPathComm::all_gather_into(void* out, const void* in, size_t count,
 
 WorkPtr StreamPathComm::reduce_scatter(void* out, const void* in, size_t count, DType dtype, ReduceOp op,
                                        Stream stream) {
+  note_stream(stream);
   if (!device_.is_compute(stream)) side_stream_reductions_++;
   if (count > 0) note_buffers(out, in);
   auto inner = inner_;
@@ -33,6 +45,7 @@ WorkPtr StreamPathComm::reduce_scatter(void* out, const void* in, size_t count, 
 }
 
 WorkPtr StreamPathComm::all_reduce(void* buf, size_t count, DType dtype, ReduceOp op, Stream stream) {
+  note_stream(stream);
   if (!device_.is_compute(stream)) side_stream_reductions_++;
   if (count > 0) note_buffers(buf, buf);
   auto inner = inner_;
@@ -43,6 +56,7 @@ WorkPtr StreamPathComm::all_reduce(void* buf, size_t count, DType dtype, ReduceO
 }
 
 WorkPtr StreamPathComm::broadcast(void* buf, size_t count, DType dtype, int root, Stream stream) {
+  note_stream(stream);
   if (count > 0) note_buffers(buf, buf);
   auto inner = inner_;
   const size_t bytes = count * dtype_size(dtype);

@@ -12,6 +12,8 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <mutex>
+#include <set>
 
 #include "support/stream_path_device.hpp"
 #include "zero3/comm.hpp"
@@ -37,6 +39,8 @@ class StreamPathComm final : public Communicator {
   int64_t side_stream_gathers() const { return side_stream_gathers_.load(); }
   int64_t side_stream_reductions() const { return side_stream_reductions_.load(); }
   int64_t host_memory_collectives() const { return host_memory_collectives_.load(); }
+  // The streams collectives were queued on (the gather and reduce streams, and the engine's collective check).
+  std::set<Stream> collective_streams() const;
 
  private:
   std::shared_ptr<Communicator> inner_;
@@ -44,8 +48,11 @@ class StreamPathComm final : public Communicator {
   std::atomic<int64_t> side_stream_gathers_{0};
   std::atomic<int64_t> side_stream_reductions_{0};
   std::atomic<int64_t> host_memory_collectives_{0};
+  mutable std::mutex mu_;
+  std::set<Stream> collective_streams_;
 
   void note_buffers(const void* a, const void* b);
+  void note_stream(Stream stream);
 };
 
 }  // namespace zero3::testing

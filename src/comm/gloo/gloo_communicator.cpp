@@ -5,6 +5,12 @@
 // the stored error. Once a collective fails (a peer died, a timeout) gloo has closed the connections, so the
 // communicator is marked broken and every later call fails at once, naming the first error.
 //
+// Before its data moves, every collective is compared across ranks: each rank sends a 32-byte description of
+// its call (operation, count, dtype, reduce op, root, sequence number) to every other rank. Gloo itself checks
+// nothing: a message longer than the receiver posted fails an enforce on gloo's I/O thread, which no caller can
+// catch, and the process aborts. A difference is a CollectiveMismatchError on every rank; since nothing else was
+// sent, the communicator stays usable.
+//
 // 16-bit reductions convert to f32, reduce in f32 and convert back once. reduce_scatter is a ring over
 // gloo's unbound buffers that sends f32 partial sums: (N-1)/N of the input crosses each link, like NCCL's,
 // but in f32 for bf16/f16 inputs, so twice the bytes of the input type.
@@ -40,6 +46,28 @@ namespace {
 
 // Gloo's own collectives use slot prefixes 0x01..0x08.
 constexpr uint8_t kReduceScatterSlotPrefix = 0x40;
+constexpr uint8_t kAgreementSlotPrefix = 0x41;
+// A call's description on the wire: 4 x uint64 (magic, kind, dtype, op | count | root + 1 | sequence).
+constexpr size_t kCallWords = 4;
+constexpr uint64_t kCallMagic = 0x7a337063;  // "z3pc"
+
+void encode_call(const CollectiveCall& call, uint64_t sequence, uint64_t* out) {
+  out[0] = (kCallMagic << 32) | (uint64_t{static_cast<uint8_t>(call.kind)} << 16) |
+           (uint64_t{static_cast<uint8_t>(call.dtype)} << 8) | static_cast<uint8_t>(call.op + 1);
+  out[1] = call.count;
+  out[2] = static_cast<uint64_t>(static_cast<int64_t>(call.root) + 1);
+  out[3] = sequence;
+}
+
+CollectiveCall decode_call(const uint64_t* in) {
+  CollectiveCall call;
+  call.kind = static_cast<CollectiveKind>((in[0] >> 16) & 0xff);
+  call.dtype = static_cast<DType>((in[0] >> 8) & 0xff);
+  call.op = static_cast<int>(in[0] & 0xff) - 1;
+  call.count = in[1];
+  call.root = static_cast<int>(static_cast<int64_t>(in[2]) - 1);
+  return call;
+}
 // 1 MiB of f32 per transfer in the reduce-scatter ring, like gloo's own segment size.
 constexpr size_t kSegmentElements = size_t{1} << 18;
 
@@ -156,6 +184,9 @@ class GlooCommunicator final : public Communicator {
     } catch (const std::exception& e) {
       throw CommError("gloo rendezvous of rank " + std::to_string(rank) + " of " + std::to_string(size) +
                       " (store prefix " + prefix_ + ") failed: " + e.what());
+    } catch (...) {
+      throw CommError("gloo rendezvous of rank " + std::to_string(rank) + " of " + std::to_string(size) +
+                      " (store prefix " + prefix_ + ") failed with an exception that is not a std::exception");
     }
     worker_ = std::thread([this] { work_loop(); });
   }
@@ -167,12 +198,20 @@ class GlooCommunicator final : public Communicator {
     }
     cv_.notify_all();
     if (worker_.joinable()) worker_.join();
+    try {
+      context_.reset();  // closes the connections (gloo may throw from its teardown)
+    } catch (const std::exception& e) {
+      log::warn("gloo: closing the connections of rank ", rank_, " of ", size_, " failed: ", e.what());
+    } catch (...) {
+      log::warn("gloo: closing the connections of rank ", rank_, " of ", size_, " failed");
+    }
   }
 
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   const char* backend() const override { return "gloo"; }
   std::chrono::milliseconds timeout() const override { return timeout_; }
+  bool checks_collectives() const override { return true; }
 
   WorkPtr all_gather_into(void* out, const void* in, size_t count, DType dtype, Stream) override {
     std::string what = "gloo " + describe_collective("all_gather_into", count, dtype, rank_, size_);
@@ -183,7 +222,7 @@ class GlooCommunicator final : public Communicator {
     bool in_place = in == own;
     require_no_partial_overlap(out, bytes * static_cast<size_t>(size_), in, bytes, own, what);
     if (count == 0) return completed_work();
-    return enqueue(what, [=, this](uint32_t tag) {
+    return enqueue(what, {CollectiveKind::all_gather_into, count, dtype}, [=, this](uint32_t tag) {
       if (size_ == 1) {
         if (!in_place) std::memcpy(out, in, bytes);
         return;
@@ -206,14 +245,15 @@ class GlooCommunicator final : public Communicator {
     const char* own = static_cast<const char*>(in) + static_cast<size_t>(rank_) * bytes;
     require_no_partial_overlap(in, bytes * static_cast<size_t>(size_), out, bytes, own, what);
     if (count == 0) return completed_work();
-    return enqueue(what, [=, this](uint32_t tag) { ring_reduce_scatter(out, in, count, dtype, op, tag); });
+    return enqueue(what, {CollectiveKind::reduce_scatter, count, dtype, static_cast<int>(op)},
+                   [=, this](uint32_t tag) { ring_reduce_scatter(out, in, count, dtype, op, tag); });
   }
 
   WorkPtr all_reduce(void* buf, size_t count, DType dtype, ReduceOp op, Stream) override {
     std::string what = "gloo " + describe_collective("all_reduce", count, dtype, rank_, size_, reduce_op_name(op));
     require_buffer(buf, "buf", count, what);
     if (count == 0) return completed_work();
-    return enqueue(what, [=, this](uint32_t tag) {
+    return enqueue(what, {CollectiveKind::all_reduce, count, dtype, static_cast<int>(op)}, [=, this](uint32_t tag) {
       if (size_ == 1) return;
       float* data = static_cast<float*>(buf);
       if (dtype != DType::f32) {
@@ -242,7 +282,7 @@ class GlooCommunicator final : public Communicator {
     require_root(root, size_, what);
     if (count == 0) return completed_work();
     size_t bytes = count * dtype_size(dtype);
-    return enqueue(what, [=, this](uint32_t tag) {
+    return enqueue(what, {CollectiveKind::broadcast, count, dtype, -1, root}, [=, this](uint32_t tag) {
       if (size_ == 1) return;
       ::gloo::BroadcastOptions opts(context_);
       opts.setOutput(static_cast<char*>(buf), bytes);
@@ -255,7 +295,7 @@ class GlooCommunicator final : public Communicator {
 
   void barrier() override {
     std::string what = "gloo barrier on rank " + std::to_string(rank_) + " of " + std::to_string(size_);
-    enqueue(what, [this](uint32_t tag) {
+    enqueue(what, {CollectiveKind::barrier}, [this](uint32_t tag) {
       if (size_ == 1) return;
       ::gloo::BarrierOptions opts(context_);
       opts.setTag(tag);
@@ -286,18 +326,55 @@ class GlooCommunicator final : public Communicator {
 
  private:
   struct Task {
+    CollectiveCall call;
     std::function<void(uint32_t)> body;
     std::shared_ptr<AsyncWork> work;
   };
 
-  WorkPtr enqueue(const std::string& what, std::function<void(uint32_t)> body) {
+  WorkPtr enqueue(const std::string& what, CollectiveCall call, std::function<void(uint32_t)> body) {
     auto work = std::make_shared<AsyncWork>(what, timeout_);
     {
       std::lock_guard<std::mutex> lock(mu_);
-      queue_.push_back({std::move(body), work});
+      queue_.push_back({call, std::move(body), work});
     }
     cv_.notify_one();
     return work;
+  }
+
+  // Every rank's description of its call number `tag`, exchanged with every peer on a slot of its own; throws
+  // CollectiveMismatchError when they differ. Fixed-size messages, so this exchange itself cannot mismatch. The
+  // whole exchange has one timeout.
+  void agree(const CollectiveCall& call, uint32_t tag, const std::string& what) {
+    const auto deadline = std::chrono::steady_clock::now() + timeout_;
+    auto left = [&] {
+      auto rest = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+      return std::max(rest, std::chrono::milliseconds(1));
+    };
+    std::vector<uint64_t> all(kCallWords * static_cast<size_t>(size_));
+    encode_call(call, tag, &all[kCallWords * static_cast<size_t>(rank_)]);
+    constexpr size_t kBytes = kCallWords * sizeof(uint64_t);
+    auto buffer = context_->createUnboundBuffer(all.data(), all.size() * sizeof(uint64_t));
+    const auto slot = ::gloo::Slot::build(kAgreementSlotPrefix, tag);
+    for (int p = 0; p < size_; ++p) {
+      if (p != rank_) buffer->recv(p, slot, static_cast<size_t>(p) * kBytes, kBytes);
+    }
+    for (int p = 0; p < size_; ++p) {
+      if (p != rank_) buffer->send(p, slot, static_cast<size_t>(rank_) * kBytes, kBytes);
+    }
+    for (int i = 1; i < size_; ++i) buffer->waitRecv(left());
+    for (int i = 1; i < size_; ++i) buffer->waitSend(left());
+    std::vector<CollectiveCall> calls;
+    bool same = true;
+    for (int p = 0; p < size_; ++p) {
+      const uint64_t* words = &all[kCallWords * static_cast<size_t>(p)];
+      if ((words[0] >> 32) != kCallMagic || words[3] != tag) {
+        throw CommError(what + ": rank " + std::to_string(p) + " sent a call description this rank cannot read " +
+                        "(another zero3 version, or a corrupted connection)");
+      }
+      calls.push_back(decode_call(words));
+      same = same && calls.back() == call;
+    }
+    if (!same) throw CollectiveMismatchError(mismatch_message(what, tag, calls));
   }
 
   void work_loop() {
@@ -318,8 +395,13 @@ class GlooCommunicator final : public Communicator {
         continue;
       }
       try {
-        task.body(++tag);
+        ++tag;
+        if (size_ > 1) agree(task.call, tag, what);
+        task.body(tag);
         task.work->complete();
+      } catch (const CollectiveMismatchError&) {
+        // Every rank found the same difference before sending anything: the connections are in step.
+        task.work->fail(std::current_exception());
       } catch (const std::exception& e) {
         std::string msg = e.what();
         // gloo reports its own timeouts as IoException "Timed out waiting ...".
@@ -334,6 +416,9 @@ class GlooCommunicator final : public Communicator {
           task.work->fail(std::make_exception_ptr(
               CommError(what + " failed: " + msg + "; a peer rank may have exited or crashed")));
         }
+      } catch (...) {
+        broken_ = "an exception that is not a std::exception";
+        task.work->fail(std::make_exception_ptr(CommError(what + " failed with " + broken_)));
       }
     }
   }
