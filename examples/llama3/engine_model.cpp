@@ -4,6 +4,7 @@
 #include <cstring>
 #include <fstream>
 
+#include "hf_weights.hpp"
 #include "zero3/dtype.hpp"
 #include "zero3/error.hpp"
 #include "zero3/log.hpp"
@@ -45,16 +46,18 @@ EngineModel::EngineModel(zero3::Engine& engine, const ModelConfig& config, const
     for (const UnitLayout& u : layouts_) {
       for (const ParamSpec& p : u.params) {
         const st::TensorInfo* info = weights->find(p.name);
-        if (info == nullptr) {
-          throw zero3::IoError(weights->source().string() + ": no tensor '" + p.name + "' (parameter of unit " +
-                               u.name + ", shape " + st::shape_string(p.shape) + ")");
-        }
+        if (info == nullptr) throw missing_tensor_error(weights->source().string(), p, u.name);
         if (info->shape != p.shape) {
           throw zero3::IoError(weights->source().string() + ": tensor '" + p.name + "' has shape " +
                                st::shape_string(info->shape) + ", the model (" + describe(config_) + ") expects " +
                                st::shape_string(p.shape));
         }
       }
+    }
+    if (config_.tie_word_embeddings && weights->find("lm_head.weight") != nullptr) {
+      zero3::log::info_rank0(weights->source().string(),
+                             ": lm_head.weight is not read: the embeddings are tied (tie_word_embeddings), so the "
+                             "LM head is model.embed_tokens.weight, as in transformers");
     }
   }
   for (const UnitLayout& u : layouts_) {
@@ -72,26 +75,26 @@ EngineModel::EngineModel(zero3::Engine& engine, const ModelConfig& config, const
 // ---------------------------------------------------------------------------------------------------------
 // Scopes and dtype staging
 
-const void* EngineModel::params_act(const zero3::UnitScope& scope) {
+const void* EngineModel::params_act(const zero3::UnitScope& scope, int slot) {
   const zero3::TensorView v = scope.flat_params();
   if (v.dtype == ops_->act()) return v.data;
-  void* staging = runner_->param_staging(v.numel);
+  void* staging = runner_->param_staging(v.numel, slot);
   ops_->convert(v.data, v.dtype, staging, ops_->act(), v.numel);
   return staging;
 }
 
-float* EngineModel::grads_f32(const zero3::UnitScope& scope) {
+float* EngineModel::grads_f32(const zero3::UnitScope& scope, int slot) {
   const zero3::TensorView g = scope.flat_grads();
   if (g.dtype == zero3::DType::f32) return g.as<float>();  // zeroed by the engine when the scope opened
-  float* staging = runner_->grad_staging(g.numel);
+  float* staging = runner_->grad_staging(g.numel, slot);
   ops_->zero(staging, static_cast<size_t>(g.numel) * sizeof(float));
   return staging;
 }
 
-void EngineModel::commit_grads(const zero3::UnitScope& scope) {
+void EngineModel::commit_grads(const zero3::UnitScope& scope, int slot) {
   const zero3::TensorView g = scope.flat_grads();
   if (g.dtype == zero3::DType::f32) return;
-  ops_->convert(runner_->grad_staging(g.numel), zero3::DType::f32, g.data, g.dtype, g.numel);
+  ops_->convert(runner_->grad_staging(g.numel, slot), zero3::DType::f32, g.data, g.dtype, g.numel);
 }
 
 // ---------------------------------------------------------------------------------------------------------
@@ -143,7 +146,17 @@ LossResult EngineModel::forward_backward(const int32_t* ids, const int32_t* targ
   {
     zero3::UnitScope s = engine_.backward_scope(units_.back());
     const void* w = params_act(s);
-    result = runner_->head_forward_backward(w, grads_f32(s), scaled);
+    float* g = grads_f32(s);
+    if (config_.tie_word_embeddings) {
+      // The LM head is the embedding's weight: its unit is entered a second time, inside the head's scope; the
+      // engine adds this scope's gradient to the embedding backward's.
+      zero3::UnitScope e = engine_.backward_scope(units_.front());
+      result = runner_->head_forward_backward(w, g, scaled, params_act(e, 1), grads_f32(e, 1));
+      commit_grads(e, 1);
+      e.close();
+    } else {
+      result = runner_->head_forward_backward(w, g, scaled);
+    }
     if (scale != 1.0) {
       result.normalizer = normalizer;
       result.loss = normalizer > 0 ? result.loss_sum / normalizer : 0.0;
@@ -189,7 +202,15 @@ LossResult EngineModel::evaluate(const int32_t* ids, const int32_t* targets, con
     s.close();
   }
   zero3::UnitScope s = engine_.forward_scope(units_.back());
-  LossResult result = runner_->head_forward_loss(params_act(s), loss);
+  const void* w = params_act(s);
+  LossResult result;
+  if (config_.tie_word_embeddings) {
+    zero3::UnitScope e = engine_.forward_scope(units_.front());  // the LM head's weight
+    result = runner_->head_forward_loss(w, loss, params_act(e, 1));
+    e.close();
+  } else {
+    result = runner_->head_forward_loss(w, loss);
+  }
   s.close();
   return result;
 }
@@ -225,8 +246,10 @@ uint64_t EngineModel::save_hf(const std::filesystem::path& dir, st::Dtype dtype,
   uint64_t bytes = 0;
   for (const st::TensorDecl& d : decls) bytes += st::tensor_bytes(d);
   if (!config_json.empty()) {
+    const std::string text =
+        exported_config_json(config_json, dtype == st::Dtype::bf16 ? "bfloat16" : "float32", "the model config");
     std::ofstream out(dir / "config.json", std::ios::binary | std::ios::trunc);
-    out << config_json;
+    out << text;
     if (!out.flush()) throw zero3::IoError((dir / "config.json").string() + ": cannot write it");
   }
   return bytes;
@@ -310,10 +333,13 @@ ActivationEstimate estimate_activations(const ModelConfig& c, const BatchShape& 
     e.attention = 2 * scores * 4;                   // P and dP of one head (ops/attention.cpp)
     e.loss_chunk = chunk * (c.vocab_size + 1) * 4;  // logits and row losses (ops/cross_entropy.cpp)
   }
-  int64_t largest = 0;
-  for (const UnitLayout& u : model_unit_layouts(c)) largest = std::max(largest, u.numel);
-  if (compute != act) e.unit_staging += largest * act_bytes;
-  if (grads != zero3::DType::f32) e.unit_staging += largest * 4;
+  const std::vector<UnitLayout> units = model_unit_layouts(c);
+  int64_t staged = 0;  // the runner's staging slots, grown to the largest unit each has held
+  for (const UnitLayout& u : units) staged = std::max(staged, u.numel);
+  // Tied embeddings: the head's scope stages the embedding in a second slot.
+  if (c.tie_word_embeddings) staged += units.front().numel;
+  if (compute != act) e.unit_staging += staged * act_bytes;
+  if (grads != zero3::DType::f32) e.unit_staging += staged * 4;
   return e;
 }
 

@@ -13,6 +13,9 @@
 // backend of the engine's device (make_model_ops: CpuModelOps on cpu, CudaModelOps on cuda):
 //   forward scopes   embedding, layers 0..L-1             (layer inputs kept; per-layer caches without checkpointing)
 //   backward scopes  head (forward + loss + backward in one chunked pass), layers L-1..0, embedding
+// With tied embeddings (tie_word_embeddings) the LM head is the embedding's weight: the head's scope opens a
+// second scope on the embedding unit inside it (a backward scope in training, a forward scope in evaluation), so
+// that unit is entered twice per micro-batch in each direction and the engine adds its two gradients.
 // With activation checkpointing, layer i's backward scope re-runs its forward from the kept input first.
 //
 // Precision. Activations are the backend's act dtype: f32 on cpu (the kernels of ops/*.hpp; the same bits as
@@ -65,9 +68,10 @@ struct PhaseTimes {
 class EngineModel {
  public:
   // Declares the units on `engine`, which must not be materialized yet, and makes the backend of its device.
-  // Throws zero3::Unsupported for tied embeddings or a device/dtype without a backend (fp16 or 16-bit
-  // gradients other than bf16 on cuda), zero3::IoError when options.init_from lacks a parameter or holds one
-  // of another shape.
+  // Throws zero3::Unsupported for a device/dtype without a backend (fp16 or 16-bit gradients other than bf16 on
+  // cuda), zero3::IoError when options.init_from lacks a parameter or holds one of another shape. With tied
+  // embeddings the file needs no lm_head.weight (Hugging Face's tied checkpoints have none); one that is there
+  // is not read (the head uses model.embed_tokens.weight, as transformers does), and rank 0 says so.
   EngineModel(zero3::Engine& engine, const ModelConfig& config, const EngineModelOptions& options = {});
 
   const ModelConfig& config() const { return config_; }
@@ -97,8 +101,10 @@ class EngineModel {
 
   // Collective: writes the model's parameters into `dir` as Hugging Face safetensors (model.safetensors, or
   // shards of at most max_shard_bytes and model.safetensors.index.json) in `dtype` (f32 or bf16), plus
-  // config.json when config_json is not empty. Units are gathered one at a time; only rank 0 holds one and
-  // writes. Returns the bytes written on rank 0 (0 elsewhere).
+  // config.json when config_json is not empty: that text with its "torch_dtype" (and "dtype", where the text
+  // has one) set to the tensors' dtype (exported_config_json). With tied embeddings there is no lm_head.weight,
+  // Hugging Face's tied layout. Units are gathered one at a time; only rank 0 holds one and writes. Returns the
+  // bytes written on rank 0 (0 elsewhere).
   uint64_t save_hf(const std::filesystem::path& dir, zero3::safetensors::Dtype dtype, uint64_t max_shard_bytes,
                    const std::string& config_json = "");
 
@@ -112,9 +118,11 @@ class EngineModel {
 
  private:
   void check_shape(const BatchShape& shape, const char* what) const;
-  const void* params_act(const zero3::UnitScope& scope);
-  float* grads_f32(const zero3::UnitScope& scope);
-  void commit_grads(const zero3::UnitScope& scope);
+  // A scope's parameters in the backend's act dtype and its f32 gradient buffer, through the runner's staging
+  // slot `slot` when the engine's dtypes differ (slot 1: the embedding inside the head's scope, tied).
+  const void* params_act(const zero3::UnitScope& scope, int slot = 0);
+  float* grads_f32(const zero3::UnitScope& scope, int slot = 0);
+  void commit_grads(const zero3::UnitScope& scope, int slot = 0);
 
   zero3::Engine& engine_;
   ModelConfig config_;
@@ -155,7 +163,8 @@ struct ActivationEstimate {
   int64_t attention = 0;     // the attention op's score scratch (cpu: one head; cuda: as cuda/attention.cu plans it)
   int64_t loss_chunk = 0;    // one chunk of logits in the chunked cross-entropy
   int64_t unit_staging = 0;  // the largest unit converted to the activation dtype (16-bit parameters on cpu) and
-                             // its f32 gradients (16-bit grad_accum_dtype)
+                             // its f32 gradients (16-bit grad_accum_dtype); tied embeddings: plus the embedding
+                             // unit, staged beside the head
   int64_t total() const { return layer_inputs + layer_caches + workspace + attention + loss_chunk + unit_staging; }
 };
 

@@ -7,6 +7,17 @@
 
 namespace llama3 {
 
+zero3::IoError missing_tensor_error(const std::string& source, const ParamSpec& p, const std::string& unit) {
+  std::string hint;
+  if (p.name == "lm_head.weight") {
+    hint =
+        "; checkpoints of models with tied embeddings store none: is tie_word_embeddings true in the model's "
+        "config.json?";
+  }
+  return zero3::IoError(source + ": no tensor '" + p.name + "' (parameter of unit " + unit + ", shape " +
+                        zero3::safetensors::shape_string(p.shape) + ")" + hint);
+}
+
 template <typename T>
 std::vector<std::string> load_units(const zero3::safetensors::ShardedSafetensorsReader& reader,
                                     const std::vector<UnitLayout>& units, const std::vector<T*>& buffers) {
@@ -19,10 +30,7 @@ std::vector<std::string> load_units(const zero3::safetensors::ShardedSafetensors
   for (size_t u = 0; u < units.size(); ++u) {
     for (const ParamSpec& p : units[u].params) {
       const zero3::safetensors::TensorInfo* info = reader.find(p.name);
-      if (info == nullptr) {
-        throw zero3::IoError(reader.source().string() + ": no tensor '" + p.name + "' (parameter of unit " +
-                             units[u].name + ", shape " + zero3::safetensors::shape_string(p.shape) + ")");
-      }
+      if (info == nullptr) throw missing_tensor_error(reader.source().string(), p, units[u].name);
       if (info->shape != p.shape) {
         throw zero3::IoError(reader.source().string() + ": tensor '" + p.name + "' has shape " +
                              zero3::safetensors::shape_string(info->shape) + ", the model expects " +

@@ -10,9 +10,14 @@
 
 #include "llama_layout.hpp"
 #include "llama_model.hpp"
+#include "zero3/error.hpp"
 #include "zero3/safetensors.hpp"
 
 namespace llama3 {
+
+// The error for a parameter `p` of unit `unit` that the file `source` lacks: names the file, the tensor, the
+// unit and the shape; for lm_head.weight, that checkpoints of models with tied embeddings store none.
+zero3::IoError missing_tensor_error(const std::string& source, const ParamSpec& p, const std::string& unit);
 
 // Fills buffers[u] (units[u].numel elements each) from the tensors of `reader` named like units[u]'s params.
 // Any stored float type (f32, bf16, f16, f64) is accepted. Throws zero3::IoError naming the parameter when one

@@ -63,16 +63,13 @@ UnitLayout head_unit_layout(const ModelConfig& c) {
   u.name = "head";
   u.kind = UnitKind::head;
   add(u, "model.norm.weight", {c.hidden_size}, ParamInit::ones, 0);
-  add(u, "lm_head.weight", {c.vocab_size, c.hidden_size}, ParamInit::normal, c.initializer_range);
+  if (!c.tie_word_embeddings) {
+    add(u, "lm_head.weight", {c.vocab_size, c.hidden_size}, ParamInit::normal, c.initializer_range);
+  }
   return u;
 }
 
 std::vector<UnitLayout> model_unit_layouts(const ModelConfig& c) {
-  if (c.tie_word_embeddings) {
-    throw zero3::Unsupported(
-        "tie_word_embeddings = true is not supported by the Llama-3 example: the embedding and the LM head are "
-        "separate units (Llama-3-8B and -70B are untied)");
-  }
   std::vector<UnitLayout> units;
   units.reserve(static_cast<size_t>(c.num_hidden_layers + 2));
   units.push_back(embedding_unit_layout(c));
@@ -83,7 +80,8 @@ std::vector<UnitLayout> model_unit_layouts(const ModelConfig& c) {
 
 int64_t unit_of_param(const ModelConfig& c, const std::string& name) {
   if (name == "model.embed_tokens.weight") return 0;
-  if (name == "model.norm.weight" || name == "lm_head.weight") return c.num_hidden_layers + 1;
+  if (name == "model.norm.weight") return c.num_hidden_layers + 1;
+  if (name == "lm_head.weight") return c.tie_word_embeddings ? -1 : c.num_hidden_layers + 1;
   const std::string prefix = "model.layers.";
   if (name.rfind(prefix, 0) != 0) return -1;
   size_t end = name.find('.', prefix.size());

@@ -12,12 +12,17 @@
 //                         model.layers.i.mlp.up_proj.weight                  (intermediate, hidden)
 //                         model.layers.i.mlp.down_proj.weight                (hidden, intermediate)
 //   (1 + L)   head:       model.norm.weight                                  (hidden)
-//                         lm_head.weight                                     (vocab, hidden)
+//                         lm_head.weight                                     (vocab, hidden)   untied only
 //
 // Within a unit the parameters are packed back to back in exactly this order, row-major, no padding (offsets
 // in elements). A unit's gradient buffer has the same layout. q/k/v being adjacent lets one GEMM compute all
 // three projections, and gate/up likewise. Names are Hugging Face's, so safetensors files map one to one.
-// Tied embeddings (tie_word_embeddings = true) are not supported: lm_head.weight is its own parameter.
+//
+// Tied embeddings (tie_word_embeddings = true: Llama-3.2-1B/3B, SmolLM2): the LM head multiplies by
+// model.embed_tokens.weight, so there is no lm_head.weight anywhere: the head unit holds only model.norm.weight,
+// and the head's computation enters the embedding unit too (EngineModel nests its scope in the head's), whose
+// gradient is then the sum of the embedding's and the head's. Hugging Face's checkpoints of tied models store
+// model.embed_tokens.weight only, as this layout does.
 #pragma once
 
 #include <cstdint>
@@ -72,10 +77,11 @@ UnitLayout embedding_unit_layout(const ModelConfig& config);
 UnitLayout layer_unit_layout(const ModelConfig& config, int64_t layer);
 UnitLayout head_unit_layout(const ModelConfig& config);
 
-// All units: embedding, layers 0..L-1, head (L + 2 units). Throws zero3::Unsupported for tied embeddings.
+// All units: embedding, layers 0..L-1, head (L + 2 units).
 std::vector<UnitLayout> model_unit_layouts(const ModelConfig& config);
 
-// The unit index (into model_unit_layouts) of a Hugging Face parameter name, or -1 when it is not one.
+// The unit index (into model_unit_layouts) of a Hugging Face parameter name, or -1 when it is not one (as
+// lm_head.weight with tied embeddings).
 int64_t unit_of_param(const ModelConfig& config, const std::string& name);
 
 }  // namespace llama3

@@ -211,11 +211,21 @@ double pick_normalizer(const LossOptions& opt, int64_t count) {
   return opt.normalizer > 0 ? opt.normalizer : static_cast<double>(count);
 }
 
+template <typename T>
+void check_lm_head(const T* lm_head, const char* what) {
+  if (lm_head == nullptr) {
+    throw zero3::InvalidArgument(std::string(what) +
+                                 ": the head view has no lm_head (with tied embeddings set it to the embedding's "
+                                 "embed_tokens, as model_view does)");
+  }
+}
+
 }  // namespace
 
 template <typename T>
 LossResult head_forward_backward(const ModelConfig& c, HeadView<const T> w, const T* x, const int32_t* targets,
                                  int64_t tokens, T* dx, HeadView<T> g, const LossOptions& opt) {
+  check_lm_head(w.lm_head, "head_forward_backward");
   const int64_t hid = c.hidden_size;
   const double normalizer = pick_normalizer(opt, count_targets(targets, tokens, c.vocab_size));
   std::vector<T> xn(static_cast<size_t>(tokens * hid)), rstd(static_cast<size_t>(tokens)),
@@ -232,6 +242,7 @@ LossResult head_forward_backward(const ModelConfig& c, HeadView<const T> w, cons
 template <typename T>
 LossResult head_loss(const ModelConfig& c, HeadView<const T> w, const T* x, const int32_t* targets, int64_t tokens,
                      const LossOptions& opt) {
+  check_lm_head(w.lm_head, "head_loss");
   const int64_t hid = c.hidden_size;
   const double normalizer = pick_normalizer(opt, count_targets(targets, tokens, c.vocab_size));
   std::vector<T> xn(static_cast<size_t>(tokens * hid));
@@ -244,6 +255,7 @@ LossResult head_loss(const ModelConfig& c, HeadView<const T> w, const T* x, cons
 
 template <typename T>
 void head_logits(const ModelConfig& c, HeadView<const T> w, const T* x, int64_t tokens, T* logits) {
+  check_lm_head(w.lm_head, "head_logits");
   const int64_t hid = c.hidden_size;
   std::vector<T> xn(static_cast<size_t>(tokens * hid));
   rmsnorm_forward(x, w.norm, xn.data(), static_cast<T*>(nullptr), tokens, hid, static_cast<T>(c.rms_norm_eps));
@@ -262,6 +274,7 @@ ModelView<T> model_view(const ModelConfig& c, const std::vector<T*>& units) {
   v.embedding = embedding_view(c, units.front());
   for (int64_t i = 0; i < c.num_hidden_layers; ++i) v.layers.push_back(layer_view(c, units[1 + i]));
   v.head = head_view(c, units.back());
+  if (c.tie_word_embeddings) v.head.lm_head = v.embedding.embed_tokens;  // gradients of both uses add up there
   return v;
 }
 

@@ -46,7 +46,8 @@ struct LayerView {
 template <typename T>
 struct HeadView {
   T* norm = nullptr;     // (hidden)
-  T* lm_head = nullptr;  // (vocab, hidden)
+  T* lm_head = nullptr;  // (vocab, hidden); with tied embeddings the embedding unit's embed_tokens (not in the
+                         // head unit: head_view leaves it null, model_view points it at the embedding)
 };
 
 template <typename T>
@@ -72,7 +73,7 @@ LayerView<T> layer_view(const ModelConfig& c, T* flat) {
 
 template <typename T>
 HeadView<T> head_view(const ModelConfig& c, T* flat) {
-  return {flat, flat + c.hidden_size};
+  return {flat, c.tie_word_embeddings ? nullptr : flat + c.hidden_size};
 }
 
 // ---- Shapes and saved state. ----
@@ -185,7 +186,8 @@ struct ModelView {
   HeadView<T> head;
 };
 
-// units: one flat buffer per unit, in model_unit_layouts order (L + 2 pointers).
+// units: one flat buffer per unit, in model_unit_layouts order (L + 2 pointers). With tied embeddings the head's
+// lm_head is the embedding's embed_tokens, so a gradient view accumulates both uses there.
 template <typename T>
 ModelView<T> model_view(const ModelConfig& c, const std::vector<T*>& units);
 

@@ -207,6 +207,20 @@ void validate(const ModelConfig& c, const std::string& source) {
   if (!(c.initializer_range >= 0)) fail(source, "initializer_range", "must be >= 0");
 }
 
+std::string exported_config_json(const std::string& json_text, const std::string& torch_dtype,
+                                 const std::string& source) {
+  nlohmann::ordered_json root;  // the file's own key order
+  try {
+    root = nlohmann::ordered_json::parse(json_text, nullptr, /*allow_exceptions=*/true, /*ignore_comments=*/true);
+  } catch (const nlohmann::ordered_json::parse_error& e) {
+    throw zero3::ConfigError(source + ": not valid JSON: " + e.what());
+  }
+  if (!root.is_object()) throw zero3::ConfigError(source + ": expected a JSON object at the top level");
+  root["torch_dtype"] = torch_dtype;
+  if (root.contains("dtype")) root["dtype"] = torch_dtype;
+  return root.dump(2) + "\n";
+}
+
 ModelConfig load_model_config(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) throw zero3::IoError("cannot open the model config " + path + " for reading");

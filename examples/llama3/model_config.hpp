@@ -41,12 +41,19 @@ struct ModelConfig {
   int64_t kv_dim() const { return num_key_value_heads * head_dim; }
   int64_t qkv_dim() const { return q_dim() + 2 * kv_dim(); }
   int64_t group_size() const { return num_attention_heads / num_key_value_heads; }
-  // Parameters of the whole model (untied head).
+  // Parameters of the whole model (with tied embeddings the embedding matrix counts once).
   int64_t num_parameters() const;
 };
 
 // Parses the text of a config.json. `source` names it in error messages (a path, or "<string>").
 ModelConfig parse_model_config(const std::string& json_text, const std::string& source = "<string>");
+
+// The config.json to write beside exported weights of dtype `torch_dtype` ("float32", "bfloat16"): `json_text`
+// (keys, values and their order kept; comments dropped) with "torch_dtype" set to it, and "dtype" too where the
+// text has that key (transformers 5 writes "dtype"; transformers 4 and 5 both read "torch_dtype"). Throws
+// zero3::ConfigError naming `source` for text that is not a JSON object.
+std::string exported_config_json(const std::string& json_text, const std::string& torch_dtype,
+                                 const std::string& source = "<string>");
 
 // Reads and parses a config.json file. Throws zero3::IoError when the file cannot be read.
 ModelConfig load_model_config(const std::string& path);

@@ -42,14 +42,15 @@ RunnerBufferSizes runner_buffer_sizes(const ModelConfig& c, const BatchShape& s,
 ModelRunner::ModelRunner(const ModelConfig& config, ModelOps& ops) : config_(config), ops_(ops) {
   const UnitLayout layer = layer_unit_layout(config_, 0);
   for (int p = 0; p < kLayerParamCount; ++p) offsets_[p] = layer.params[static_cast<size_t>(p)].offset;
-  head_lm_offset_ = head_unit_layout(config_).param("lm_head.weight").offset;
+  if (!config_.tie_word_embeddings) head_lm_offset_ = head_unit_layout(config_).param("lm_head.weight").offset;
   eps_ = static_cast<float>(config_.rms_norm_eps);
 }
 
 ModelRunner::~ModelRunner() {
-  for (Buffer* b : {&ids_, &targets_, &cos_, &sin_, &resid_, &xn_, &mlp_act_, &y_, &dh_, &dwide_, &dmid_, &dx_,
-                    &head_rstd_, &param_staging_, &grad_staging_})
+  for (Buffer* b :
+       {&ids_, &targets_, &cos_, &sin_, &resid_, &xn_, &mlp_act_, &y_, &dh_, &dwide_, &dmid_, &dx_, &head_rstd_})
     release(*b);
+  for (int i = 0; i < kStagingSlots; ++i) release(param_staging_[i]), release(grad_staging_[i]);
   for (Cache& c : caches_) release(c);
 }
 
@@ -115,10 +116,22 @@ void ModelRunner::check_layer(int64_t layer, const char* what) const {
   }
 }
 
-void* ModelRunner::param_staging(int64_t numel) { return ensure(param_staging_, numel, ops_.act_size()); }
+namespace {
+int check_slot(int slot, const char* what) {
+  if (slot < 0 || slot >= ModelRunner::kStagingSlots) {
+    throw zero3::InvalidArgument(std::string("ModelRunner::") + what + ": slot " + std::to_string(slot) +
+                                 " outside [0, " + std::to_string(ModelRunner::kStagingSlots) + ")");
+  }
+  return slot;
+}
+}  // namespace
 
-float* ModelRunner::grad_staging(int64_t numel) {
-  return static_cast<float*>(ensure(grad_staging_, numel, sizeof(float)));
+void* ModelRunner::param_staging(int64_t numel, int slot) {
+  return ensure(param_staging_[check_slot(slot, "param_staging")], numel, ops_.act_size());
+}
+
+float* ModelRunner::grad_staging(int64_t numel, int slot) {
+  return static_cast<float*>(ensure(grad_staging_[check_slot(slot, "grad_staging")], numel, sizeof(float)));
 }
 
 // ---------------------------------------------------------------------------------------------------------
@@ -296,22 +309,35 @@ void ModelRunner::layer_backward(int64_t layer, const void* w, float* g) {
                         n, hid, true);
 }
 
-LossResult ModelRunner::head_forward_backward(const void* w, float* g, const LossOptions& opt) {
-  return head(w, g, opt, "head_forward_backward");
+LossResult ModelRunner::head_forward_backward(const void* w, float* g, const LossOptions& opt, const void* embed_w,
+                                              float* embed_g) {
+  return head(w, g, embed_w, embed_g, opt, "head_forward_backward");
 }
 
-LossResult ModelRunner::head_forward_loss(const void* w, const LossOptions& opt) {
-  return head(w, nullptr, opt, "head_forward_loss");
+LossResult ModelRunner::head_forward_loss(const void* w, const LossOptions& opt, const void* embed_w) {
+  return head(w, nullptr, embed_w, nullptr, opt, "head_forward_loss");
 }
 
-LossResult ModelRunner::head(const void* w, float* g, const LossOptions& opt, const char* what) {
+LossResult ModelRunner::head(const void* w, float* g, const void* embed_w, float* embed_g, const LossOptions& opt,
+                             const char* what) {
   if (!batch_ready_) throw zero3::InvalidArgument(std::string("ModelRunner::") + what + ": no begin_batch yet");
+  const bool tied = config_.tie_word_embeddings;
+  const bool valid =
+      tied ? embed_w != nullptr && (g == nullptr) == (embed_g == nullptr) : embed_w == nullptr && embed_g == nullptr;
+  if (!valid) {
+    throw zero3::InvalidArgument(
+        std::string("ModelRunner::") + what +
+        (tied ? ": tied embeddings: the LM head is the embedding unit's weight, pass its parameters (and, with "
+                "gradients, its gradient buffer)"
+              : ": untied embeddings: the LM head is in the head unit, pass no embedding buffers"));
+  }
   const int64_t n = shape_.tokens(), hid = config_.hidden_size, vocab = config_.vocab_size;
   const int64_t count = count_targets(host_targets_.data(), n, vocab);
   const double normalizer = opt.normalizer > 0 ? opt.normalizer : static_cast<double>(count);
   const void* x = layer_input(config_.num_hidden_layers);
   const void* norm = w;
-  const void* lm_head = act_at(w, head_lm_offset_);
+  const void* lm_head = tied ? embed_w : act_at(w, head_lm_offset_);
+  float* lm_head_grad = g == nullptr ? nullptr : tied ? embed_g : g + head_lm_offset_;
   float* rstd = static_cast<float*>(head_rstd_.ptr);
   void* xn = xn_.ptr;                            // normalised final states
   void* dxn = g != nullptr ? dh_.ptr : nullptr;  // their gradient (none without g)
@@ -321,7 +347,7 @@ LossResult ModelRunner::head(const void* w, float* g, const LossOptions& opt, co
   chunk = std::min(chunk, std::max<int64_t>(n, 1));
   const CrossEntropyResult ce =
       ops_.lm_head_cross_entropy(xn, lm_head, static_cast<const int32_t*>(targets_.ptr), host_targets_.data(), n, hid,
-                                 vocab, grad_scale, dxn, g != nullptr ? g + head_lm_offset_ : nullptr, chunk);
+                                 vocab, grad_scale, dxn, lm_head_grad, chunk);
   if (g != nullptr) ops_.rmsnorm_backward(x, norm, rstd, dxn, dx_.ptr, g, n, hid, false);
   LossResult r;
   r.loss_sum = ce.loss_sum;

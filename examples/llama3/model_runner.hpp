@@ -9,6 +9,8 @@
 //   layer_forward(i, w)                  i = 0..L-1    layer input i+1 (cache i, or the one shared cache)
 //   head_forward_backward(w, g, loss)                  final norm, LM head, loss, dx; returns the loss
 //                                                      (evaluation: head_forward_loss(w, loss), then no backward)
+//                                                      tied embeddings: (w, g, loss, embed_w, embed_g), the LM
+//                                                      head being the embedding unit's weight
 //   layer_backward(i, w, g)              i = L-1..0    recomputes layer i's forward first with checkpointing
 //   embed_backward(g)
 // Parameters `w`: a unit's flat buffer (llama_layout.hpp) in ops.act(), backend memory. Gradients `g`: the
@@ -27,7 +29,7 @@
 //   head rstd      f32 (tokens)
 //   batch          ids, targets int32 (tokens); rope cos, sin f32 (tokens, head_dim/2)
 //   unit staging   param_staging / grad_staging, for a caller whose parameters or gradients are of other
-//                  dtypes (converted by the caller)
+//                  dtypes (converted by the caller); two slots each, for the head and, tied, the embedding
 //
 // Errors: zero3::InvalidArgument for a bad shape, token id or target (named), a layer backward with no
 // forward for this batch when checkpointing is off, or a call out of order; backend errors as ModelOps says.
@@ -72,16 +74,21 @@ class ModelRunner {
 
   void embed_forward(const void* w);
   void layer_forward(int64_t layer, const void* w);
-  // The loss over this micro-batch's targets as head_forward_backward (llama_model.hpp) defines it.
-  LossResult head_forward_backward(const void* w, float* g, const LossOptions& opt);
+  // The loss over this micro-batch's targets as head_forward_backward (llama_model.hpp) defines it. With tied
+  // embeddings the LM head multiplies by the embedding unit's parameters `embed_w` and adds its gradient to that
+  // unit's `embed_g`; without, both must be null (the head unit holds lm_head.weight). InvalidArgument otherwise.
+  LossResult head_forward_backward(const void* w, float* g, const LossOptions& opt, const void* embed_w = nullptr,
+                                   float* embed_g = nullptr);
   // The same loss without gradients (evaluation): final norm, LM head and cross-entropy, no backward.
-  LossResult head_forward_loss(const void* w, const LossOptions& opt);
+  LossResult head_forward_loss(const void* w, const LossOptions& opt, const void* embed_w = nullptr);
   void layer_backward(int64_t layer, const void* w, float* g);
   void embed_backward(float* g);
 
-  // Scratch of a whole unit for dtype staging: `numel` act elements / f32 elements (kept, grown on demand).
-  void* param_staging(int64_t numel);
-  float* grad_staging(int64_t numel);
+  // Scratch of a whole unit for dtype staging: `numel` act elements / f32 elements (kept, grown on demand). Slot 0
+  // or 1: two units staged at once (the head and, with tied embeddings, the embedding inside its scope).
+  static constexpr int kStagingSlots = 2;
+  void* param_staging(int64_t numel, int slot = 0);
+  float* grad_staging(int64_t numel, int slot = 0);
 
   // Bytes of backend memory the runner holds now, and the most it has held.
   int64_t allocated_bytes() const { return allocated_; }
@@ -113,12 +120,13 @@ class ModelRunner {
                        float* dw, int64_t in, int64_t out, bool accumulate_dx);
   void forward_into(const void* w, const void* x, void* y, Cache& cache);
   // The head with its backward into g, or (g null) the loss only.
-  LossResult head(const void* w, float* g, const LossOptions& opt, const char* what);
+  LossResult head(const void* w, float* g, const void* embed_w, float* embed_g, const LossOptions& opt,
+                  const char* what);
 
   ModelConfig config_;
   ModelOps& ops_;
   int64_t offsets_[kLayerParamCount] = {};  // elements into a layer unit
-  int64_t head_lm_offset_ = 0;              // lm_head.weight in the head unit
+  int64_t head_lm_offset_ = 0;              // lm_head.weight in the head unit (untied)
   float eps_ = 0;
 
   BatchShape shape_{};
@@ -132,7 +140,7 @@ class ModelRunner {
   std::vector<Cache> caches_;
   Buffer xn_, mlp_act_, y_, dh_, dwide_, dmid_;  // workspace
   Buffer dx_, head_rstd_;
-  Buffer param_staging_, grad_staging_;
+  Buffer param_staging_[kStagingSlots], grad_staging_[kStagingSlots];
 
   int64_t allocated_ = 0, peak_allocated_ = 0;
 };

@@ -2,11 +2,11 @@
 // sum_rows.
 //
 // Per chunk of rows: logits = x_c w^T (Blas, f32 out) into the workspace; cross_entropy_rows_kernel, one block
-// per row, takes the row's max and sum of exp (block reductions, fixed order), writes the loss and, for the
-// backward, grad_scale * (softmax - onehot) over the row (in place in f32, or as a bf16 copy when act is bf16,
-// since the GEMMs that read it take A and B of one type); then dx_c = dlogits_c w (act) and dw += dlogits_c^T x_c
-// (f32) through Blas. Workspace: chunk_rows * vocab f32 (+ as many act elements with bf16), stream-ordered on
-// the Blas stream, grown on demand.
+// per row, takes the row's max and its sum of exp in double (block reductions, fixed order), writes the loss
+// and, for the backward, grad_scale * (softmax - onehot) over the row (in place in f32, or as a bf16 copy when act
+// is bf16, since the GEMMs that read it take A and B of one type); then dx_c = dlogits_c w (act) and dw += dlogits_c^T
+// x_c (f32) through Blas. Workspace: chunk_rows * vocab f32 (+ as many act elements with bf16), stream-ordered on the
+// Blas stream, grown on demand.
 #include <algorithm>
 #include <string>
 
@@ -23,14 +23,31 @@ using namespace kernels;
 constexpr int kLossThreads = 512;
 constexpr int kSumThreads = 256;
 
+// exp(x - base) for a float x and a double base: x - base is formed exactly in double and split into
+// hi + lo (floats); exp(hi + lo) = expf(hi) * (1 + lo) to a few float units, so a large |x - base| costs no
+// accuracy (expf of the float-rounded difference would be off by |x - base| * 6e-8 relative).
+__device__ __forceinline__ float exp_shifted(float x, double base) {
+  const double d = static_cast<double>(x) - base;
+  const float hi = static_cast<float>(d);
+  const float lo = static_cast<float>(d - static_cast<double>(hi));
+  const float e = expf(hi);
+  return fmaf(e, lo, e);
+}
+
 // The row's loss into row_loss[row] (if row_loss is set); with write_grad the row becomes
 // grad_scale * (softmax - onehot): in place, or rounded into grad_copy when that is set. An ignored row has loss 0
 // and gradient 0; a target outside [0, vocab) (the caller checks targets on the host) gives a NaN loss and a 0
 // gradient.
+//
+// Accuracy (the CPU op's, ops/cross_entropy.hpp, to a few float units): the max is exact; each thread adds its
+// exponentials in double and the block adds the threads' sums in double, so the sum of exponentials is exact to
+// double's round-off at any vocabulary; the log-sum-exp is formed in double, each probability through
+// exp_shifted, the target's p - 1 through expm1 in double.
 template <typename T>
 __global__ void cross_entropy_rows_kernel(float* logits, T* grad_copy, const int32_t* targets, float* row_loss,
                                           int64_t vocab, float grad_scale, bool write_grad) {
   __shared__ ReduceScratch scratch;
+  __shared__ ReduceScratchF64 scratch64;
   const int64_t row = blockIdx.x;
   float* x = logits + row * vocab;
   T* gc = grad_copy != nullptr ? grad_copy + row * vocab : nullptr;
@@ -53,15 +70,26 @@ __global__ void cross_entropy_rows_kernel(float* logits, T* grad_copy, const int
   float mx = -INFINITY;
   for (int64_t j = threadIdx.x; j < vocab; j += blockDim.x) mx = fmaxf(mx, x[j]);
   mx = block_max(mx, scratch);
-  float sum = 0.0f;
-  for (int64_t j = threadIdx.x; j < vocab; j += blockDim.x) sum += expf(x[j] - mx);
-  sum = block_sum(sum, scratch);
-  if (row_loss != nullptr && threadIdx.x == 0) row_loss[row] = logf(sum) - (xt - mx);
-  if (!write_grad) return;
-  const float inv = grad_scale / sum;
+  // The sum of exponentials is 1 (the largest logit's) + rest; rest is summed on its own and log1p taken, and the
+  // loss formed from the parts, so that a row whose largest logit holds nearly all the probability keeps the
+  // digits of its small loss and p - 1 (as ops/cross_entropy.hpp).
+  double rest = 0.0, ties = 0.0;
   for (int64_t j = threadIdx.x; j < vocab; j += blockDim.x) {
-    float g = expf(x[j] - mx) * inv;
-    if (j == target) g -= grad_scale;
+    if (x[j] == mx) {
+      ties += 1.0;
+    } else {
+      rest += static_cast<double>(exp_shifted(x[j], mx));
+    }
+  }
+  rest = block_sum(rest, scratch64);
+  ties = block_sum(ties, scratch64);  // exact: a sum of small integers
+  const double log_sum = log1p(rest + (ties - 1.0)), dt = static_cast<double>(xt) - static_cast<double>(mx);
+  if (row_loss != nullptr && threadIdx.x == 0) row_loss[row] = static_cast<float>(log_sum - dt);
+  if (!write_grad) return;
+  const double lse = static_cast<double>(mx) + log_sum;
+  for (int64_t j = threadIdx.x; j < vocab; j += blockDim.x) {
+    const float g =
+        j == target ? static_cast<float>(expm1(dt - log_sum) * grad_scale) : exp_shifted(x[j], lse) * grad_scale;
     if (gc != nullptr) {
       store(gc, j, g);
     } else {

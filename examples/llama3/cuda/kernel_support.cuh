@@ -1,10 +1,10 @@
 // What the example's kernels share (only for cuda/*.cu): float loads and round-to-nearest-even stores of the
 // activation types, block reductions in a fixed order, launch geometry, and the act -> C++ type dispatch.
 //
-// Reductions: block_sum / block_max combine the threads of a block with warp shuffles (xor butterfly) and then
-// the warps' results in warp order. For a given blockDim and input the result is always the same bits. Every
-// thread of the block must call them (they contain __syncthreads), and blockDim.x must be a multiple of 32 (at
-// most 1024).
+// Reductions: block_sum (float or double) / block_max combine the threads of a block with warp shuffles (xor
+// butterfly) and then the warps' results in warp order. For a given blockDim and input the result is always the
+// same bits. Every thread of the block must call them (they contain __syncthreads), and blockDim.x must be a
+// multiple of 32 (at most 1024).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -33,7 +33,8 @@ __device__ __forceinline__ void store(__nv_bfloat16* p, int64_t i, float v) { p[
 
 inline constexpr int kWarp = 32;
 
-__device__ __forceinline__ float warp_sum(float v) {
+template <typename T>
+__device__ __forceinline__ T warp_sum(T v) {
 #pragma unroll
   for (int offset = kWarp / 2; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
   return v;
@@ -46,29 +47,42 @@ __device__ __forceinline__ float warp_max(float v) {
 }
 
 // Shared scratch of one reduction: a slot per warp and one for the result.
-struct ReduceScratch {
-  float warp[kWarp];
-  float result;
+template <typename T>
+struct BlockScratch {
+  T warp[kWarp];
+  T result;
 };
+using ReduceScratch = BlockScratch<float>;
+using ReduceScratchF64 = BlockScratch<double>;
 
-template <bool kMax>
-__device__ __forceinline__ float block_reduce(float v, ReduceScratch& s) {
+template <bool kMax, typename T>
+__device__ __forceinline__ T warp_reduce(T v) {
+  if constexpr (kMax) {
+    return warp_max(v);
+  } else {
+    return warp_sum(v);
+  }
+}
+
+template <bool kMax, typename T>
+__device__ __forceinline__ T block_reduce(T v, BlockScratch<T>& s) {
   const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp, warps = blockDim.x / kWarp;
-  v = kMax ? warp_max(v) : warp_sum(v);
+  v = warp_reduce<kMax>(v);
   if (lane == 0) s.warp[warp] = v;
   __syncthreads();
   if (warp == 0) {
-    float r = lane < warps ? s.warp[lane] : (kMax ? -INFINITY : 0.0f);
-    r = kMax ? warp_max(r) : warp_sum(r);
+    T r = lane < warps ? s.warp[lane] : (kMax ? T(-INFINITY) : T(0));
+    r = warp_reduce<kMax>(r);
     if (lane == 0) s.result = r;
   }
   __syncthreads();
-  const float result = s.result;
+  const T result = s.result;
   __syncthreads();  // the scratch may be reused by the next reduction
   return result;
 }
 
 __device__ __forceinline__ float block_sum(float v, ReduceScratch& s) { return block_reduce<false>(v, s); }
+__device__ __forceinline__ double block_sum(double v, ReduceScratchF64& s) { return block_reduce<false>(v, s); }
 __device__ __forceinline__ float block_max(float v, ReduceScratch& s) { return block_reduce<true>(v, s); }
 
 // ---- Launch geometry. ----

@@ -1,7 +1,8 @@
-// The Hugging Face golden fixture (tools/make_golden.py, committed under tests/golden/) as the tests read it:
+// The Hugging Face golden fixtures (tools/make_golden.py, committed under tests/golden/) as the tests read them:
 // the model config, the batch (ids, labels, and the targets LlamaForCausalLM's loss uses: position t predicts
 // labels[t + 1], the last position of each sequence nothing), the reference logits and loss, and readers of
-// the weights and gradients files.
+// the weights and gradients files. Fixtures: "" (tests/golden itself: the tiny Llama, untied), "tied" (the same
+// with tied embeddings), "vocab32k" (vocabulary 32768, tied, peaked rows; no logits, a float64 loss).
 #pragma once
 
 #include <gtest/gtest.h>
@@ -39,15 +40,16 @@ std::vector<T> read_all(const zero3::safetensors::SafetensorsReader& r, const st
 }
 
 struct GoldenFixture {
-  std::filesystem::path dir = golden_dir();
+  std::filesystem::path dir;
   ModelConfig config;
   BatchShape shape;
   std::vector<int32_t> ids, labels, targets;  // (batch, seq)
-  std::vector<float> logits;                  // (batch, seq, vocab)
-  double loss = 0;
+  std::vector<float> logits;                  // (batch, seq, vocab); empty when the fixture has none
+  double loss = 0;                            // transformers' (float32)
+  double loss_f64 = 0;                        // the same in float64 throughout; 0 when the fixture has none
   std::unique_ptr<zero3::safetensors::SafetensorsReader> batch, grads;
 
-  GoldenFixture() {
+  explicit GoldenFixture(const std::string& name = "") : dir(golden_dir() / name) {
     config = load_model_config((dir / "config.json").string());
     batch = std::make_unique<zero3::safetensors::SafetensorsReader>(dir / "batch.safetensors");
     grads = std::make_unique<zero3::safetensors::SafetensorsReader>(dir / "grads.safetensors");
@@ -55,8 +57,9 @@ struct GoldenFixture {
     shape = {shp.at(0), shp.at(1)};
     ids = read_all<int32_t>(*batch, "input_ids");
     labels = read_all<int32_t>(*batch, "labels");
-    logits = read_all<float>(*batch, "logits");
+    if (batch->find("logits") != nullptr) logits = read_all<float>(*batch, "logits");
     loss = read_all<double>(*batch, "loss").at(0);
+    if (batch->find("loss_f64") != nullptr) loss_f64 = read_all<double>(*batch, "loss_f64").at(0);
     targets.assign(ids.size(), kIgnoreIndex);
     for (int64_t b = 0; b < shape.batch; ++b)
       for (int64_t t = 0; t + 1 < shape.seq; ++t) targets[b * shape.seq + t] = labels[b * shape.seq + t + 1];

@@ -168,6 +168,7 @@ TEST(Layout, UnitsInOrderWithHuggingFaceNamesAndPackedOffsets) {
   int64_t total = 0;
   for (const auto& u : units) total += u.numel;
   EXPECT_EQ(total, c.num_parameters());
+  const int64_t untied_total = total;
 
   EXPECT_EQ(unit_of_param(c, "model.embed_tokens.weight"), 0);
   EXPECT_EQ(unit_of_param(c, "model.layers.1.mlp.up_proj.weight"), 2);
@@ -176,6 +177,19 @@ TEST(Layout, UnitsInOrderWithHuggingFaceNamesAndPackedOffsets) {
   EXPECT_EQ(unit_of_param(c, "model.layers.1.mlp.up_proj.bias"), -1);
   EXPECT_THROW(units[0].param("lm_head.weight"), zero3::InvalidArgument);
 
+  // Tied: the head unit holds the final norm only; lm_head.weight is no parameter (the embedding's is used).
   c.tie_word_embeddings = true;
-  EXPECT_THROW(model_unit_layouts(c), zero3::Unsupported);
+  const std::vector<UnitLayout> tied = model_unit_layouts(c);
+  ASSERT_EQ(tied.size(), units.size());
+  ASSERT_EQ(tied.back().params.size(), 1u);
+  EXPECT_EQ(tied.back().params[0].name, "model.norm.weight");
+  EXPECT_EQ(tied.back().numel, c.hidden_size);
+  EXPECT_EQ(tied.front().numel, units.front().numel);
+  total = 0;
+  for (const auto& u : tied) total += u.numel;
+  EXPECT_EQ(total, c.num_parameters());
+  EXPECT_EQ(total, untied_total - c.vocab_size * c.hidden_size);
+  EXPECT_EQ(unit_of_param(c, "lm_head.weight"), -1);
+  EXPECT_EQ(unit_of_param(c, "model.norm.weight"), 3);
+  EXPECT_EQ(unit_of_param(c, "model.embed_tokens.weight"), 0);
 }

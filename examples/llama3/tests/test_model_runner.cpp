@@ -3,7 +3,8 @@
 // activation checkpointing, over two accumulated micro-batches, with a given normalizer and small loss chunks; with
 // bf16 compute the engine's model must equal the reference run on the bf16-rounded (widened) weights.
 //
-// Odd sizes as in test_model.cpp: hidden 12, 3 query heads on 1 kv head (head_dim 4), ffn 20, vocab 17, seq 5.
+// Odd sizes as in test_model.cpp: hidden 12, 3 query heads on 1 kv head (head_dim 4), ffn 20, vocab 17, seq 5;
+// untied and tied embeddings (the head multiplies by the embedding unit's weight and adds to its gradient).
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -28,10 +29,11 @@ using llama3::testing::random_vector;
 
 namespace {
 
-ModelConfig odd_config() {
-  return parse_model_config(R"({"hidden_size": 12, "intermediate_size": 20, "num_hidden_layers": 2,
+ModelConfig odd_config(bool tied = false) {
+  return parse_model_config(std::string(R"({"hidden_size": 12, "intermediate_size": 20, "num_hidden_layers": 2,
       "num_attention_heads": 3, "num_key_value_heads": 1, "vocab_size": 17, "rope_theta": 10000.0,
-      "rms_norm_eps": 1e-5, "initializer_range": 0.3, "max_position_embeddings": 64})");
+      "rms_norm_eps": 1e-5, "initializer_range": 0.3, "max_position_embeddings": 64, "tie_word_embeddings": )") +
+                            (tied ? "true}" : "false}"));
 }
 
 struct Batch {
@@ -80,8 +82,11 @@ LossResult run(ModelRunner& r, FlatModel<float>& m, const Batch& b, bool checkpo
   r.begin_batch(b.ids.data(), b.targets.data(), b.shape, checkpointing);
   r.embed_forward(m.unit_params(0).data());
   for (int64_t i = 0; i < L; ++i) r.layer_forward(i, m.unit_params(static_cast<size_t>(1 + i)).data());
-  LossResult loss = r.head_forward_backward(m.unit_params(static_cast<size_t>(L + 1)).data(),
-                                            m.unit_grads(static_cast<size_t>(L + 1)).data(), lo);
+  const size_t head = static_cast<size_t>(L + 1);
+  LossResult loss = m.config().tie_word_embeddings
+                        ? r.head_forward_backward(m.unit_params(head).data(), m.unit_grads(head).data(), lo,
+                                                  m.unit_params(0).data(), m.unit_grads(0).data())
+                        : r.head_forward_backward(m.unit_params(head).data(), m.unit_grads(head).data(), lo);
   for (int64_t i = L - 1; i >= 0; --i)
     r.layer_backward(i, m.unit_params(static_cast<size_t>(1 + i)).data(),
                      m.unit_grads(static_cast<size_t>(1 + i)).data());
@@ -93,6 +98,7 @@ struct RunnerCase {
   bool checkpointing;
   LossOptions loss;
   std::string name;
+  bool tied = false;
 };
 
 void PrintTo(const RunnerCase& c, std::ostream* os) { *os << c.name; }
@@ -101,7 +107,7 @@ class RunnerOnCpu : public ::testing::TestWithParam<RunnerCase> {};
 
 TEST_P(RunnerOnCpu, EqualsModelForwardBackwardBitForBit) {
   const RunnerCase& rc = GetParam();
-  const ModelConfig c = odd_config();
+  const ModelConfig c = odd_config(rc.tied);
   FlatModel<float> ref(c), got(c);
   randomize(ref, 11);
   randomize(got, 11);
@@ -131,12 +137,14 @@ LossOptions with(double normalizer, int64_t chunk_rows) {
   return o;
 }
 
-INSTANTIATE_TEST_SUITE_P(Llama, RunnerOnCpu,
-                         ::testing::Values(RunnerCase{true, {}, "checkpointing"},
-                                           RunnerCase{false, {}, "no_checkpointing"},
-                                           RunnerCase{true, with(32, 3), "checkpointing_normalizer_chunk3"},
-                                           RunnerCase{false, with(32, 3), "no_checkpointing_normalizer_chunk3"}),
-                         [](const ::testing::TestParamInfo<RunnerCase>& i) { return i.param.name; });
+INSTANTIATE_TEST_SUITE_P(
+    Llama, RunnerOnCpu,
+    ::testing::Values(RunnerCase{true, {}, "checkpointing"}, RunnerCase{false, {}, "no_checkpointing"},
+                      RunnerCase{true, with(32, 3), "checkpointing_normalizer_chunk3"},
+                      RunnerCase{false, with(32, 3), "no_checkpointing_normalizer_chunk3"},
+                      RunnerCase{true, {}, "tied_checkpointing", true},
+                      RunnerCase{false, with(32, 3), "tied_no_checkpointing_normalizer_chunk3", true}),
+    [](const ::testing::TestParamInfo<RunnerCase>& i) { return i.param.name; });
 
 TEST(Runner, HoldsTheBuffersItsSizesSay) {
   const ModelConfig c = odd_config();
@@ -175,6 +183,23 @@ TEST(Runner, RefusesWhatTheReferenceRefuses) {
   b.targets[4] = -1;
   EXPECT_THROW(r.begin_batch(b.ids.data(), b.targets.data(), b.shape, true), zero3::InvalidArgument);
   EXPECT_THROW(r.begin_batch(b.ids.data(), b.targets.data(), BatchShape{0, 5}, true), zero3::InvalidArgument);
+
+  // The LM head's weight: the head unit's when untied (no embedding buffers), the embedding's when tied.
+  b = batch(0);
+  r.begin_batch(b.ids.data(), b.targets.data(), b.shape, true);
+  EXPECT_THROW(r.head_forward_backward(m.unit_params(3).data(), m.unit_grads(3).data(), {}, m.unit_params(0).data(),
+                                       m.unit_grads(0).data()),
+               zero3::InvalidArgument);
+  EXPECT_THROW(r.head_forward_loss(m.unit_params(3).data(), {}, m.unit_params(0).data()), zero3::InvalidArgument);
+  const ModelConfig tied = odd_config(true);
+  FlatModel<float> t(tied);
+  ModelRunner rt(tied, ops);
+  rt.begin_batch(b.ids.data(), b.targets.data(), b.shape, true);
+  EXPECT_THROW(rt.head_forward_backward(t.unit_params(3).data(), t.unit_grads(3).data(), {}), zero3::InvalidArgument);
+  EXPECT_THROW(rt.head_forward_backward(t.unit_params(3).data(), t.unit_grads(3).data(), {}, t.unit_params(0).data()),
+               zero3::InvalidArgument);  // gradients of the head but none for the LM head's weight
+  EXPECT_THROW(rt.head_forward_loss(t.unit_params(3).data(), {}), zero3::InvalidArgument);
+  EXPECT_NO_THROW(rt.head_forward_loss(t.unit_params(3).data(), {}, t.unit_params(0).data()));
 }
 
 // ---- EngineModel on the cpu device ----
@@ -207,6 +232,7 @@ struct EngineCase {
   bool bf16;
   bool checkpointing;
   std::string name;
+  bool tied = false;
 };
 
 void PrintTo(const EngineCase& c, std::ostream* os) { *os << c.name; }
@@ -217,7 +243,7 @@ class EngineModelOnCpu : public ::testing::TestWithParam<EngineCase> {};
 // in exp_avg (one rank, one micro-batch: the engine's average is the gradient itself).
 TEST_P(EngineModelOnCpu, EqualsTheReferenceOnTheWeightsItComputesWith) {
   const EngineCase& ec = GetParam();
-  const ModelConfig c = odd_config();
+  const ModelConfig c = odd_config(ec.tied);
   auto device = zero3::make_cpu_device();
   zero3::Engine engine(one_step_config(ec.bf16), local_world(), *device);
   EngineModelOptions opt;
@@ -237,8 +263,14 @@ TEST_P(EngineModelOnCpu, EqualsTheReferenceOnTheWeightsItComputesWith) {
   const Batch b = batch(1);
   ModelOptions mo;
   mo.activation_checkpointing = ec.checkpointing;
+  // Tied: the engine adds the gradients of the embedding's two scopes (the head's share, then the embedding's),
+  // so the reference keeps the head's share apart and adds it the same way.
+  ModelView<float> grads = ref.grads();
+  std::vector<float> head_share(static_cast<size_t>(ec.tied ? c.vocab_size * c.hidden_size : 0), 0.0f);
+  if (ec.tied) grads.head.lm_head = head_share.data();
   const LossResult want =
-      model_forward_backward(c, ref.params(), ref.grads(), b.ids.data(), b.targets.data(), nullptr, b.shape, mo);
+      model_forward_backward(c, ref.params(), grads, b.ids.data(), b.targets.data(), nullptr, b.shape, mo);
+  for (size_t i = 0; i < head_share.size(); ++i) ref.unit_grads(0)[i] = head_share[i] + ref.unit_grads(0)[i];
   // Evaluation: the same loss, forward scopes only.
   EXPECT_THROW(model.evaluate(b.ids.data(), b.targets.data(), b.shape), zero3::InvalidArgument);
   {
@@ -250,9 +282,14 @@ TEST_P(EngineModelOnCpu, EqualsTheReferenceOnTheWeightsItComputesWith) {
   const LossResult have = model.forward_backward(b.ids.data(), b.targets.data(), b.shape);
   EXPECT_EQ(have.loss, want.loss);
   EXPECT_EQ(have.count, want.count);
+  // The bf16 units widened into a staging buffer (tied: the embedding into a second one inside the head's scope).
+  const int64_t staged = model.layouts()[1].numel + (ec.tied ? model.layouts()[0].numel : 0);
   EXPECT_EQ(model.activation_bytes(),
-            runner_buffer_sizes(c, b.shape, ec.checkpointing, 4).total() +
-                (ec.bf16 ? model.layouts()[1].numel * 4 : 0));  // the bf16 units widened into a staging buffer
+            runner_buffer_sizes(c, b.shape, ec.checkpointing, 4).total() + (ec.bf16 ? staged * 4 : 0));
+  EXPECT_EQ(estimate_activations(c, b.shape, ec.checkpointing, zero3::DeviceType::cpu,
+                                 ec.bf16 ? zero3::DType::bf16 : zero3::DType::f32)
+                .unit_staging,
+            ec.bf16 ? staged * 4 : 0);
   const zero3::StepResult r = engine.step();
   ASSERT_TRUE(r.applied);
   for (size_t u = 0; u < model.num_units(); ++u) {
@@ -266,7 +303,10 @@ TEST_P(EngineModelOnCpu, EqualsTheReferenceOnTheWeightsItComputesWith) {
 INSTANTIATE_TEST_SUITE_P(Llama, EngineModelOnCpu,
                          ::testing::Values(EngineCase{false, true, "fp32_checkpointing"},
                                            EngineCase{false, false, "fp32_no_checkpointing"},
-                                           EngineCase{true, true, "bf16_checkpointing"}),
+                                           EngineCase{true, true, "bf16_checkpointing"},
+                                           EngineCase{false, true, "tied_fp32_checkpointing", true},
+                                           EngineCase{false, false, "tied_fp32_no_checkpointing", true},
+                                           EngineCase{true, true, "tied_bf16_checkpointing", true}),
                          [](const ::testing::TestParamInfo<EngineCase>& i) { return i.param.name; });
 
 }  // namespace

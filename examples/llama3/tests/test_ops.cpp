@@ -5,6 +5,7 @@
 #include <cmath>
 #include <vector>
 
+#include "cross_entropy_rows.hpp"
 #include "grad_check.hpp"
 #include "model_config.hpp"
 #include "ops/attention.hpp"
@@ -384,4 +385,90 @@ TEST(CrossEntropy, RejectsTargetsOutsideTheVocabulary) {
   EXPECT_THROW(count_targets(t.data(), 2, 4), zero3::InvalidArgument);
   t[1] = kIgnoreIndex;
   EXPECT_EQ(count_targets(t.data(), 2, 4), 1);
+}
+
+TEST(CrossEntropy, AccurateAtLlama3VocabularyAgainstDouble) {
+  // Llama-3's vocabulary (128,256): each row's loss and every gradient element within 1e-6 relative of a
+  // compensated double reference. The rows are ones a float sum of exponentials taken one term after another
+  // gets wrong by more than that (checked below, so the test can fail).
+  using llama3::testing::cross_entropy_reference;
+  using llama3::testing::max_elementwise_rel;
+  const auto c = llama3::testing::llm_like_rows(llama3::testing::kLlama3Vocab, 2024);
+  const float scale = 1.0f / 3;  // the op's grad_scale is a float: the reference scales by the same value
+  const auto ref = cross_entropy_reference(c, scale);
+  double worst_loss = 0, worst_grad = 0, naive_loss = 0, naive_grad = 0;
+  for (int64_t r = 0; r < c.rows; ++r) {
+    std::vector<float> row(c.logits.begin() + r * c.vocab, c.logits.begin() + (r + 1) * c.vocab);
+    const float* x = c.logits.data() + r * c.vocab;
+    const double want = ref.loss[r];
+    const double loss = cross_entropy_row<float>(row.data(), c.vocab, c.targets[r], scale, true);
+    const double loss_err = want == 0 ? std::fabs(loss) : std::fabs(loss - want) / want;
+    const double grad_err = max_elementwise_rel(row.data(), ref.grad.data() + r * c.vocab, c.vocab);
+    EXPECT_LE(loss_err, 1e-6) << c.kinds[r] << ": loss " << loss << " vs " << want;
+    EXPECT_LE(grad_err, 1e-6) << c.kinds[r];
+    worst_loss = std::max(worst_loss, loss_err);
+    worst_grad = std::max(worst_grad, grad_err);
+    if (c.targets[r] == kIgnoreIndex) continue;
+    // The float sum one term after another, as this op computed it before.
+    float mx = *std::max_element(x, x + c.vocab), sum = 0;
+    for (int64_t j = 0; j < c.vocab; ++j) sum += std::exp(x[j] - mx);
+    const float naive = std::log(sum) - (x[c.targets[r]] - mx);
+    naive_loss = std::max(naive_loss, std::fabs(naive - want) / want);
+    std::vector<float> g(static_cast<size_t>(c.vocab));
+    for (int64_t j = 0; j < c.vocab; ++j) g[j] = std::exp(x[j] - mx) * (scale / sum);
+    g[c.targets[r]] -= scale;
+    naive_grad = std::max(naive_grad, max_elementwise_rel(g.data(), ref.grad.data() + r * c.vocab, c.vocab));
+    std::printf("%-12s loss %.9g: rel error %.2g (float sum one term after another: %.2g)\n", c.kinds[r].c_str(), want,
+                loss_err, std::fabs(naive - want) / want);
+  }
+  std::printf(
+      "vocabulary %lld: worst loss error %.2g, worst gradient element error %.2g relative; a float sum one "
+      "term after another: %.2g and %.2g\n",
+      static_cast<long long>(c.vocab), worst_loss, worst_grad, naive_loss, naive_grad);
+  EXPECT_GT(naive_loss, 1e-6);
+  EXPECT_GT(naive_grad, 1e-6);
+}
+
+TEST(CrossEntropy, FusedLmHeadAtLlama3VocabularyAgainstDouble) {
+  // The fused op (LM head GEMMs + cross-entropy) in float against the same op in double on the same inputs: the
+  // loss within 1e-6 relative; dx and dW, which the LM head's GEMMs reduce over the vocabulary and the rows in
+  // float (OpenBLAS, as PyTorch's CPU kernels do; unbiased rounding), within 1e-5 (dx of its row's largest, dW of
+  // the tensor's largest). hidden 8, 8 rows, 3 of them ignored. (The rows of the test above are the ones that
+  // expose a float sum of exponentials; these check the fused path and its GEMMs at this vocabulary.)
+  const int64_t n = 8, hidden = 8, vocab = llama3::testing::kLlama3Vocab;
+  auto xf = random_vector<float>(n * hidden, 90, 4.0), wf = random_vector<float>(vocab * hidden, 91, 1.0);
+  const std::vector<double> xd(xf.begin(), xf.end()), wd(wf.begin(), wf.end());
+  // Targets among each row's most likely tokens (the k-th largest logit, k = 0, 1, 2, 4, 8), so the losses are a
+  // trained model's and the small terms of the sums matter.
+  std::vector<int32_t> targets(static_cast<size_t>(n), kIgnoreIndex);
+  const int64_t rank_of[n] = {0, -1, 1, 2, -1, 4, 8, -1};
+  for (int64_t r = 0; r < n; ++r) {
+    if (rank_of[r] < 0) continue;
+    std::vector<std::pair<double, int32_t>> logit(static_cast<size_t>(vocab));
+    for (int64_t v = 0; v < vocab; ++v) {
+      double l = 0;
+      for (int64_t k = 0; k < hidden; ++k) l += xd[r * hidden + k] * wd[v * hidden + k];
+      logit[v] = {l, static_cast<int32_t>(v)};
+    }
+    std::nth_element(logit.begin(), logit.begin() + rank_of[r], logit.end(), std::greater<>());
+    targets[r] = logit[rank_of[r]].second;
+  }
+  std::vector<float> dxf(n * hidden), dwf(vocab * hidden, 0.0f);
+  std::vector<double> dxd(n * hidden), dwd(vocab * hidden, 0.0);
+  const float scale = 1.0f / 5;
+  const auto rf = lm_head_cross_entropy<float>(xf.data(), wf.data(), targets.data(), n, hidden, vocab, scale,
+                                               dxf.data(), dwf.data(), 3);
+  const auto rd = lm_head_cross_entropy<double>(xd.data(), wd.data(), targets.data(), n, hidden, vocab, scale,
+                                                dxd.data(), dwd.data(), 3);
+  EXPECT_EQ(rf.count, 5);
+  const double loss_err = std::fabs(rf.loss_sum - rd.loss_sum) / rd.loss_sum;
+  double dx_err = 0;
+  for (int64_t r = 0; r < n; ++r)
+    dx_err = std::max(dx_err, max_rel_diff(dxf.data() + r * hidden, dxd.data() + r * hidden, hidden, 1e-300));
+  const double dw_err = max_rel_diff(dwf.data(), dwd.data(), dwf.size());
+  std::printf("fused LM head + cross-entropy at vocabulary %lld, float vs double: loss %.2g, dx %.2g, dW %.2g\n",
+              static_cast<long long>(vocab), loss_err, dx_err, dw_err);
+  EXPECT_LE(loss_err, 1e-6);
+  EXPECT_LE(dx_err, 1e-5);
+  EXPECT_LE(dw_err, 1e-5);
 }

@@ -1,6 +1,8 @@
 // The Llama model trained through the engine equals the plain single-process model trained by textbook code:
 // 4 optimizer steps of 2 micro-batches per rank, AdamW with weight decay and gradient clipping, on 1-3 ranks, at
-// ZeRO stages 0-3, with and without activation checkpointing, in fp32, bf16 and fp16 (with loss scaling).
+// ZeRO stages 0-3, with and without activation checkpointing, in fp32, bf16 and fp16 (with loss scaling), with
+// untied and tied embeddings (tied: the embedding unit is entered by the head too and its two gradients add up in
+// the engine, through the reduce-scatter at stages 2-3 and the gradient accumulator at stages 0-1).
 //
 // The reference (FlatModel + model_forward_backward, in this file) holds every parameter whole, runs every
 // rank's micro-batches itself with the step's global target count as the loss normalizer, clips by the global
@@ -37,8 +39,9 @@ using namespace llama3;
 
 namespace {
 
-ModelConfig odd_config() {
+ModelConfig odd_config(bool tied) {
   ModelConfig c;
+  c.tie_word_embeddings = tied;
   c.hidden_size = 24;
   c.intermediate_size = 40;
   c.num_hidden_layers = 3;
@@ -83,6 +86,8 @@ struct Variant {
   Half half;
   bool checkpointing;
   double tolerance;
+  bool tied = false;
+  int64_t persistence = 1000;  // stage3_param_persistence_threshold: embedding and head stay gathered
 };
 
 zero3::Config train_config(const Variant& v) {
@@ -101,7 +106,7 @@ zero3::Config train_config(const Variant& v) {
   c.optimizer.eps = 1e-4;  // see the top of the file
   c.zero.reduce_bucket_size = 700;
   c.zero.prefetch_bucket_size = 3000;
-  c.zero.param_persistence_threshold = 1000;  // embedding and head stay gathered, layers come and go
+  c.zero.param_persistence_threshold = v.persistence;
   c.zero3.seed = 99;
   return c;
 }
@@ -129,7 +134,7 @@ TEST_P(EngineTraining, EqualsTheSingleProcessReference) {
   const Variant& v = GetParam();
   auto comm = zero3::testing::engine_world();
   const int W = comm->size(), rank = comm->rank();
-  const ModelConfig mc = odd_config();
+  const ModelConfig mc = odd_config(v.tied);
   const zero3::Config cfg = train_config(v);
 
   zero3::Engine engine(cfg, comm, zero3::testing::cpu_device());
@@ -238,6 +243,11 @@ const Variant kVariants[] = {
     {"stage3_no_checkpointing", 3, Half::none, false, 1e-5},
     {"stage3_bf16", 3, Half::bf16, true, 5e-3},
     {"stage3_fp16", 3, Half::fp16, true, 1e-3},
+    {"stage0_tied", 0, Half::none, true, 1e-5, true},
+    {"stage2_tied", 2, Half::none, false, 1e-5, true},
+    {"stage3_tied", 3, Half::none, true, 1e-5, true, 0},  // every unit gathered on use, the embedding twice
+    {"stage3_tied_no_checkpointing", 3, Half::none, false, 1e-5, true, 0},
+    {"stage3_bf16_tied", 3, Half::bf16, true, 5e-3, true, 0},
 };
 
 INSTANTIATE_TEST_SUITE_P(Llama, EngineTraining, ::testing::ValuesIn(kVariants),
