@@ -64,6 +64,10 @@ struct ZeroConfig {
   bool gather_16bit_weights_on_model_save = false;               // stage3_gather_16bit_weights_on_model_save
   bool ignore_unused_parameters = true;
   bool load_from_fp32_weights = true;
+  // Layouts for slow links between nodes (stage 3; docs/architecture.md, "Process groups and layouts").
+  int64_t hpz_partition_size = 1;  // zero_hpz_partition_size: ZeRO++ hpZ group; <= 1: off
+  int64_t mics_shard_size = -1;    // MiCS shard group; <= 0: off (shard over every rank)
+  bool mics_hierarchical_params_gather = false;
   OffloadConfig offload_param = offload_defaults(5);
   OffloadConfig offload_optimizer = offload_defaults(4);
 };

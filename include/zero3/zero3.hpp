@@ -13,4 +13,5 @@
 #include "zero3/checkpoint.hpp"
 #include "zero3/crc32c.hpp"
 #include "zero3/memory_plan.hpp"
+#include "zero3/traffic_plan.hpp"
 #include "zero3/safetensors.hpp"

@@ -6,6 +6,10 @@
 //
 // Under a Kubeflow TrainJob the node count, node rank, master address and port, and the processes per node
 // come from PET_*, so a pod's command can be `zero3 launch -- /app/train ...`.
+//
+// --simulate-nodes M starts the ranks of M nodes on this machine, each rank with the variables its node would
+// give it (LOCAL_WORLD_SIZE = N, its LOCAL_RANK and GROUP_RANK): how tests run layouts that depend on the nodes
+// (hpZ, MiCS) on one machine.
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <glob.h>
@@ -35,13 +39,15 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 constexpr const char* kUsage =
-    "usage: zero3 launch [-n N] [--nnodes M --node-rank R] [--master-addr A] [--master-port P]\n"
-    "                    [--grace SECONDS] [--keep-going] -- PROGRAM [ARGS...]\n"
+    "usage: zero3 launch [-n N] [--nnodes M --node-rank R | --simulate-nodes M] [--master-addr A]\n"
+    "                    [--master-port P] [--grace SECONDS] [--keep-going] -- PROGRAM [ARGS...]\n"
     "\n"
     "Starts N ranks of PROGRAM on this node (torchrun's variables set for each) and waits for them.\n"
     "  -n, --nproc-per-node N  ranks on this node (default: PET_NPROC_PER_NODE, else 1)\n"
     "  --nnodes M              nodes in the job (default: PET_NNODES, else 1)\n"
     "  --node-rank R           this node's index (default: PET_NODE_RANK, else 0)\n"
+    "  --simulate-nodes M      start the N ranks of each of M nodes here, each with its node's variables\n"
+    "                          (LOCAL_WORLD_SIZE=N, LOCAL_RANK, GROUP_RANK): a multi-node layout on one machine\n"
     "  --master-addr A         host of rank 0 (default: PET_MASTER_ADDR, else 127.0.0.1)\n"
     "  --master-port P         port of zero3's store (default: PET_MASTER_PORT; a free port on one node)\n"
     "  --grace SECONDS         after SIGTERM, wait this long before SIGKILL (default 5)\n"
@@ -52,6 +58,7 @@ struct LaunchOptions {
   int nproc = 0;
   int nnodes = 1;
   int node_rank = 0;
+  bool simulate_nodes = false;  // every node's ranks start here
   std::string master_addr;
   int master_port = 0;
   double grace_s = 5.0;
@@ -106,7 +113,7 @@ int nproc_from_kubeflow(const std::string& value) {
 
 LaunchOptions parse(const Args& args) {
   LaunchOptions o;
-  std::optional<int> nproc, nnodes, node_rank, port;
+  std::optional<int> nproc, nnodes, node_rank, port, simulated;
   std::optional<std::string> addr;
   size_t i = 0;
   auto value = [&](const std::string& flag) -> std::string {
@@ -126,6 +133,8 @@ LaunchOptions parse(const Args& args) {
       nnodes = to_int(value(a), a, 1, 1 << 20);
     } else if (a == "--node-rank" || a == "--node_rank") {
       node_rank = to_int(value(a), a, 0, (1 << 20) - 1);
+    } else if (a == "--simulate-nodes") {
+      simulated = to_int(value(a), a, 1, 4096);
     } else if (a == "--master-addr" || a == "--master_addr") {
       addr = value(a);
     } else if (a == "--master-port" || a == "--master_port") {
@@ -146,6 +155,14 @@ LaunchOptions parse(const Args& args) {
   o.command.assign(args.begin() + static_cast<ptrdiff_t>(i), args.end());
   if (o.command.empty()) throw UsageError("no program to launch (put it after --)");
 
+  if (simulated) {
+    if (nnodes || node_rank) {
+      throw UsageError("--simulate-nodes starts every node here: leave out --nnodes and --node-rank");
+    }
+    nnodes = *simulated;
+    node_rank = 0;
+    o.simulate_nodes = true;
+  }
   // Kubeflow Trainer's PET_* fill whatever the flags leave open.
   auto pet = [](const char* name) { return env_var(name); };
   if (!nnodes && pet("PET_NNODES")) nnodes = to_int(*pet("PET_NNODES"), "PET_NNODES", 1, 1 << 20);
@@ -164,7 +181,7 @@ LaunchOptions parse(const Args& args) {
   o.master_addr = addr.value_or("127.0.0.1");
   if (port) {
     o.master_port = *port;
-  } else if (o.nnodes > 1) {
+  } else if (o.nnodes > 1 && !o.simulate_nodes) {
     throw UsageError("--master-port is required with several nodes (every node must use the same one)");
   }
   return o;
@@ -393,16 +410,20 @@ int Launcher::run() {
     for (const char* n : kOurs) ours |= name == n;
     if (!ours) base_env.push_back(kv);
   }
-  ranks_.resize(static_cast<size_t>(o_.nproc));
-  for (int local = 0; local < o_.nproc; ++local) {
-    Rank& r = ranks_[static_cast<size_t>(local)];
-    r.rank = o_.node_rank * o_.nproc + local;
+  const int first_node = o_.node_rank;
+  const int last_node = o_.simulate_nodes ? o_.nnodes - 1 : o_.node_rank;
+  ranks_.resize(static_cast<size_t>((last_node - first_node + 1) * o_.nproc));
+  for (size_t i = 0; i < ranks_.size(); ++i) {
+    Rank& r = ranks_[i];
+    const int node = first_node + static_cast<int>(i) / o_.nproc;
+    const int local = static_cast<int>(i) % o_.nproc;
+    r.rank = node * o_.nproc + local;
     std::vector<std::string> env = base_env;
     env.push_back("RANK=" + std::to_string(r.rank));
     env.push_back("WORLD_SIZE=" + std::to_string(world));
     env.push_back("LOCAL_RANK=" + std::to_string(local));
     env.push_back("LOCAL_WORLD_SIZE=" + std::to_string(o_.nproc));
-    env.push_back("GROUP_RANK=" + std::to_string(o_.node_rank));
+    env.push_back("GROUP_RANK=" + std::to_string(node));
     env.push_back("MASTER_ADDR=" + o_.master_addr);
     env.push_back("MASTER_PORT=" + std::to_string(o_.master_port));
     env.push_back("ZERO3_LAUNCHER=zero3-launch");

@@ -41,6 +41,34 @@ void check_static(const Config& c) {
          "got " + show(z.offload_optimizer.ratio) + " with zero_optimization.stage " + std::to_string(z.stage) +
              ", expected 1.0: a partial optimizer offload needs stage 3 (as in DeepSpeed)");
   }
+  // Layouts for slow links between nodes: stage 3 only (they decide how parameters are gathered), one at a time.
+  const bool hpz = z.hpz_partition_size > 1, mics = z.mics_shard_size > 0;
+  if (hpz && z.stage != 3) {
+    fail(c, "zero_optimization.zero_hpz_partition_size",
+         "got " + std::to_string(z.hpz_partition_size) + " with zero_optimization.stage " + std::to_string(z.stage) +
+             ", expected zero_optimization.stage 3 (or 0/1 to turn hpZ off): hpZ keeps a secondary partition of the "
+             "parameters, and only stage 3 partitions them");
+  }
+  if (mics && z.stage != 3) {
+    fail(c, "zero_optimization.mics_shard_size",
+         "got " + std::to_string(z.mics_shard_size) + " with zero_optimization.stage " + std::to_string(z.stage) +
+             ", expected zero_optimization.stage 3 (or -1 to turn MiCS off): MiCS shards parameters, gradients and "
+             "optimizer state within groups, which only stage 3 partitions together");
+  }
+  if (hpz && mics) {
+    fail(c, "zero_optimization.zero_hpz_partition_size",
+         "got " + std::to_string(z.hpz_partition_size) + " with zero_optimization.mics_shard_size " +
+             std::to_string(z.mics_shard_size) +
+             ", expected one of the two: MiCS gathers within its shard group and never reads hpZ's secondary copy "
+             "(DeepSpeed keeps one it does not use); for a shard group of one node set mics_shard_size to the ranks "
+             "per node alone");
+  }
+  if (z.mics_hierarchical_params_gather && !mics) {
+    fail(c, "zero_optimization.mics_hierarchical_params_gather",
+         "got true with zero_optimization.mics_shard_size " + std::to_string(z.mics_shard_size) +
+             ", expected a positive mics_shard_size: the hierarchical gather is MiCS's way of gathering a shard group "
+             "that spans nodes");
+  }
   const Zero3Section& s = c.zero3;
   if (s.comm_backend == "nccl" && s.device == "cpu") {
     fail(c, "zero3.comm_backend",

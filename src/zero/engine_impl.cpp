@@ -64,6 +64,9 @@ EngineImpl::EngineImpl(const Config& config, std::shared_ptr<Communicator> comm,
                 " is not a ZeRO stage (0, 1, 2 or 3)");
   ZERO3_REQUIRE(!(config_.fp16.enabled && config_.bf16.enabled), ConfigError,
                 "fp16.enabled and bf16.enabled: both are true; choose one compute precision");
+  detect_nodes();
+  ZERO3_REQUIRE(layout_.kind == LayoutKind::plain, Unsupported, "Engine: the layout ", layout_.describe(),
+                " is not built yet");
   // On the cpu device everything already lives in host memory, which is what offload to "cpu" asks for:
   // the optimizer step then runs the SIMD CPU Adam (cpu_adam_step) tile by tile, and the parameters need no
   // moving (an honest no-op). Optimizer offload to nvme swaps the fp32 master weights and Adam moments to a
@@ -183,6 +186,69 @@ EngineImpl::~EngineImpl() {
   // The buffers go back while the counters they report to (declared after units_) still exist.
   open_grads_.clear();
   units_.clear();
+}
+
+// The ranks per node come from the launcher's variables (detect_launch(): LOCAL_WORLD_SIZE, PET_NPROC_PER_NODE,
+// OMPI_COMM_WORLD_LOCAL_SIZE, Slurm's task counts) when they describe this communicator's world; otherwise every
+// rank counts as one node. The layouts that depend on the nodes need every node to run the same number of ranks,
+// numbered node by node; materialize() checks that the ranks agree (agree_on_nodes).
+void EngineImpl::detect_nodes() {
+  const ZeroConfig& z = config_.zero;
+  int per_node = world_;
+  nodes_source_ = "one node: the launcher's variables do not describe this communicator's world";
+  LaunchInfo launch;
+  bool from_launcher = false;
+  try {
+    launch = detect_launch();
+    from_launcher = launch.world_size == world_ && launch.rank == rank_ && world_ > 1;
+  } catch (const Error& e) {
+    nodes_source_ = log::concat("one node: the launcher's variables are unreadable (", e.what(), ")");
+  }
+  if (from_launcher) {
+    const int l = launch.local_world_size;
+    nodes_source_ = log::concat("the launcher (", launch.launcher, ") puts rank ", rank_, " on node ",
+                                launch.node_rank, " with ", l, " rank", l == 1 ? "" : "s", " as local rank ",
+                                launch.local_rank);
+    // Uneven nodes: one node for now; materialize() tells every rank at once (agree_on_nodes).
+    launch_consistent_ = l >= 1 && world_ % l == 0 && launch.node_rank == rank_ / l && launch.local_rank == rank_ % l;
+    if (launch_consistent_) per_node = l;
+  }
+  nodes_ = make_node_layout(world_, per_node, nodes_source_);
+  layout_ = make_shard_layout(z, nodes_);
+}
+
+// Collective: every rank must see the same ranks per node, else the groups would differ between ranks.
+void EngineImpl::agree_on_nodes() {
+  if (world_ == 1) return;
+  std::vector<float> mine{static_cast<float>(nodes_.ranks_per_node), launch_consistent_ ? 1.0f : 0.0f};
+  if (ranks_agree(*queue_, *comm_, mine, "materialize: comparing the ranks per node", &device_) &&
+      launch_consistent_) {
+    return;
+  }
+  auto all = gather_from_ranks(*queue_, *comm_, {nodes_.ranks_per_node, launch_consistent_ ? 1 : 0},
+                               "materialize: exchanging the ranks per node", &device_);
+  std::map<int64_t, std::vector<int>> by_count;
+  for (int r = 0; r < world_; ++r) {
+    const auto& v = all[static_cast<size_t>(r)];
+    by_count[v[1] == 1 ? v[0] : -1].push_back(r);
+  }
+  std::string detail;
+  for (const auto& [count, ranks] : by_count) {
+    detail += log::concat(detail.empty() ? "" : "; ", ranks.size() == 1 ? "rank " : "ranks ", rank_list(ranks),
+                          count < 0 ? ": node and local rank inconsistent" : log::concat(": ", count, " per node"));
+  }
+  const std::string text = log::concat("the launcher's nodes are uneven (world of ", world_, " ranks: ", detail, ")");
+  const ZeroConfig& z = config_.zero;
+  if (z.stage == 3 && (z.hpz_partition_size > 1 || z.mics_shard_size > 0)) {
+    throw ConfigError(log::concat(z.mics_shard_size > 0 ? "zero_optimization.mics_shard_size: "
+                                                        : "zero_optimization.zero_hpz_partition_size: ",
+                                  z.mics_shard_size > 0 ? z.mics_shard_size : z.hpz_partition_size,
+                                  " needs every node to run the same number of ranks, numbered node by node, but ",
+                                  text));
+  }
+  log::warn_rank0(text, "; the engine counts every rank as one node (ScheduleStats' inter-node traffic is then 0)");
+  nodes_ = make_node_layout(world_, world_, "one node: the launcher's nodes are uneven");
+  layout_ = make_shard_layout(config_.zero, nodes_);
 }
 
 void EngineImpl::check_usable() {
@@ -367,6 +433,8 @@ void EngineImpl::materialize() {
     ZERO3_REQUIRE(u.info.numel > 0, InvalidArgument, "Engine::materialize: unit '", u.info.name, "' has no parameters");
   }
   try {
+    agree_on_nodes();
+    groups_ = make_process_groups(comm_, layout_);
     check_declarations_agree();
   } catch (...) {
     fail(std::current_exception());

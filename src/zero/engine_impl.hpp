@@ -19,6 +19,7 @@
 #include "zero/optimizer_swap.hpp"
 #include "zero/param_prefetcher.hpp"
 #include "zero/param_swap.hpp"
+#include "zero/process_groups.hpp"
 #include "zero/reducer.hpp"
 #include "zero/schedule.hpp"
 #include "zero/tile_transfer.hpp"
@@ -144,6 +145,15 @@ class EngineImpl {
   SchedulePolicy schedule_policy_;
   int64_t persistence_threshold_ = 0;
 
+  // Where the ranks run and how the model state is laid out over them (topology.hpp). The process groups are
+  // split from comm_ by materialize(), after the ranks agreed on the nodes.
+  NodeLayout nodes_;
+  std::string nodes_source_;       // where the ranks per node came from, for messages
+  bool launch_consistent_ = true;  // the launcher's node and local rank of this rank are those of nodes_
+  ShardLayout layout_;
+  ProcessGroups groups_;
+  int partition_size() const { return layout_.shard_size; }
+
   std::vector<UnitState> units_;
   std::vector<ParamState> params_;
   std::unordered_map<std::string, int32_t> unit_by_name_;
@@ -230,6 +240,8 @@ class EngineImpl {
 
  private:
   // engine_impl.cpp
+  void detect_nodes();
+  void agree_on_nodes();
   void check_declarations_agree();
   void set_owned_range(UnitState& u);
   void allocate_and_init(UnitState& u);

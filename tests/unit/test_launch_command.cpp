@@ -180,6 +180,19 @@ TEST(ZeroLaunch, KubeflowVariablesFillTheDefaults) {
   EXPECT_TRUE(contains(r.out, "[rank 3] 3 4 1 1 job-node-0-0.job 29500\n")) << r.out;
 }
 
+TEST(ZeroLaunch, SimulatedNodesStartEveryNodesRanksHereWithTheirNodesVariables) {
+  auto r = launch({"--simulate-nodes", "3", "-n", "2", "--", "sh", "-c",
+                   "echo \"$RANK/$WORLD_SIZE $LOCAL_RANK/$LOCAL_WORLD_SIZE $GROUP_RANK $MASTER_ADDR\""});
+  EXPECT_EQ(r.status, 0) << r.err;
+  for (int rank = 0; rank < 6; ++rank) {
+    const std::string line = "[rank " + std::to_string(rank) + "] " + std::to_string(rank) + "/6 " +
+                             std::to_string(rank % 2) + "/2 " + std::to_string(rank / 2) + " 127.0.0.1\n";
+    EXPECT_TRUE(contains(r.out, line)) << r.out;
+  }
+  EXPECT_EQ(launch({"--simulate-nodes", "2", "--nnodes", "2", "--", "true"}).status, 2);
+  EXPECT_EQ(launch({"--simulate-nodes", "2", "--node-rank", "1", "--", "true"}).status, 2);
+}
+
 TEST(ZeroLaunch, UsageErrors) {
   EXPECT_EQ(launch({"-n", "2"}).status, 2);
   EXPECT_EQ(launch({"-n", "0", "--", "true"}).status, 2);

@@ -147,9 +147,11 @@ std::shared_ptr<::gloo::transport::Device> make_device(const LaunchInfo& launch)
   if (const char* ifname = std::getenv("GLOO_SOCKET_IFNAME"); ifname && *ifname) {
     attr.iface = ifname;
     where = std::string("interface ") + ifname + " (GLOO_SOCKET_IFNAME)";
-  } else if (is_loopback(launch.master_addr) && launch.local_world_size == launch.world_size) {
+  } else if (is_loopback(launch.master_addr)) {
+    // Every rank reaches the store on a loopback address, so every rank runs on this machine (one node, or
+    // nodes simulated by `zero3 launch --simulate-nodes`).
     attr.hostname = "127.0.0.1";
-    where = "127.0.0.1 (single node, loopback master address)";
+    where = "127.0.0.1 (loopback master address: every rank on this machine)";
   } else {
     attr.hostname = machine_hostname();
     where = "host name " + attr.hostname + " (set GLOO_SOCKET_IFNAME to pick an interface)";

@@ -1,0 +1,37 @@
+// The communicators of a layout (topology.hpp), made by splitting the engine's communicator: the groups the
+// engine gathers parameters over, reduces gradients over, and all-reduces the replicas over. Collective over the
+// whole world: every rank makes the same calls, in the same order.
+#pragma once
+
+#include <memory>
+
+#include "zero/topology.hpp"
+#include "zero3/comm.hpp"
+
+namespace zero3::detail {
+
+// One group this rank belongs to: its communicator, its members, and what the traffic model needs of it.
+struct ProcessGroup {
+  std::shared_ptr<Communicator> comm;  // null for a group the layout does not use
+  RankGroup ranks;
+  GroupLink link;
+
+  explicit operator bool() const { return comm != nullptr; }
+};
+
+struct ProcessGroups {
+  ShardLayout layout;
+  ProcessGroup world;    // every rank: the engine's communicator
+  ProcessGroup shard;    // the partition's ranks: world, or the MiCS shard group
+  ProcessGroup replica;  // MiCS with two or more replicas: the ranks holding the same slices
+  ProcessGroup hpz;      // hpZ: the secondary partition's group
+  // MiCS's hierarchical gather: the shard group's ranks with this rank's local rank, and those on its node.
+  ProcessGroup shard_inter_node;
+  ProcessGroup shard_intra_node;
+};
+
+// Splits `world` (rank `world->rank()` of the layout's world) into the groups `layout` uses; a plain layout makes
+// none (shard is world). Throws what Communicator::split throws (CommError, TimeoutError).
+ProcessGroups make_process_groups(std::shared_ptr<Communicator> world, const ShardLayout& layout);
+
+}  // namespace zero3::detail
