@@ -236,6 +236,8 @@ def main():
         "framework": f"torch {torch.__version__} FSDP2 ({'HSDP' if args.mesh == 'hsdp' else 'full shard'}, gloo)",
         "mesh": list(mesh.shape),
         "params": n_params,
+        "shape": {k: c[k] for k in ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+                                    "head_dim", "intermediate_size", "vocab_size")},
         "micro_batch": args.micro_batch,
         "seq_len": args.seq_len,
         "grad_accum": args.grad_accum,
