@@ -13,6 +13,7 @@ packages=(
   libopenblas-dev                        # CPU GEMMs of the Llama-3 example
   openmpi-bin                            # mpirun, to test that launcher
   python3 python3-yaml                   # manifest validation in tests
+  iproute2 procps                        # the simulated cluster (ip netns, tc) and its tests (pgrep)
   clang libclang-rt-14-dev libomp-14-dev # libFuzzer target (clang build)
 )
 

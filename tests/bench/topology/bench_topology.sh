@@ -1,0 +1,209 @@
+#!/usr/bin/env bash
+# The topology benchmark: a Llama-3-shaped model trained on a simulated cluster of 4 nodes x 2 ranks
+# (scripts/cluster/sim-cluster.sh: network namespaces, every node's link shaped by tc tbf) at two link rates,
+# an "EFA-like" one and a "TCP-like" one 2.2 times slower (the seed's 5409 s / 2441 s), with:
+#   - zero3 (llama3_train) under every ZeRO layout of layouts/*.json (one DeepSpeed config per layout; a layout
+#     this build refuses is listed as not measured, with zero3's reason);
+#   - as the peer, PyTorch FSDP2 on gloo (fsdp2_llama.py, started by torchrun on each node): full shard, and HSDP
+#     (fully_shard over a 2-D DeviceMesh: replicate across nodes, shard within a node);
+# the same model file, micro-batch, sequence length, gradient accumulation and ranks for all. For each run it
+# prints the inter-node bytes per optimizer step (the sum of what every node's link sent, from the interface
+# counters: the run's total over its steps, start-up included) and the step time (the mean of the steps after
+# the first WARMUP), and their ratios to the layout "plain" (plain ZeRO-3, today's flow).
+#
+# Setup: torch for the peer goes into a virtual environment under the work directory (pip, from PyPI), made on
+# the first run; the library and its tests never need it. Without it (no network, no python3-venv) the peer is
+# reported as not measured and zero3's layouts still run.
+#
+# usage: bench_topology.sh ZERO3 LLAMA3_TRAIN ROOT WORK
+# environment (defaults in brackets): RATES ["220mbit 100mbit": EFA-like, then TCP-like], NODES [4], RANKS [2],
+#   MODEL [configs/models/llama-3-topology-bench.json], SEQ_LEN [64], MICRO_BATCH [1], GRAD_ACCUM [4], STEPS [6],
+#   WARMUP [1], LAYOUTS [all of layouts/*.json], PEERS ["full hsdp"; "" for none], RUN_TIMEOUT [1800 s per run]
+# Needs root (network namespaces); exits 77 with the reason where they cannot be made.
+set -euo pipefail
+ZERO3=$1 TRAIN=$2 ROOT=$3 WORK=$4
+here=$(cd "$(dirname "$0")" && pwd)
+SIM="$ROOT/scripts/cluster/sim-cluster.sh"
+RATES=${RATES:-220mbit 100mbit}
+NODES=${NODES:-4}
+RANKS=${RANKS:-2}
+MODEL=${MODEL:-$ROOT/configs/models/llama-3-topology-bench.json}
+SEQ_LEN=${SEQ_LEN:-64}
+MICRO_BATCH=${MICRO_BATCH:-1}
+GRAD_ACCUM=${GRAD_ACCUM:-4}
+STEPS=${STEPS:-6}
+WARMUP=${WARMUP:-1}
+# plain first: it is the baseline of the ratios
+LAYOUTS=${LAYOUTS:-$(ls "$here"/layouts/plain.json; ls "$here"/layouts/*.json | grep -v '/plain\.json$')}
+PEERS=${PEERS-full hsdp}
+RUN_TIMEOUT=${RUN_TIMEOUT:-1800}
+world=$((NODES * RANKS))
+[ "$STEPS" -gt "$WARMUP" ] || { echo "bench_topology: STEPS ($STEPS) must exceed WARMUP ($WARMUP)" >&2; exit 2; }
+
+why=$("$SIM" check) || { echo "$why"; exit 77; }
+mkdir -p "$WORK"
+WORK=$(cd "$WORK" && pwd)
+results="$WORK/results.tsv"   # rate  name  kind  bytes_per_step  step_time_s  note
+: > "$results"
+notes="$WORK/not-measured.txt"
+: > "$notes"
+export OMP_NUM_THREADS=1 OMP_WAIT_POLICY=passive  # 8 ranks share this machine's cores
+
+load() { cut -d' ' -f1-3 /proc/loadavg; }
+echo "== bench_topology, $(date -u '+%Y-%m-%d %H:%M UTC')"
+echo "machine: $(getconf _NPROCESSORS_ONLN) cores ($(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -1)), $(free -g | awk '/^Mem:/ {print $2}') GiB," \
+  "load average $(load) at the start"
+echo "cluster: $NODES nodes x $RANKS ranks, every link shaped each way by tc tbf; rates: $RATES"
+echo "model: $MODEL; micro-batch $MICRO_BATCH x seq $SEQ_LEN x grad-accum $GRAD_ACCUM x $world ranks; $STEPS steps," \
+  "the first $WARMUP not timed; bf16 parameters, fp32 master weights and Adam"
+
+# --- the peer's torch, in a venv of its own --------------------------------------------------------------------
+venv="$WORK/venv"
+peer_python=""
+setup_peer() {
+  [ -n "$PEERS" ] || return 0
+  if [ -x "$venv/bin/python" ] && "$venv/bin/python" -c "import torch" 2>/dev/null; then
+    peer_python="$venv/bin/python"
+    return 0
+  fi
+  echo "setting up the peer: python3 -m venv $venv && pip install torch numpy (from PyPI; several GB, once)"
+  local err
+  if ! err=$(python3 -m venv "$venv" 2>&1); then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+      DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv > /dev/null 2>&1 || true
+      err=$(python3 -m venv "$venv" 2>&1) || { echo "FSDP2 peer: not measured: python3 -m venv failed: $err" >> "$notes"; return 0; }
+    else
+      echo "FSDP2 peer: not measured: python3 -m venv failed (install python3-venv): $err" >> "$notes"
+      return 0
+    fi
+  fi
+  if ! "$venv/bin/pip" install --disable-pip-version-check -q torch numpy > "$WORK/pip.log" 2>&1; then
+    echo "FSDP2 peer: not measured: pip install torch failed: $(tail -1 "$WORK/pip.log")" >> "$notes"
+    return 0
+  fi
+  peer_python="$venv/bin/python"
+}
+setup_peer
+[ -n "$peer_python" ] && echo "peer: $("$peer_python" -c 'import torch; print("torch", torch.__version__)') FSDP2 on gloo"
+
+# --- one run -----------------------------------------------------------------------------------------------
+bytes_per_step() {  # the sum over nodes of what each link sent, per optimizer step
+  awk -v steps="$STEPS" '{ s += $4 } END { printf "%.0f\n", s / steps }' "$1/counters.tsv"
+}
+
+run_zero3() {  # run_zero3 <rate> <layout file>
+  local rate=$1 layout=$2 name dir status=0
+  name=$(basename "$layout" .json)
+  dir="$WORK/$rate/$name"
+  rm -rf "$dir"
+  mkdir -p "$dir"
+  echo "-- $rate, zero3 $name"
+  "$SIM" launch --nodes "$NODES" --ranks-per-node "$RANKS" --rate "$rate" --zero3 "$ZERO3" --workdir "$dir" \
+    --timeout "$RUN_TIMEOUT" --quiet -- "$TRAIN" --model "$MODEL" --deepspeed "$layout" \
+    --data /usr/share/common-licenses --tokenizer bytes --seq-len "$SEQ_LEN" --micro-batch "$MICRO_BATCH" \
+    --grad-accum "$GRAD_ACCUM" --steps "$STEPS" --lr 1e-4 --precision bf16 --device cpu --no-grad-checkpointing \
+    --metrics "$dir/metrics.csv" 2>> "$dir/sim.log" || status=$?
+  if [ "$status" != 0 ]; then
+    tail -20 "$dir"/node0.log
+    printf '%s\t%s\tzero3\t\t\tfailed (status %s, logs in %s)\n' "$rate" "$name" "$status" "$dir" >> "$results"
+    return 0
+  fi
+  grep -m1 '^\[rank 0\]   model ' "$dir/node0.log" | sed 's/^\[rank 0\] *//' > "$dir/model.txt"
+  local step_time
+  step_time=$(awk -F, -v w="$WARMUP" 'NR == 1 { for (c = 1; c <= NF; ++c) if ($c == "step_time_s") col = c; next }
+                                      $1 > w { s += $col; ++n } END { printf "%.3f\n", s / n }' "$dir/metrics.csv")
+  printf '%s\t%s\tzero3\t%s\t%s\t\n' "$rate" "$name" "$(bytes_per_step "$dir")" "$step_time" >> "$results"
+}
+
+run_peer() {  # run_peer <rate> full|hsdp
+  local rate=$1 mesh=$2 name dir status=0
+  name="fsdp2-$mesh"
+  dir="$WORK/$rate/$name"
+  rm -rf "$dir"
+  mkdir -p "$dir"
+  echo "-- $rate, PyTorch FSDP2 $mesh"
+  # torchrun on each node, as on a real cluster: static rendezvous at node 0's address.
+  "$SIM" run --nodes "$NODES" --rate "$rate" --workdir "$dir" --timeout "$RUN_TIMEOUT" --quiet -- \
+    bash -c 'exec "$0" -m torch.distributed.run --nnodes "$SIM_NNODES" --nproc-per-node "$1" --node-rank "$SIM_NODE_RANK" \
+               --master-addr "$SIM_MASTER_ADDR" --master-port "$SIM_MASTER_PORT" --max-restarts 0 "${@:2}"' \
+    "$peer_python" "$RANKS" "$here/fsdp2_llama.py" --model "$MODEL" --mesh "$mesh" --micro-batch "$MICRO_BATCH" \
+    --seq-len "$SEQ_LEN" --grad-accum "$GRAD_ACCUM" --steps "$STEPS" --warmup "$WARMUP" --out "$dir/result.json" \
+    2>> "$dir/sim.log" || status=$?
+  if [ "$status" != 0 ] || [ ! -s "$dir/result.json" ]; then
+    tail -20 "$dir"/node0.log
+    printf '%s\t%s\tpeer\t\t\tfailed (status %s, logs in %s)\n' "$rate" "$name" "$status" "$dir" >> "$results"
+    return 0
+  fi
+  local step_time
+  step_time=$(python3 -c 'import json, sys; print("%.3f" % json.load(open(sys.argv[1]))["step_time_s"])' "$dir/result.json")
+  printf '%s\t%s\tpeer\t%s\t%s\t\n' "$rate" "$name" "$(bytes_per_step "$dir")" "$step_time" >> "$results"
+}
+
+# Layouts this build accepts; the others are listed with zero3's own reason.
+measured_layouts=()
+for layout in $LAYOUTS; do
+  if err=$("$ZERO3" config check "$layout" --world-size "$world" --micro-batch "$MICRO_BATCH" --grad-accum "$GRAD_ACCUM" \
+           --precision bf16 --lr 1e-4 2>&1 >/dev/null); then
+    measured_layouts+=("$layout")
+  else
+    echo "zero3 $(basename "$layout" .json): not measured: $(echo "$err" | grep -v ' INFO ' | head -1)" >> "$notes"
+  fi
+done
+
+for rate in $RATES; do
+  for layout in "${measured_layouts[@]}"; do run_zero3 "$rate" "$layout"; done
+  if [ -n "$peer_python" ]; then
+    for mesh in $PEERS; do run_peer "$rate" "$mesh"; done
+  fi
+done
+
+# The model must be the same on both sides: the FSDP2 peer's shape, written as llama3_train's header writes it.
+shape_check=""
+first_zero3=$(ls "$WORK"/*/*/model.txt 2>/dev/null | head -1 || true)
+first_peer=$(ls "$WORK"/*/fsdp2-*/result.json 2>/dev/null | head -1 || true)
+if [ -n "$first_zero3" ] && [ -n "$first_peer" ]; then
+  shape_check=$(python3 - "$first_zero3" "$first_peer" <<'EOF'
+import json, re, sys
+z = open(sys.argv[1]).read()
+p = json.load(open(sys.argv[2]))
+s = p["shape"]
+want = (f"hidden {s['hidden_size']}, {s['num_hidden_layers']} layers, {s['num_attention_heads']} heads "
+        f"({s['num_key_value_heads']} kv, head_dim {s['head_dim']}), ffn {s['intermediate_size']}, vocab {s['vocab_size']}")
+m = re.search(r"([\d.]+)M params", z)
+same = want in z and m and abs(float(m.group(1)) * 1e6 - p["params"]) < 0.006e6
+print(("same model: " if same else "MODEL MISMATCH: zero3 has ") + z.strip() + "; FSDP2 " + want + f", {p['params']} params")
+EOF
+)
+fi
+
+# --- the table ---------------------------------------------------------------------------------------------
+echo
+echo "== results ($(date -u '+%Y-%m-%d %H:%M UTC'), load average $(load) at the end)"
+[ -n "$shape_check" ] && echo "$shape_check"
+python3 - "$results" <<'EOF' | tee "$WORK/results.md"
+import sys
+rows = [line.rstrip("\n").split("\t") for line in open(sys.argv[1]) if line.strip()]
+rates = list(dict.fromkeys(r[0] for r in rows))
+for rate in rates:
+    mine = [r for r in rows if r[0] == rate]
+    base = next((r for r in mine if r[1] == "plain" and r[3]), None)
+    print(f"\n**link {rate} each way per node**\n")
+    print("| run | inter-node bytes / step | vs plain | step time (s) | vs plain |")
+    print("|---|---:|---:|---:|---:|")
+    for r in mine:
+        who = ("zero3 " if r[2] == "zero3" else "PyTorch ") + r[1]
+        if not r[3]:
+            print(f"| {who} | {r[5]} | | | |")
+            continue
+        b, t = float(r[3]), float(r[4])
+        rb = f"{b / float(base[3]):.2f}" if base else "n/a"
+        rt = f"{t / float(base[4]):.2f}" if base else "n/a"
+        print(f"| {who} | {b / 1e6:.1f} MB | {rb} | {t:.2f} | {rt} |")
+EOF
+if [ -s "$notes" ]; then
+  echo
+  echo "not measured:"
+  sed 's/^/  /' "$notes"
+fi
+echo
+echo "logs, counters and metrics of every run: $WORK/<rate>/<run>/"
