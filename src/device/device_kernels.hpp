@@ -3,8 +3,8 @@
 // quantization of quantized collectives.
 //
 // Each device implements them from the single-source element functions (kernels/elementwise.hpp,
-// optim/adam_math.hpp, kernels/philox_init.hpp, kernels/block_quantize.hpp). Buffers are device memory of `n` elements of the given
-// types; `stream` orders the work on cuda and is ignored on cpu, where every call completes before it
+// optim/adam_math.hpp, kernels/philox_init.hpp, kernels/block_quantize.hpp). Buffers are device memory of `n` elements
+// of the given types; `stream` orders the work on cuda and is ignored on cpu, where every call completes before it
 // returns. Calls from different threads on disjoint buffers may run at the same time.
 #pragma once
 
@@ -57,8 +57,8 @@ class DeviceKernels {
   //
   // dst (messages) <- src (chunks of src_type). qwZ: a rank's slice becomes one message for the all-gather;
   // qgZ: a bucket becomes one message per destination of an all-to-all.
-  virtual void quantize(void* dst, const void* src, DType src_type, int64_t chunk, int64_t chunks,
-                        const QuantFormat& f, Stream stream = nullptr) = 0;
+  virtual void quantize(void* dst, const void* src, DType src_type, int64_t chunk, int64_t chunks, const QuantFormat& f,
+                        Stream stream = nullptr) = 0;
   // dst (chunks of dst_type) <- src (messages). qwZ: every rank's message into the unit's full buffer.
   virtual void dequantize(void* dst, DType dst_type, const void* src, int64_t chunk, int64_t chunks,
                           const QuantFormat& f, Stream stream = nullptr) = 0;

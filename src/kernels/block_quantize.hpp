@@ -45,11 +45,11 @@ ZERO3_HOST_DEVICE int quant_qmax(int bits) { return bits == 4 ? 7 : 127; }
 // Blocks in a chunk of n elements.
 ZERO3_HOST_DEVICE int64_t quant_blocks(int64_t n, int64_t block) { return (n + block - 1) / block; }
 
+// Bytes of the codes of n elements (int4: element 2j and 2j+1 share byte j).
+ZERO3_HOST_DEVICE int64_t quant_code_bytes(int64_t n, int bits) { return bits == 4 ? (n + 1) / 2 : n; }
+
 // Byte offset of the scales in a message of n elements (the codes and their padding before them).
-ZERO3_HOST_DEVICE int64_t quant_scales_offset(int64_t n, int bits) {
-  int64_t code_bytes = bits == 4 ? (n + 1) / 2 : n;
-  return (code_bytes + 3) / 4 * 4;
-}
+ZERO3_HOST_DEVICE int64_t quant_scales_offset(int64_t n, int bits) { return (quant_code_bytes(n, bits) + 3) / 4 * 4; }
 
 // Bytes of the message of a chunk of n elements.
 ZERO3_HOST_DEVICE int64_t quant_message_bytes(int64_t n, const QuantFormat& f) {

@@ -63,7 +63,9 @@ ZERO3_AVX2 void encode_t(uint8_t* codes, const void* src, int64_t n, float inv, 
   const __m256 vq = _mm256_set1_ps(bits == 4 ? 7.0f : 127.0f);
   int64_t i = 0;
   if (bits == 8) {
-    for (; i + 8 <= n; i += 8) _mm_storel_epi64(reinterpret_cast<__m128i*>(codes + i), codes8(load8<T>(src, i), vinv, vq));
+    for (; i + 8 <= n; i += 8) {
+      _mm_storel_epi64(reinterpret_cast<__m128i*>(codes + i), codes8(load8<T>(src, i), vinv, vq));
+    }
     if (i < n) kQuantBodiesScalar.encode(codes + i, advance(src, T, i), T, n - i, inv, bits);
     return;
   }

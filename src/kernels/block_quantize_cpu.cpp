@@ -112,8 +112,6 @@ const detail::QuantBodies& bodies_for(CpuIsa isa, const char* op) {
   return detail::kQuantBodiesScalar;
 }
 
-int64_t code_bytes(int64_t n, int bits) { return bits == 4 ? (n + 1) / 2 : n; }
-
 // Where block b of a chunk lies: its first element and its length.
 struct BlockRange {
   int64_t begin;
@@ -147,14 +145,14 @@ void quantize_cpu(void* dst, const void* src, DType src_type, int64_t chunk, int
     uint8_t* m = out + c * message;
     const QuantScale q = quant_scale(k.absmax_bits(x, src_type, r.len), f.bits);
     std::memcpy(m + scales + 4 * b, &q.scale, 4);
-    uint8_t* codes = m + code_bytes(r.begin, f.bits);
+    uint8_t* codes = m + quant_code_bytes(r.begin, f.bits);
     if (q.inv == 0.0f) {
-      std::memset(codes, 0, static_cast<size_t>(code_bytes(r.len, f.bits)));
+      std::memset(codes, 0, static_cast<size_t>(quant_code_bytes(r.len, f.bits)));
     } else {
       k.encode(codes, x, src_type, r.len, q.inv, f.bits);
     }
   }
-  const int64_t used = code_bytes(chunk, f.bits);
+  const int64_t used = quant_code_bytes(chunk, f.bits);
   for (int64_t c = 0; c < chunks; ++c) std::memset(out + c * message + used, 0, static_cast<size_t>(scales - used));
 }
 
@@ -174,13 +172,12 @@ void dequantize_cpu(void* dst, DType dst_type, const void* src, int64_t chunk, i
     const int64_t b = w % per_chunk;
     const BlockRange r = block_range(chunk, f.block, b);
     const uint8_t* m = in + c * message;
-    k.decode(out + (c * chunk + r.begin) * size, dst_type, m + code_bytes(r.begin, f.bits), r.len,
+    k.decode(out + (c * chunk + r.begin) * size, dst_type, m + quant_code_bytes(r.begin, f.bits), r.len,
              quant_scale_at(m, chunk, f.bits, b), f.bits);
   }
 }
 
-void dequantize_sum_cpu(float* dst, const void* src, int64_t chunk, int64_t chunks, const QuantFormat& f,
-                        CpuIsa isa) {
+void dequantize_sum_cpu(float* dst, const void* src, int64_t chunk, int64_t chunks, const QuantFormat& f, CpuIsa isa) {
   check_quant_args("dequantize_sum", f, chunk, chunks);
   const detail::QuantBodies& k = bodies_for(isa, "dequantize_sum");
   if (chunk == 0) return;
@@ -188,14 +185,14 @@ void dequantize_sum_cpu(float* dst, const void* src, int64_t chunk, int64_t chun
   const int64_t message = quant_message_bytes(chunk, f);
   const auto* in = static_cast<const uint8_t*>(src);
   // Block by block, so that the partial sums of a block stay in cache while every message is added.
-#pragma omp parallel for schedule(static) if (chunk * std::max<int64_t>(chunks, 1) >= kParallelMin)
+#pragma omp parallel for schedule(static) if (chunk * std::max <int64_t>(chunks, 1) >= kParallelMin)
   for (int64_t b = 0; b < per_chunk; ++b) {
     const BlockRange r = block_range(chunk, f.block, b);
     float* acc = dst + r.begin;
     std::fill(acc, acc + r.len, 0.0f);
     for (int64_t c = 0; c < chunks; ++c) {
       const uint8_t* m = in + c * message;
-      k.decode_add(acc, m + code_bytes(r.begin, f.bits), r.len, quant_scale_at(m, chunk, f.bits, b), f.bits);
+      k.decode_add(acc, m + quant_code_bytes(r.begin, f.bits), r.len, quant_scale_at(m, chunk, f.bits, b), f.bits);
     }
   }
 }

@@ -2,8 +2,8 @@
 //
 //   bench_block_quantize [elements (default 67108864)] [repeats (default 5)] [block (default 2048)]
 //
-// Input: `elements` bf16 values (128 MiB at the default, beyond any last-level cache). Each line is the best
-// of `repeats` runs, for one thread and for all of them, of:
+// Input: `elements` bf16 values (128 MiB at the default, beyond any last-level cache). Each line is `repeats`
+// runs, for one thread and for all of them, of:
 //   memcpy            the bf16 buffer copied (split over the threads like the kernels)
 //   quantize int8/4   bf16 -> one message (quantize_cpu)
 //   dequantize int8/4 message -> bf16 (dequantize_cpu)
@@ -12,15 +12,17 @@
 //
 // Bytes counted (what the call asks to read plus write; write-allocate traffic not counted): memcpy 4 B per
 // element; quantize and dequantize 2 B of bf16 plus the message (1 B or 0.5 B per element, plus 4 B of scale
-// per block); the sum reads the four messages and writes 4 B per output element. GB/s = bytes / time; the
-// last column divides by memcpy's GB/s with the same threads.
+// per block); the sum reads the four messages and writes 4 B per output element. GB/s = bytes / best time.
+// "vs memcpy": each repeat times a memcpy right before the operation, with the same threads, and divides the
+// two GB/s; the column is the median of those ratios, so that on a machine whose bandwidth drifts (a shared
+// one) each operation is compared with the memcpy of the same moment.
 #include <omp.h>
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <cmath>
 #include <cstring>
 #include <functional>
 #include <memory>
@@ -50,14 +52,16 @@ Buffer alloc(size_t bytes) {
 }
 
 template <typename F>
-double best_seconds(int repeats, F&& f) {
-  double best = 1e30;
-  for (int r = 0; r < repeats; ++r) {
-    auto t0 = Clock::now();
-    f();
-    best = std::min(best, std::chrono::duration<double>(Clock::now() - t0).count());
-  }
-  return best;
+double seconds(F&& f) {
+  auto t0 = Clock::now();
+  f();
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  size_t m = v.size() / 2;
+  return v.size() % 2 ? v[m] : 0.5 * (v[m - 1] + v[m]);
 }
 
 void parallel_memcpy(uint8_t* dst, const uint8_t* src, size_t bytes, int threads) {
@@ -104,16 +108,20 @@ int main(int argc, char** argv) {
   std::memset(sum.get(), 0, static_cast<size_t>(part) * 4);
   quantize_cpu(msgs.get(), src.get(), DType::bf16, part, parts, int8);
 
-  std::printf("bench_block_quantize: %lld bf16 elements (%.0f MiB), block %lld, best of %d, best ISA %s, %d hardware "
-              "threads\n",
-              static_cast<long long>(n), static_cast<double>(in_bytes) / (1 << 20), static_cast<long long>(block),
-              repeats, std::string(cpu_isa_name(cpu_isa_detect())).c_str(), max_threads);
+  std::printf(
+      "bench_block_quantize: %lld bf16 elements (%.0f MiB), block %lld, %d repeats, best ISA %s, %d hardware "
+      "threads\n",
+      static_cast<long long>(n), static_cast<double>(in_bytes) / (1 << 20), static_cast<long long>(block), repeats,
+      std::string(cpu_isa_name(cpu_isa_detect())).c_str(), max_threads);
   std::printf("%-8s %-8s %-22s %10s %10s %12s\n", "threads", "isa", "operation", "ms", "GB/s", "vs memcpy");
   for (int threads : {1, max_threads}) {
     omp_set_num_threads(threads);
-    const double t_copy = best_seconds(repeats, [&] { parallel_memcpy(dst.get(), src.get(), in_bytes, threads); });
-    const double copy_gbs = 2.0 * static_cast<double>(in_bytes) / t_copy / 1e9;
-    std::printf("%-8d %-8s %-22s %10.2f %10.2f %12.3f\n", threads, "-", "memcpy", t_copy * 1e3, copy_gbs, 1.0);
+    const double copy_bytes = 2.0 * static_cast<double>(in_bytes);
+    auto copy = [&] { parallel_memcpy(dst.get(), src.get(), in_bytes, threads); };
+    double t_copy = 1e30;
+    for (int r = 0; r < repeats; ++r) t_copy = std::min(t_copy, seconds(copy));
+    std::printf("%-8d %-8s %-22s %10.2f %10.2f %12s\n", threads, "-", "memcpy", t_copy * 1e3, copy_bytes / t_copy / 1e9,
+                "-");
     for (CpuIsa isa : {CpuIsa::best, CpuIsa::scalar}) {
       const char* isa_name = isa == CpuIsa::best ? "best" : "scalar";
       struct Op {
@@ -134,10 +142,16 @@ int main(int argc, char** argv) {
            [&] { dequantize_sum_cpu(reinterpret_cast<float*>(sum.get()), msgs.get(), part, parts, int8, isa); }},
       };
       for (const Op& op : ops) {
-        const double t = best_seconds(repeats, op.run);
-        const double gbs = op.bytes / t / 1e9;
-        std::printf("%-8d %-8s %-22s %10.2f %10.2f %12.3f\n", threads, isa_name, op.name, t * 1e3, gbs,
-                    gbs / copy_gbs);
+        double best = 1e30;
+        std::vector<double> ratios;
+        for (int r = 0; r < repeats; ++r) {
+          const double t_c = seconds(copy);
+          const double t = seconds(op.run);
+          best = std::min(best, t);
+          ratios.push_back((op.bytes / t) / (copy_bytes / t_c));
+        }
+        std::printf("%-8d %-8s %-22s %10.2f %10.2f %12.3f\n", threads, isa_name, op.name, best * 1e3,
+                    op.bytes / best / 1e9, median(ratios));
       }
     }
     if (max_threads == 1) break;

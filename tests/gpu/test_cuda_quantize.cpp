@@ -165,8 +165,8 @@ class CudaQuantizeTest : public ::testing::Test {
       GpuBuffer gpu_back(*gpu_, out_bytes);
       gpu_->kernels().dequantize(gpu_back.data(), out, cpu_messages.data(), chunk, chunks, f, stream_->get());
       stream_->synchronize();
-      ASSERT_TRUE(same_elements(back, gpu_back.download(), out, what + " dequantized to " +
-                                                                    std::string(dtype_name(out))));
+      ASSERT_TRUE(
+          same_elements(back, gpu_back.download(), out, what + " dequantized to " + std::string(dtype_name(out))));
     }
     std::vector<uint8_t> sum(static_cast<size_t>(chunk) * 4);
     cpu_->kernels().dequantize_sum(reinterpret_cast<float*>(sum.data()), want.data(), chunk, chunks, f);

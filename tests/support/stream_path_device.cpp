@@ -153,17 +153,15 @@ class QueuedKernels final : public detail::DeviceKernels {
     std::lock_guard lock(device_.mu_);
     device_.note_kernel_args({dst, src});
     device_.enqueue(
-        stream,
-        [this, dst, dst_type, src, chunk, chunks, f] { cpu_.dequantize(dst, dst_type, src, chunk, chunks, f); },
+        stream, [this, dst, dst_type, src, chunk, chunks, f] { cpu_.dequantize(dst, dst_type, src, chunk, chunks, f); },
         {range(dst, chunk * chunks, dst_type), message_range(src, chunk, chunks, f)});
   }
   void dequantize_sum(float* dst, const void* src, int64_t chunk, int64_t chunks, const QuantFormat& f,
                       Stream stream) override {
     std::lock_guard lock(device_.mu_);
     device_.note_kernel_args({dst, src});
-    device_.enqueue(
-        stream, [this, dst, src, chunk, chunks, f] { cpu_.dequantize_sum(dst, src, chunk, chunks, f); },
-        {range(dst, chunk, DType::f32), message_range(src, chunk, chunks, f)});
+    device_.enqueue(stream, [this, dst, src, chunk, chunks, f] { cpu_.dequantize_sum(dst, src, chunk, chunks, f); },
+                    {range(dst, chunk, DType::f32), message_range(src, chunk, chunks, f)});
   }
 
  private:

@@ -18,6 +18,7 @@
 
 #include "device/device_kernels.hpp"
 #include "kernels/block_quantize_cpu.hpp"
+#include "support/stream_path_device.hpp"
 #include "zero3/device.hpp"
 #include "zero3/error.hpp"
 
@@ -227,9 +228,9 @@ TEST(BlockQuantize, TiesRoundToEven) {
     float x;
     int code;
   };
-  const Case cases[] = {{8, 0.5f, 0},   {8, 1.5f, 2},   {8, 2.5f, 2},     {8, -0.5f, 0},  {8, -1.5f, -2},
-                        {8, -2.5f, -2}, {8, 126.5f, 126}, {8, 0.49999997f, 0}, {4, 5.5f, 6}, {4, 6.5f, 6},
-                        {4, -6.5f, -6}, {4, 4.5f, 4},   {4, -0.5f, 0}};
+  const Case cases[] = {{8, 0.5f, 0},   {8, 1.5f, 2},     {8, 2.5f, 2},        {8, -0.5f, 0}, {8, -1.5f, -2},
+                        {8, -2.5f, -2}, {8, 126.5f, 126}, {8, 0.49999997f, 0}, {4, 5.5f, 6},  {4, 6.5f, 6},
+                        {4, -6.5f, -6}, {4, 4.5f, 4},     {4, -0.5f, 0}};
   for (const Case& c : cases) {
     const float qmax = c.bits == 8 ? 127.0f : 7.0f;
     std::vector<float> v = {qmax, c.x};
@@ -328,8 +329,22 @@ TEST(BlockQuantize, ZeroAndTinyBlocks) {
     // the grid of step 2^-126 (exact). Block 3: a subnormal alone.
     const float below = std::nextafter(threshold, 0.0f);
     const float step = std::ldexp(1.0f, -126);
-    std::vector<float> v = {0.0f, -0.0f, 0.0f, -0.0f, below, -below / 2, 0.0f, 1e-40f,
-                            threshold, -2 * step, 3 * step, 0.0f, std::ldexp(1.0f, -140), 0.0f, 0.0f, 0.0f};
+    std::vector<float> v = {0.0f,
+                            -0.0f,
+                            0.0f,
+                            -0.0f,
+                            below,
+                            -below / 2,
+                            0.0f,
+                            1e-40f,
+                            threshold,
+                            -2 * step,
+                            3 * step,
+                            0.0f,
+                            std::ldexp(1.0f, -140),
+                            0.0f,
+                            0.0f,
+                            0.0f};
     Typed x = make_typed(v, DType::f32);
     std::vector<uint8_t> m = quantize_bytes(x, DType::f32, 16, 1, f);
     Message msg{m.data(), 16, f};
@@ -371,8 +386,8 @@ TEST(BlockQuantize, NonFiniteValuesPoisonTheirBlockOnly) {
         std::vector<uint8_t> m_clean = quantize_bytes(make_typed(clean, t), t, n, 1, f);
         Message msg{m.data(), n, f};
         Message msg_clean{m_clean.data(), n, f};
-        const std::string what = "int" + std::to_string(bits) + " " + std::string(dtype_name(t)) + " with " +
-                                 std::to_string(bad);
+        const std::string what =
+            "int" + std::to_string(bits) + " " + std::string(dtype_name(t)) + " with " + std::to_string(bad);
         EXPECT_TRUE(std::isnan(msg.scale(1))) << what;
         for (int64_t i = block; i < 2 * block; ++i) ASSERT_EQ(msg.code(i), 0) << what;
         for (int64_t b : {0, 2}) EXPECT_EQ(msg.scale(b), msg_clean.scale(b)) << what;
@@ -502,7 +517,8 @@ TEST(BlockQuantize, TwoStageReductionShape) {
   const int64_t part1 = nodes * slice;  // stage 1 chunk
   const int64_t bytes1 = quant_message_bytes(part1, f);
   std::vector<std::vector<uint8_t>> sent1(world);
-  for (int g = 0; g < world; ++g) sent1[g] = quantize_bytes(make_typed(swizzled(g), DType::f32), DType::f32, part1, local, f);
+  for (int g = 0; g < world; ++g)
+    sent1[g] = quantize_bytes(make_typed(swizzled(g), DType::f32), DType::f32, part1, local, f);
   // Intra-node all-to-all, then sum: rank (n, l) receives chunk l from each rank of node n.
   std::vector<std::vector<float>> partial(world, std::vector<float>(static_cast<size_t>(part1)));
   std::vector<std::vector<uint8_t>> received1(world);
@@ -641,6 +657,41 @@ TEST(BlockQuantize, CpuDeviceKernelsAreTheCpuDrivers) {
   ASSERT_EQ(sum, want_sum);
 }
 
+TEST(BlockQuantize, StreamPathDeviceQueuesTheKernelsOnTheirStream) {
+  // The test device that stands in for a GPU in the engine's stream tests runs these kernels when their
+  // stream runs, not when they are called.
+  zero3::testing::StreamPathDevice device;
+  auto stream = device.make_stream();
+  QuantFormat f{8, 64};
+  const int64_t chunk = 1000, chunks = 2;
+  Typed x = make_typed(block_values(chunk * chunks, 64, 88, -2.0, 2.0), DType::f32);
+  const size_t bytes = static_cast<size_t>(chunks * quant_message_bytes(chunk, f));
+  auto* in = static_cast<uint8_t*>(device.allocate(x.bytes.size()));
+  auto* messages = static_cast<uint8_t*>(device.allocate(bytes));
+  auto* back = static_cast<uint8_t*>(device.allocate(x.bytes.size()));
+  auto* sum = static_cast<float*>(device.allocate(static_cast<size_t>(chunk) * 4));
+  device.copy(in, x.bytes.data(), x.bytes.size(), nullptr);
+  device.fill_zero(messages, bytes, nullptr);
+  device.kernels().quantize(messages, in, DType::f32, chunk, chunks, f, stream->get());
+  device.kernels().dequantize(back, DType::f32, messages, chunk, chunks, f, stream->get());
+  device.kernels().dequantize_sum(sum, messages, chunk, chunks, f, stream->get());
+  EXPECT_EQ(std::vector<uint8_t>(messages, messages + bytes), std::vector<uint8_t>(bytes, 0))
+      << "ran before its stream";
+  stream->synchronize();
+  std::vector<uint8_t> want = quantize_bytes(x, DType::f32, chunk, chunks, f);
+  EXPECT_EQ(std::vector<uint8_t>(messages, messages + bytes), want);
+  EXPECT_EQ(std::vector<uint8_t>(back, back + x.bytes.size()), dequantize_bytes(want, DType::f32, chunk, chunks, f));
+  std::vector<float> want_sum(static_cast<size_t>(chunk));
+  dequantize_sum_cpu(want_sum.data(), want.data(), chunk, chunks, f);
+  EXPECT_EQ(std::vector<float>(sum, sum + chunk), want_sum);
+  EXPECT_EQ(device.usage().kernels_on_host_memory, 0);
+  device.deallocate(in, x.bytes.size());
+  device.deallocate(messages, bytes);
+  device.deallocate(back, x.bytes.size());
+  device.deallocate(sum, static_cast<size_t>(chunk) * 4);
+  EXPECT_EQ(device.usage().frees_while_queued, 0);
+}
+
 TEST(BlockQuantize, BadArgumentsAreNamed) {
   float x = 1.0f;
   uint8_t m[64];
@@ -652,13 +703,21 @@ TEST(BlockQuantize, BadArgumentsAreNamed) {
     }
     return std::string("no InvalidArgument");
   };
-  EXPECT_NE(message_of([&] { quantize_cpu(m, &x, DType::f32, 1, 1, {5, 16}); }).find("quantize: bits = 5, expected 8 or 4"),
+  EXPECT_NE(message_of([&] {
+              quantize_cpu(m, &x, DType::f32, 1, 1, {5, 16});
+            }).find("quantize: bits = 5, expected 8 or 4"),
             std::string::npos);
-  EXPECT_NE(message_of([&] { dequantize_cpu(&x, DType::f32, m, 1, 1, {8, 0}); }).find("dequantize: block = 0"),
+  EXPECT_NE(message_of([&] {
+              dequantize_cpu(&x, DType::f32, m, 1, 1, {8, 0});
+            }).find("dequantize: block = 0"),
             std::string::npos);
-  EXPECT_NE(message_of([&] { quantize_cpu(m, &x, DType::f32, 1, 1, {4, 3}); }).find("block = 3 elements with int4"),
+  EXPECT_NE(message_of([&] {
+              quantize_cpu(m, &x, DType::f32, 1, 1, {4, 3});
+            }).find("block = 3 elements with int4"),
             std::string::npos);
-  EXPECT_NE(message_of([&] { dequantize_sum_cpu(&x, m, -1, 1, {8, 16}); }).find("dequantize_sum: chunk = -1"),
+  EXPECT_NE(message_of([&] {
+              dequantize_sum_cpu(&x, m, -1, 1, {8, 16});
+            }).find("dequantize_sum: chunk = -1"),
             std::string::npos);
   auto cpu = make_cpu_device();
   EXPECT_THROW(cpu->kernels().quantize(m, &x, DType::f32, 1, 1, {8, -4}), InvalidArgument);

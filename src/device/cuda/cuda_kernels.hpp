@@ -56,8 +56,8 @@ void launch_philox_fill(float* out, const FillSpec& spec, uint64_t seed, uint64_
 // per element, and the sum adds the messages in order in each element's thread.
 void launch_quantize(void* dst, const void* src, DType src_type, int64_t chunk, int64_t chunks, const QuantFormat& f,
                      cudaStream_t stream);
-void launch_dequantize(void* dst, DType dst_type, const void* src, int64_t chunk, int64_t chunks,
-                       const QuantFormat& f, cudaStream_t stream);
+void launch_dequantize(void* dst, DType dst_type, const void* src, int64_t chunk, int64_t chunks, const QuantFormat& f,
+                       cudaStream_t stream);
 void launch_dequantize_sum(float* dst, const void* src, int64_t chunk, int64_t chunks, const QuantFormat& f,
                            cudaStream_t stream);
 

@@ -55,7 +55,7 @@ __global__ void quantize_kernel(uint8_t* dst, const void* src, int64_t chunk, in
       }
     }
     if (lane == 0 && b == per_chunk - 1) {
-      for (int64_t p = f.bits == 4 ? (chunk + 1) / 2 : chunk; p < scales; ++p) message[p] = 0;
+      for (int64_t p = quant_code_bytes(chunk, f.bits); p < scales; ++p) message[p] = 0;
     }
   }
 }
@@ -99,8 +99,8 @@ void launch_quantize(void* dst, const void* src, DType src_type, int64_t chunk, 
   ZERO3_CUDA_CHECK(cudaGetLastError());
 }
 
-void launch_dequantize(void* dst, DType dst_type, const void* src, int64_t chunk, int64_t chunks,
-                       const QuantFormat& f, cudaStream_t stream) {
+void launch_dequantize(void* dst, DType dst_type, const void* src, int64_t chunk, int64_t chunks, const QuantFormat& f,
+                       cudaStream_t stream) {
   if (chunk <= 0 || chunks <= 0) return;
   const unsigned int blocks = blocks_for(chunk * chunks);
   const auto* in = static_cast<const uint8_t*>(src);
