@@ -81,12 +81,12 @@
 // point of the program on every rank).
 //
 // Threads: an Engine and its scopes are used from one thread. Collective calls (materialize, scopes at
-// stage 3 or in the first micro-step, step, gather_master_params, refresh_params) must be made by every
-// rank in the same order. Errors: every failure is a zero3::Error naming the unit, parameter, rank or
-// collective. An argument error is thrown before anything happens. Any other error raised once a collective
-// call is under way (a communication error, device memory exhausted, a swap file that cannot be read or
-// written) leaves the engine failed: the ranks may no longer be at the same collective and the state may be
-// half updated, so every later call rethrows the first such error. Resume from a checkpoint in a new Engine.
+// stage 3 or in the first micro-step, step, gather_master_params, refresh_params, all_reduce_host) must be made by
+// every rank in the same order. Errors: every failure is a zero3::Error naming the unit, parameter, rank or collective.
+// An argument error is thrown before anything happens. Any other error raised once a collective call is under way (a
+// communication error, device memory exhausted, a swap file that cannot be read or written) leaves the engine failed:
+// the ranks may no longer be at the same collective and the state may be half updated, so every later call rethrows the
+// first such error. Resume from a checkpoint in a new Engine.
 #pragma once
 
 #include <cstdint>

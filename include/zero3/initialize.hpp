@@ -60,9 +60,9 @@ struct InitOptions {
 // What initialize() made. Members are destroyed in reverse order: the engine first, then the device, then the
 // communicator, as the engine needs both. Move-only.
 struct Session {
-  LaunchInfo launch;                    // the launcher's description of this process
-  Config config;                        // the resolved config, the one the engine runs (engine->config())
-  std::shared_ptr<Communicator> comm;   // the engine's data-parallel group; see engine.hpp before using it
+  LaunchInfo launch;                   // the launcher's description of this process
+  Config config;                       // the resolved config, the one the engine runs (engine->config())
+  std::shared_ptr<Communicator> comm;  // the engine's data-parallel group; see engine.hpp before using it
   std::unique_ptr<Device> device;
   std::unique_ptr<Engine> engine;
 };

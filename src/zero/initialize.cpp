@@ -72,9 +72,8 @@ Session initialize(Config config, const InitOptions& options) {
   s.launch = detect_launch();
   log::set_rank(s.launch.rank);
 
-  const DeviceChoice device =
-      options.device.empty() ? choose_device(config.zero3.device, "zero3.device", s.launch)
-                             : choose_device(options.device, "InitOptions::device", s.launch);
+  const DeviceChoice device = options.device.empty() ? choose_device(config.zero3.device, "zero3.device", s.launch)
+                                                     : choose_device(options.device, "InitOptions::device", s.launch);
   const std::string backend = choose_backend(config, device, s.launch);
   if (options.resolve.world_size && *options.resolve.world_size != s.launch.world_size) {
     throw InvalidArgument("initialize: ResolveInputs::world_size is " + std::to_string(*options.resolve.world_size) +

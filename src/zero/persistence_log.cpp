@@ -23,11 +23,11 @@ void log_persistence(const std::vector<UnitState>& units, int64_t threshold, int
     kept_numel += u.info.numel;
   }
   if (kept > 8) names += log::concat(" and ", kept - 8, " more");
-  const std::string rule =
-      log::concat("units of at most ", threshold, " elements (stage3_param_persistence_threshold)",
-                  model_threshold == INT64_MAX
-                      ? std::string()
-                      : log::concat(", up to ", model_threshold, " elements in all (stage3_model_persistence_threshold)"));
+  const std::string rule = log::concat(
+      "units of at most ", threshold, " elements (stage3_param_persistence_threshold)",
+      model_threshold == INT64_MAX
+          ? std::string()
+          : log::concat(", up to ", model_threshold, " elements in all (stage3_model_persistence_threshold)"));
   if (kept == 0) {
     log::info_rank0("stage 3: no unit stays gathered, so every unit is gathered for each use (the smallest has ",
                     smallest, " elements; kept would be ", rule, ")");
@@ -39,9 +39,10 @@ void log_persistence(const std::vector<UnitState>& units, int64_t threshold, int
                                     : std::string());
   if (kept == static_cast<int64_t>(units.size()) && world > 1) {
     log::warn_rank0("stage 3: every unit stays gathered (the largest has ", largest, " elements; kept are ", rule,
-                    "), so each rank holds all ", total_numel, " parameters as at stage 2 and stage 3 saves no "
-                    "parameter memory; set stage3_param_persistence_threshold below ", largest,
-                    " to shard the larger units");
+                    "), so each rank holds all ", total_numel,
+                    " parameters as at stage 2 and stage 3 saves no "
+                    "parameter memory; set stage3_param_persistence_threshold below ",
+                    largest, " to shard the larger units");
   }
 }
 

@@ -40,7 +40,9 @@ void require_resolved(const Config& c, int world) {
   const auto& ga = c.gradient_accumulation_steps;
   if (!tb || !mb || !ga) {
     throw ConfigError(log::concat("Engine: the config (", source_of(c), ") lost ",
-                                  !tb ? "train_batch_size" : !mb ? "train_micro_batch_size_per_gpu" : "gradient_accumulation_steps",
+                                  !tb   ? "train_batch_size"
+                                  : !mb ? "train_micro_batch_size_per_gpu"
+                                        : "gradient_accumulation_steps",
                                   " after resolve(); resolve it again"));
   }
   if (*mb < 1 || *ga < 1 || *tb != *mb * *ga * world) {

@@ -106,14 +106,15 @@ int run(const std::string& config_path) {
                           " with a " + std::to_string(s.comm->timeout().count()) + " ms timeout (expected gloo, 77 s)");
   }
 
-  zero3::UnitId hidden = engine.add_unit("hidden", {{"w", {kHidden, kIn}, zero3::ParamInit::normal(0.6)},
-                                                    {"b", {kHidden}, zero3::ParamInit::zeros()}});
-  zero3::UnitId out = engine.add_unit("out", {{"w", {kOut, kHidden}, zero3::ParamInit::normal(0.6)},
-                                              {"b", {kOut}, zero3::ParamInit::zeros()}});
+  zero3::UnitId hidden = engine.add_unit(
+      "hidden", {{"w", {kHidden, kIn}, zero3::ParamInit::normal(0.6)}, {"b", {kHidden}, zero3::ParamInit::zeros()}});
+  zero3::UnitId out = engine.add_unit(
+      "out", {{"w", {kOut, kHidden}, zero3::ParamInit::normal(0.6)}, {"b", {kOut}, zero3::ParamInit::zeros()}});
   engine.materialize();
 
   // The reference starts from the engine's initial weights.
-  std::vector<float> hidden0(static_cast<size_t>(engine.unit(hidden).numel)), out0(static_cast<size_t>(engine.unit(out).numel));
+  std::vector<float> hidden0(static_cast<size_t>(engine.unit(hidden).numel)),
+      out0(static_cast<size_t>(engine.unit(out).numel));
   engine.gather_master_params(hidden, hidden0.data());
   engine.gather_master_params(out, out0.data());
   Reference ref;
@@ -156,8 +157,8 @@ int run(const std::string& config_path) {
     last_loss = loss;
   }
   if (!(last_loss < 0.5f * first_loss)) {
-    return fail(rank, "the loss went from " + std::to_string(first_loss) + " to " + std::to_string(last_loss) +
-                          " in " + std::to_string(kSteps) + " steps (expected below half)");
+    return fail(rank, "the loss went from " + std::to_string(first_loss) + " to " + std::to_string(last_loss) + " in " +
+                          std::to_string(kSteps) + " steps (expected below half)");
   }
 
   std::vector<float> hidden1(hidden0.size()), out1(out0.size());
@@ -169,10 +170,10 @@ int run(const std::string& config_path) {
   for (size_t i = 0; i < trained.size(); ++i) worst = std::max(worst, std::fabs(trained[i] - ref.p[i]));
   if (worst > 1e-4) return fail(rank, "the final weights differ from the reference's by " + std::to_string(worst));
   if (rank == 0) {
-    std::printf("consumer (zero3 %s): %d rank(s), stage %d, %s; loss %.6f -> %.6f over %d steps, equal to the "
-                "full-batch reference (weights within %.1e): ok\n",
-                zero3::version().c_str(), world, engine.stage(), s.comm->backend(), first_loss, last_loss, kSteps,
-                worst);
+    std::printf(
+        "consumer (zero3 %s): %d rank(s), stage %d, %s; loss %.6f -> %.6f over %d steps, equal to the "
+        "full-batch reference (weights within %.1e): ok\n",
+        zero3::version().c_str(), world, engine.stage(), s.comm->backend(), first_loss, last_loss, kSteps, worst);
   }
   return 0;
 }

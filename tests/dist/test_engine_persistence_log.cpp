@@ -42,8 +42,9 @@ TEST(PersistenceLog, NamesTheUnitsKeptAndTheThreshold) {
     EXPECT_FALSE(has(log, "stage 3:")) << log;
     return;
   }
-  EXPECT_TRUE(has(log, "INFO  stage 3: 2 of 3 units stay gathered for good on every rank (30 of 5030 elements): "
-                       "'small', 'norm'; kept are units of at most 100 elements (stage3_param_persistence_threshold)\n"))
+  EXPECT_TRUE(has(log,
+                  "INFO  stage 3: 2 of 3 units stay gathered for good on every rank (30 of 5030 elements): "
+                  "'small', 'norm'; kept are units of at most 100 elements (stage3_param_persistence_threshold)\n"))
       << log;
   EXPECT_FALSE(has(log, "WARN")) << log;
 }
@@ -51,18 +52,20 @@ TEST(PersistenceLog, NamesTheUnitsKeptAndTheThreshold) {
 TEST(PersistenceLog, SaysWhatTheModelThresholdLeftSharded) {
   const std::string log = materialize_log(3, 100, 15);
   if (engine_world()->rank() != 0) return;
-  EXPECT_TRUE(has(log, "stage 3: 1 of 3 units stay gathered for good on every rank (10 of 5030 elements): 'small'; "
-                       "kept are units of at most 100 elements (stage3_param_persistence_threshold), up to 15 "
-                       "elements in all (stage3_model_persistence_threshold); 1 more small unit(s) are sharded past "
-                       "that cap\n"))
+  EXPECT_TRUE(has(log,
+                  "stage 3: 1 of 3 units stay gathered for good on every rank (10 of 5030 elements): 'small'; "
+                  "kept are units of at most 100 elements (stage3_param_persistence_threshold), up to 15 "
+                  "elements in all (stage3_model_persistence_threshold); 1 more small unit(s) are sharded past "
+                  "that cap\n"))
       << log;
 }
 
 TEST(PersistenceLog, SaysWhenNoUnitStays) {
   const std::string log = materialize_log(3, 0);
   if (engine_world()->rank() != 0) return;
-  EXPECT_TRUE(has(log, "stage 3: no unit stays gathered, so every unit is gathered for each use (the smallest has 10 "
-                       "elements; kept would be units of at most 0 elements (stage3_param_persistence_threshold))\n"))
+  EXPECT_TRUE(has(log,
+                  "stage 3: no unit stays gathered, so every unit is gathered for each use (the smallest has 10 "
+                  "elements; kept would be units of at most 0 elements (stage3_param_persistence_threshold))\n"))
       << log;
 }
 
@@ -70,17 +73,16 @@ TEST(PersistenceLog, WarnsWhenEveryUnitStaysOnSeveralRanks) {
   const std::string log = materialize_log(3, 100'000);
   if (engine_world()->rank() != 0) return;
   EXPECT_TRUE(has(log, "stage 3: 3 of 3 units stay gathered for good")) << log;
-  const bool warned = has(log, "WARN  stage 3: every unit stays gathered (the largest has 5000 elements; kept are "
-                               "units of at most 100000 elements (stage3_param_persistence_threshold)), so each rank "
-                               "holds all 5030 parameters as at stage 2 and stage 3 saves no parameter memory; set "
-                               "stage3_param_persistence_threshold below 5000 to shard the larger units\n");
+  const bool warned = has(log,
+                          "WARN  stage 3: every unit stays gathered (the largest has 5000 elements; kept are "
+                          "units of at most 100000 elements (stage3_param_persistence_threshold)), so each rank "
+                          "holds all 5030 parameters as at stage 2 and stage 3 saves no parameter memory; set "
+                          "stage3_param_persistence_threshold below 5000 to shard the larger units\n");
   // One rank holds everything at any stage: nothing to warn about.
   EXPECT_EQ(warned, engine_world()->size() > 1) << log;
 }
 
-TEST(PersistenceLog, NothingBelowStage3) {
-  EXPECT_FALSE(has(materialize_log(2, 100'000), "stage 3:"));
-}
+TEST(PersistenceLog, NothingBelowStage3) { EXPECT_FALSE(has(materialize_log(2, 100'000), "stage 3:")); }
 
 }  // namespace
 }  // namespace zero3

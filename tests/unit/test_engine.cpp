@@ -122,7 +122,8 @@ TEST(Engine, NcclOnAnotherGpuThanTheDeviceIsRefused) {
     EXPECT_NE(what.find("runs on cuda:1"), std::string::npos) << what;
     EXPECT_NE(what.find("stream-path test device"), std::string::npos) << what;
   }
-  EXPECT_NO_THROW(Engine(resolved_for(equivalence_config(3), *f.comm), std::make_shared<NcclNamedComm>(f.comm, 0), gpu));
+  EXPECT_NO_THROW(
+      Engine(resolved_for(equivalence_config(3), *f.comm), std::make_shared<NcclNamedComm>(f.comm, 0), gpu));
 }
 
 // The engine trains only a config resolve() has seen, for its world size: skipping resolve() would leave "auto"
@@ -145,10 +146,14 @@ TEST(Engine, AConfigResolveHasNotSeenIsAConfigErrorNamingWhatIsMissing) {
                              "ds_config.json");
   std::string what = error_of(read);
   EXPECT_TRUE(has(what, "(from ds_config.json) was never resolved")) << what;
-  EXPECT_TRUE(has(what, "still \"auto\": train_batch_size, train_micro_batch_size_per_gpu, "
-                        "zero_optimization.reduce_bucket_size")) << what;
-  EXPECT_TRUE(has(what, "batch sizes not inferred: train_batch_size, train_micro_batch_size_per_gpu, "
-                        "gradient_accumulation_steps")) << what;
+  EXPECT_TRUE(has(what,
+                  "still \"auto\": train_batch_size, train_micro_batch_size_per_gpu, "
+                  "zero_optimization.reduce_bucket_size"))
+      << what;
+  EXPECT_TRUE(has(what,
+                  "batch sizes not inferred: train_batch_size, train_micro_batch_size_per_gpu, "
+                  "gradient_accumulation_steps"))
+      << what;
   EXPECT_TRUE(has(what, "zero3::resolve(config, {.world_size = comm->size()")) << what;
 
   // Built in code with nothing "auto": train_batch_size is what resolve() would infer.
@@ -162,8 +167,10 @@ TEST(Engine, AConfigResolveHasNotSeenIsAConfigErrorNamingWhatIsMissing) {
   in.world_size = 2;
   resolve(two, in);
   what = error_of(two);
-  EXPECT_TRUE(has(what, "train_batch_size: 12 is not train_micro_batch_size_per_gpu 3 x gradient_accumulation_steps 2 "
-                        "x the communicator's world size 1 = 6")) << what;
+  EXPECT_TRUE(has(what,
+                  "train_batch_size: 12 is not train_micro_batch_size_per_gpu 3 x gradient_accumulation_steps 2 "
+                  "x the communicator's world size 1 = 6"))
+      << what;
 
   // Resolved for this world, then a field the engine reads set back to "auto", or a stage out of range.
   Config c = resolved_for(equivalence_config(3), *f.comm);

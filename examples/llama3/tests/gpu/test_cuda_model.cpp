@@ -33,8 +33,8 @@
 #include <vector>
 
 #include "engine_model.hpp"
-#include "support/engine_world.hpp"
 #include "llama_model.hpp"
+#include "support/engine_world.hpp"
 #include "tests/golden_fixture.hpp"
 #include "zero3/comm.hpp"
 #include "zero3/engine.hpp"
