@@ -36,7 +36,7 @@
 //      chosen ("cpu" or "cuda").
 //   4. The Engine, over the resolved config, the communicator and the device.
 // Collective: every rank of the job calls it (it blocks until all have joined, or the timeout). Throws the
-// error of the step that failed (ConfigError, CommError, TimeoutError, CudaError, Unsupported).
+// error of the step that failed (ConfigError, InvalidArgument, CommError, TimeoutError, CudaError, Unsupported).
 #pragma once
 
 #include <memory>
