@@ -255,40 +255,21 @@ uint64_t EngineModel::save_hf(const std::filesystem::path& dir, st::Dtype dtype,
   return bytes;
 }
 
-void all_reduce_host_sum(zero3::Communicator& comm, zero3::Device* device, float* values, size_t count) {
-  if (device == nullptr || device->type() == zero3::DeviceType::cpu) {
-    comm.all_reduce(values, count, zero3::DType::f32, zero3::ReduceOp::sum)->wait();
-    return;
-  }
-  const size_t bytes = count * sizeof(float);
-  void* staged = device->allocate(bytes);
-  try {
-    device->copy(staged, values, bytes);  // synchronous
-    comm.all_reduce(staged, count, zero3::DType::f32, zero3::ReduceOp::sum)->wait();
-    device->copy(values, staged, bytes);
-  } catch (...) {
-    // A failed or timed-out collective may still be queued on the default stream.
-    device->deallocate_after(staged, bytes, device->default_stream());
-    throw;
-  }
-  device->deallocate_after(staged, bytes, device->default_stream());
-}
-
-double step_loss_normalizer(zero3::Communicator& comm, int64_t local_targets, int64_t micro_batches,
-                            zero3::Device* device) {
+double step_loss_normalizer(zero3::Engine& engine, int64_t local_targets, int64_t micro_batches) {
   if (local_targets < 0 || micro_batches < 1) {
     throw zero3::InvalidArgument("step_loss_normalizer: " + std::to_string(local_targets) + " targets over " +
                                  std::to_string(micro_batches) + " micro-batches");
   }
   // Two 16-bit halves as floats: each sum stays exact in fp32 (below 2^24) for up to 256 ranks.
-  if (local_targets >= (int64_t{1} << 32) || comm.size() > 256) {
+  const int world = engine.world_size();
+  if (local_targets >= (int64_t{1} << 32) || world > 256) {
     throw zero3::InvalidArgument("step_loss_normalizer: " + std::to_string(local_targets) + " targets on " +
-                                 std::to_string(comm.size()) + " ranks is beyond the exact float count");
+                                 std::to_string(world) + " ranks is beyond the exact float count");
   }
   float parts[2] = {static_cast<float>(local_targets >> 16), static_cast<float>(local_targets & 0xffff)};
-  all_reduce_host_sum(comm, device, parts, 2);
+  engine.all_reduce_host(parts, 2);
   const double total = static_cast<double>(parts[0]) * 65536.0 + static_cast<double>(parts[1]);
-  return total / (static_cast<double>(comm.size()) * static_cast<double>(micro_batches));
+  return total / (static_cast<double>(world) * static_cast<double>(micro_batches));
 }
 
 // ---------------------------------------------------------------------------------------------------------

@@ -136,19 +136,12 @@ class EngineModel {
   PhaseTimes times_;
 };
 
-// Collective: `values` (count floats of host memory) = their sum over the ranks of `comm`. `device` is the one
-// the communicator's collectives read (the engine's): host memory on the cpu device (or null), so the values
-// are reduced in place; a GPU's memory otherwise (nccl reads no host memory), so they go through a device
-// buffer and the legacy default stream, and the call returns with the sums on the host.
-void all_reduce_host_sum(zero3::Communicator& comm, zero3::Device* device, float* values, size_t count);
-
 // The LossOptions::normalizer that turns the engine's average over ranks and micro-batches into the mean over
 // every non-ignored target of the optimizer step: (targets of the step on all ranks) / (world x micro-batches).
-// Collective (an all-reduce of the counts through all_reduce_host_sum, exact up to 2^32 targets per step).
-// `local_targets`: this rank's non-ignored targets summed over its `micro_batches` micro-batches of the step;
-// `device`: the engine's (null: host memory). Returns 0 when no rank has any.
-double step_loss_normalizer(zero3::Communicator& comm, int64_t local_targets, int64_t micro_batches,
-                            zero3::Device* device = nullptr);
+// Collective (an all-reduce of the counts through Engine::all_reduce_host, in the engine's order of collectives;
+// exact up to 2^32 targets per step). `local_targets`: this rank's non-ignored targets summed over its
+// `micro_batches` micro-batches of the step. Returns 0 when no rank has any.
+double step_loss_normalizer(zero3::Engine& engine, int64_t local_targets, int64_t micro_batches);
 
 // The units exactly as EngineModel declares them, for zero3::plan_memory.
 zero3::ModelDesc engine_model_desc(const ModelConfig& config, const std::string& name = "llama");

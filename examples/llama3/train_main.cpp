@@ -35,6 +35,7 @@
 #include "zero3/device.hpp"
 #include "zero3/engine.hpp"
 #include "zero3/error.hpp"
+#include "zero3/initialize.hpp"
 #include "zero3/log.hpp"
 #include "zero3/memory_plan.hpp"
 #include "zero3/safetensors.hpp"
@@ -136,9 +137,9 @@ const char* precision_name(zero3::DType t) {
   return t == zero3::DType::bf16 ? "bf16" : t == zero3::DType::f16 ? "fp16" : "fp32";
 }
 
-// The program's flags applied to the DeepSpeed config, then resolve(): what Hugging Face's integration does
-// with a Trainer's arguments.
-void resolve_config(zero3::Config& cfg, const TrainOptions& o, const ModelConfig& mc, int64_t world) {
+// The program's flags applied to the DeepSpeed config before resolve(), and the facts resolve() fills "auto"
+// from: what Hugging Face's integration does with a Trainer's arguments.
+void apply_flags(zero3::Config& cfg, const TrainOptions& o) {
   if (o.lr && cfg.optimizer.present && cfg.optimizer.lr && *cfg.optimizer.lr != *o.lr) {
     log::warn_rank0(cfg.source, ": optimizer.params.lr ", *cfg.optimizer.lr, " replaced by --lr ", *o.lr);
     cfg.optimizer.lr = *o.lr;
@@ -152,14 +153,19 @@ void resolve_config(zero3::Config& cfg, const TrainOptions& o, const ModelConfig
     cfg.scheduler.warmup_num_steps = *o.warmup_steps;
     cfg.scheduler.total_num_steps = std::max<int64_t>(o.steps, *o.warmup_steps + 1);
   }
+  cfg.zero3.seed = o.seed;
+  if (o.network != "auto") {
+    cfg.zero3.network = o.network == "efa" ? zero3::NetworkTransport::efa : zero3::NetworkTransport::socket;
+  }
+}
+
+zero3::ResolveInputs resolve_inputs(const zero3::Config& cfg, const TrainOptions& o, const ModelConfig& mc) {
   std::optional<zero3::DType> precision = precision_dtype(o.precision);
   if (!precision && (cfg.bf16.auto_enabled || cfg.fp16.auto_enabled)) {
     precision = zero3::DType::f32;  // Hugging Face's default when neither --bf16 nor --fp16 is given
     log::info_rank0(cfg.source, ": bf16/fp16 \"auto\" with no --precision: fp32");
   }
-  cfg.zero3.seed = o.seed;
   zero3::ResolveInputs in;
-  in.world_size = world;
   in.hidden_size = mc.hidden_size;
   in.micro_batch = o.micro_batch;
   in.grad_accum = o.grad_accum;
@@ -167,8 +173,7 @@ void resolve_config(zero3::Config& cfg, const TrainOptions& o, const ModelConfig
   in.lr = o.lr;
   in.total_steps = o.steps;
   in.warmup_steps = o.warmup_steps.value_or(0);
-  zero3::resolve(cfg, in);
-  for (const std::string& w : cfg.warnings) log::warn_rank0(cfg.source, ": ", w);
+  return in;
 }
 
 // ---- Dry run ----------------------------------------------------------------------------------------------
@@ -177,7 +182,10 @@ int dry_run(const TrainOptions& o, zero3::Config cfg, const ModelConfig& mc) {
   zero3::LaunchInfo launch = zero3::detect_launch();
   const int64_t world = o.world_size > 0 ? o.world_size : launch.world_size;
   const int64_t per_node = o.ranks_per_node > 0 ? o.ranks_per_node : std::min<int64_t>(launch.local_world_size, world);
-  resolve_config(cfg, o, mc, world);
+  apply_flags(cfg, o);
+  zero3::ResolveInputs in = resolve_inputs(cfg, o, mc);
+  in.world_size = world;
+  zero3::resolve(cfg, in);
   const bool gpu = o.device == "cuda" || (o.device == "auto" && cfg.zero3.device.rfind("cuda", 0) == 0);
   if (o.device == "cpu") cfg.zero3.device = "cpu";
   const zero3::DType compute = cfg.compute_dtype();
@@ -252,16 +260,6 @@ std::string fmt(const char* f, double x) {
   return buf;
 }
 
-// N of "cuda:N".
-int parse_gpu_index(const std::string& device) {
-  const std::string digits = device.substr(5);
-  if (device.compare(0, 5, "cuda:") != 0 || digits.empty() || digits.size() > 4 ||
-      digits.find_first_not_of("0123456789") != std::string::npos) {
-    throw zero3::InvalidArgument("device '" + device + "': expected cuda or cuda:N");
-  }
-  return std::stoi(digits);
-}
-
 // The product name of the device the model runs on (the MFU peak is looked up by it).
 std::string gpu_product_name(const zero3::Device& device) {
 #if LLAMA3_HAVE_CUDA
@@ -302,53 +300,39 @@ zero3::CheckpointExtras sampler_extras(const DistributedSampler& sampler, const 
           {"seed", std::to_string(o.seed)}};
 }
 
-int train(const TrainOptions& o, zero3::Config cfg, const ModelConfig& mc, const std::string& model_json) {
-  // Where the model runs: --device, else the config's zero3.device; "auto" means the CPU.
+int train(const TrainOptions& o, zero3::Config file_cfg, const ModelConfig& mc, const std::string& model_json) {
+  // Where the model runs: --device, else the config's zero3.device; "auto" means the CPU here.
   std::string device_name = o.device;
-  if (device_name == "auto") device_name = cfg.zero3.device == "auto" ? "cpu" : cfg.zero3.device;
-  const bool gpu = device_name.rfind("cuda", 0) == 0;
-  if (!gpu && device_name != "cpu") {
-    throw zero3::InvalidArgument("device '" + device_name + "' (--device or zero3.device): expected cpu or cuda");
-  }
-  cfg.zero3.device = gpu ? "cuda" : "cpu";
+  if (device_name == "auto") device_name = file_cfg.zero3.device == "auto" ? "cpu" : file_cfg.zero3.device;
+  const bool gpu = device_name == "cuda";
   check_checkpoint_flags(o);
 
-  // Join the job. CPU tensors travel over Gloo (or no network at all for one rank), GPU tensors over NCCL, one
-  // GPU per rank: local rank i uses cuda:i unless --device names one.
-  const zero3::LaunchInfo launch = zero3::detect_launch();
-  const int gpu_index = device_name.size() > 5 ? parse_gpu_index(device_name) : launch.local_rank;
-  const std::string& backend = cfg.zero3.comm_backend;
-  if (backend != "auto" && (backend == "nccl") != gpu) {
-    throw zero3::InvalidArgument("zero3.comm_backend \"" + backend + "\" with device " + device_name +
-                                 (gpu ? ": the engine on a GPU communicates through nccl (use \"nccl\" or \"auto\")"
-                                      : ": nccl moves GPU memory only (use \"gloo\" or \"auto\" on the CPU)"));
-  }
-#if LLAMA3_HAVE_CUDA
-  // Before the first CUDA call (the communicator's), so that no rank ever makes GPU 0 current by default.
-  if (gpu) make_cuda_device_current(gpu_index);
-#endif
-  zero3::CommOptions co;
-  co.backend = backend != "auto" ? backend : gpu ? "nccl" : launch.world_size > 1 ? "gloo" : "local";
-  if (gpu) co.device = gpu_index;
-  co.timeout = std::chrono::seconds(cfg.zero3.comm_timeout_s);
-  co.network = o.network != "auto"                                    ? o.network
-               : cfg.zero3.network == zero3::NetworkTransport::efa    ? "efa"
-               : cfg.zero3.network == zero3::NetworkTransport::socket ? "socket"
-                                                                      : "auto";
-  std::shared_ptr<zero3::Communicator> comm = zero3::connect(co);
-  const int rank = comm->rank(), world = comm->size();
-  resolve_config(cfg, o, mc, world);
+  // Join the job, make the device and the engine: zero3::initialize() with the config's zero3 section (backend,
+  // timeout, network) and "auto" resolved from the flags and the model. On a GPU each rank takes the GPU of its
+  // local rank and talks NCCL; on the CPU the ranks talk Gloo (or nothing, alone). The program prints the
+  // steps_per_print line itself (with loss, tokens/s and memory), so the engine's own line is off.
+  apply_flags(file_cfg, o);
+  const int64_t steps_per_print = file_cfg.steps_per_print;
+  file_cfg.steps_per_print = 0;
+  zero3::InitOptions init;
+  init.device = device_name;
+  init.resolve = resolve_inputs(file_cfg, o, mc);
+  zero3::Session session = zero3::initialize(std::move(file_cfg), init);
+  zero3::Engine& engine = *session.engine;
+  zero3::Device& device = *session.device;
+  const zero3::Config& cfg = session.config;
+  const zero3::LaunchInfo& launch = session.launch;
+  const int rank = session.comm->rank(), world = session.comm->size();
   const int64_t micro = *cfg.train_micro_batch_size_per_gpu, gas = *cfg.gradient_accumulation_steps;
   const zero3::DType compute = cfg.compute_dtype();
-  std::unique_ptr<zero3::Device> device = zero3::make_device(gpu ? "cuda:" + std::to_string(gpu_index) : "cpu");
-  const std::string hardware = gpu_product_name(*device);
+  const std::string hardware = gpu_product_name(device);
   const std::optional<double> peak_flops = gpu ? peak_bf16_flops(hardware) : std::nullopt;
 
   if (rank == 0) {
     std::printf("llama3_train (zero3 %s)\n", zero3::version().c_str());
     std::printf("  model      %s (%s)\n", describe(mc).c_str(), o.model.c_str());
     std::printf("  ranks      %d (%s, %s), OMP_NUM_THREADS=%s OMP_WAIT_POLICY=%s per rank\n", world,
-                launch.launcher.c_str(), comm->backend(), std::getenv("OMP_NUM_THREADS"),
+                launch.launcher.c_str(), session.comm->backend(), std::getenv("OMP_NUM_THREADS"),
                 std::getenv("OMP_WAIT_POLICY"));
     std::printf(
         "  batch      micro-batch %lld x seq %lld x grad-accum %lld x %d ranks = %lld tokens per step, %lld "
@@ -358,7 +342,7 @@ int train(const TrainOptions& o, zero3::Config cfg, const ModelConfig& mc, const
     std::string peak = !gpu         ? ""
                        : peak_flops ? ", peak dense bf16 " + fmt("%.0f", *peak_flops / 1e12) + " TFLOP/s"
                                     : ", peak FLOP/s unknown: MFU n/a";
-    std::printf("  device     %s (%s)%s\n", device->name().c_str(), hardware.c_str(), peak.c_str());
+    std::printf("  device     %s (%s)%s\n", device.name().c_str(), hardware.c_str(), peak.c_str());
     std::string precision = precision_name(compute);
     if (compute != zero3::DType::f32 && gpu) {
       precision +=
@@ -371,7 +355,9 @@ int train(const TrainOptions& o, zero3::Config cfg, const ModelConfig& mc, const
     }
     std::printf("  precision  %s\n", precision.c_str());
     std::printf("  checkpointing (activations) %s\n", o.grad_checkpointing ? "on" : "off");
-    std::printf("  resolved DeepSpeed config (%s):\n%s\n", o.deepspeed.c_str(), zero3::to_json(cfg).c_str());
+    zero3::Config shown = cfg;
+    shown.steps_per_print = steps_per_print;  // the program's line, not the engine's
+    std::printf("  resolved DeepSpeed config (%s):\n%s\n", o.deepspeed.c_str(), zero3::to_json(shown).c_str());
     std::fflush(stdout);
   }
 
@@ -415,11 +401,7 @@ int train(const TrainOptions& o, zero3::Config cfg, const ModelConfig& mc, const
                     "the last step");
   }
 
-  // The model on the engine. The program prints the steps_per_print line itself (with loss, tokens/s and
-  // memory), so the engine's own line, which would repeat part of it, is off.
-  zero3::Config engine_cfg = cfg;
-  engine_cfg.steps_per_print = 0;
-  zero3::Engine engine(engine_cfg, comm, *device);
+  // The model on the engine.
   EngineModelOptions mo;
   mo.activation_checkpointing = o.grad_checkpointing;
   mo.init_from = o.init_from;
@@ -490,7 +472,7 @@ int train(const TrainOptions& o, zero3::Config cfg, const ModelConfig& mc, const
   // The device's peak: the engine's and the model's buffers (Device counters on cuda, runner bytes on the host)
   // plus the CUDA kernels' own workspaces.
   auto device_peak = [&] {
-    return device->peak_bytes_in_use() + model.ops().workspace_bytes() + (gpu ? 0 : model.activation_bytes());
+    return device.peak_bytes_in_use() + model.ops().workspace_bytes() + (gpu ? 0 : model.activation_bytes());
   };
 
   // Evaluation (collective): the mean loss over every target of the held-out set, on all ranks.
@@ -509,14 +491,14 @@ int train(const TrainOptions& o, zero3::Config cfg, const ModelConfig& mc, const
     }
     mode.end();
     float sum = static_cast<float>(loss_sum);
-    all_reduce_host_sum(*comm, device.get(), &sum, 1);
+    engine.all_reduce_host(&sum, 1);
     // The targets of all ranks, counted exactly (the normalizer of one micro-batch per rank, times the ranks).
-    const double targets_all = step_loss_normalizer(*comm, count, 1, device.get()) * world;
+    const double targets_all = step_loss_normalizer(engine, count, 1) * world;
     return targets_all > 0 ? sum / targets_all : 0.0;
   };
 
   // Training.
-  const int64_t print_every = std::max<int64_t>(1, cfg.steps_per_print);
+  const int64_t print_every = std::max<int64_t>(1, steps_per_print);
   const int64_t tokens_per_step = micro * o.seq_len * gas * world;
   std::vector<int32_t> ids(static_cast<size_t>(gas * micro * o.seq_len)), targets(ids.size());
   std::vector<uint32_t> row(static_cast<size_t>(o.seq_len));
@@ -538,7 +520,7 @@ int train(const TrainOptions& o, zero3::Config cfg, const ModelConfig& mc, const
     }
     local_targets = count_targets(targets.data(), static_cast<int64_t>(targets.size()), mc.vocab_size);
     LossOptions lo;
-    lo.normalizer = step_loss_normalizer(*comm, local_targets, gas, device.get());
+    lo.normalizer = step_loss_normalizer(engine, local_targets, gas);
     double loss_sum = 0, opt_time = 0;
     zero3::StepResult r;
     for (int64_t k = 0; k < gas; ++k) {
@@ -549,7 +531,7 @@ int train(const TrainOptions& o, zero3::Config cfg, const ModelConfig& mc, const
       opt_time += seconds_since(t_opt);
     }
     float sum = static_cast<float>(loss_sum);
-    all_reduce_host_sum(*comm, device.get(), &sum, 1);
+    engine.all_reduce_host(&sum, 1);
     const double total_targets = lo.normalizer * static_cast<double>(world * gas);
     const double loss = total_targets > 0 ? sum / total_targets : 0.0;
     const double step_time = seconds_since(t_step);
@@ -671,7 +653,8 @@ int train(const TrainOptions& o, zero3::Config cfg, const ModelConfig& mc, const
     log::info_rank0("consolidated the final weights (", dt, ", ", format_bytes(static_cast<int64_t>(consolidated)),
                     ") into ", o.consolidate_to, " in ", fmt("%.2f", seconds_since(t_save)), " s");
   }
-  comm->barrier();
+  float finished = 1;
+  engine.all_reduce_host(&finished, 1);  // every rank is done before rank 0 prints the summary
 
   if (rank == 0) {
     const int64_t ran = o.steps - start_step;
@@ -719,6 +702,7 @@ int run(int argc, char** argv) {
   if (o.steps < 0) throw zero3::InvalidArgument("--steps must be >= 0");
   const std::string model_json = read_text(o.model);
   const ModelConfig mc = parse_model_config(model_json, o.model);
+  zero3::log::set_rank(zero3::detect_launch().rank);  // the config's warnings come from rank 0 only
   zero3::Config cfg = zero3::load_config(o.deepspeed);
   if (o.dry_run) return dry_run(o, std::move(cfg), mc);
   return train(o, std::move(cfg), mc, model_json);

@@ -16,7 +16,8 @@
 // Completion and errors. Each call returns a Work. Work::wait() blocks the calling thread until the
 // operation finished, and throws its error: CommError naming the collective, the count, the dtype and the
 // ranks, or TimeoutError when it did not finish within the communicator's timeout. No collective blocks
-// forever: the timeout comes from the config (zero3.comm_timeout_s, default 600 s). A rank that dies makes
+// forever: the timeout is CommOptions::timeout (default 600 s), which zero3::initialize() takes from the
+// config's zero3.comm_timeout_s. A rank that dies makes
 // the collectives it takes part in fail on the other ranks, usually at once (its connections close), at
 // the latest at the timeout. After a failed collective the communicator is broken: every later call fails
 // with the first error. Invalid arguments (null buffer with a non-zero count, overlapping buffers other than
@@ -155,7 +156,8 @@ struct CommOptions {
 // Joins the job: detects the launcher, sets the log's rank prefix, rendezvouses through zero3's TCP store on
 // master_addr:store_port (rank 0 serves it; a single-process job opens no port unless its backend needs a
 // store) and returns the communicator, which keeps the store alive. ZERO3_COMM_TIMEOUT_S, when set, overrides
-// options.timeout. Logs the launcher, the store address and the backend chosen. Blocks until every rank has
+// options.timeout. It reads no config: zero3::initialize() (initialize.hpp) fills CommOptions from the config's
+// zero3 section and calls it. Logs the launcher, the store address and the backend chosen. Blocks until every rank has
 // joined or options.timeout passed (TimeoutError).
 std::unique_ptr<Communicator> connect(const CommOptions& options = {});
 

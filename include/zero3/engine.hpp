@@ -1,22 +1,36 @@
 // The ZeRO engine: partitioned parameters, gradients and optimizer state for C++ training code.
 //
-// A training program declares its parameters in units, materializes them, and then, for every micro-batch,
-// opens a scope around the code that uses each unit:
+// A training program joins the job and makes its engine in one call (initialize.hpp), declares its parameters
+// in units, materializes them, and then, for every micro-batch, opens a scope around the code that uses each
+// unit. The whole program, started once per rank (zero3 launch -n 4 -- ./train, torchrun --no-python, mpirun,
+// srun: docs/launch.md):
 //
-//   zero3::Config cfg = zero3::load_config("ds_config.json");
-//   zero3::resolve(cfg, {.world_size = comm->size(), .hidden_size = 4096});
-//   auto device = zero3::make_cpu_device();
-//   zero3::Engine engine(cfg, comm, *device);
-//   zero3::UnitId fc = engine.add_unit("fc", {{"w", {64, 32}, zero3::ParamInit::normal(0.02)},
-//                                             {"b", {64}, zero3::ParamInit::zeros()}});
-//   engine.materialize();
-//   for (...) {                                      // one iteration per micro-batch
-//     { auto s = engine.forward_scope(fc);           // the unit's full parameters, gathered
-//       forward(s.param("w"), s.param("b"), ...); }  // exit: released (stage 3) unless policy keeps them
-//     { auto s = engine.backward_scope(fc);          // parameters again, plus a zeroed gradient buffer
-//       backward(s.param("w"), s.grad("w"), ...); }  // exit: gradients go to the reducer
-//     zero3::StepResult r = engine.step();           // optimizer step at accumulation boundaries
+//   #include <zero3/zero3.hpp>
+//
+//   int main() {
+//     zero3::InitOptions opts;
+//     opts.resolve.hidden_size = 64;  // fills the config's "auto" sizes (and micro_batch, lr, ... when "auto")
+//     zero3::Session s = zero3::initialize("ds_config.json", opts);  // communicator, device, resolved config
+//     zero3::Engine& engine = *s.engine;
+//     zero3::UnitId fc = engine.add_unit("fc", {{"w", {64, 32}, zero3::ParamInit::normal(0.02)},
+//                                               {"b", {64}, zero3::ParamInit::zeros()}});
+//     engine.materialize();
+//     for (int step = 0; step < 100; ++step) {
+//       float loss = 0;
+//       for (int64_t k = 0; k < engine.gradient_accumulation_steps(); ++k) {  // one micro-batch each
+//         { auto sc = engine.forward_scope(fc);                 // the unit's full parameters, gathered
+//           loss += forward(sc.param("w"), sc.param("b"), ...); }  // exit: released (stage 3) unless kept
+//         { auto sc = engine.backward_scope(fc);                // parameters again, plus a zeroed gradient buffer
+//           backward(sc.param("w"), sc.grad("w"), ...); }       // exit: gradients go to the reducer
+//         zero3::StepResult r = engine.step();                  // optimizer step at accumulation boundaries
+//       }
+//       engine.all_reduce_host(&loss, 1, zero3::ReduceOp::avg);  // the loss over every rank's micro-batches
+//     }
 //   }
+//
+// Without initialize(): connect() a communicator (comm.hpp), make_device(), load_config() and resolve() it with
+// ResolveInputs::world_size = comm->size(), then Engine(config, comm, *device). The Engine refuses a config that
+// resolve() has not seen.
 //
 // Stages (zero_optimization.stage) are policies of one code path:
 //   0  parameters, gradients and optimizer state replicated; gradients all-reduced at the boundary.
@@ -56,13 +70,23 @@
 // device just before its unit's all-gather. Gradients, their statistics and gathered units stay on the
 // device; MemoryStats shows the moved bytes under host_*.
 //
+// The program's collectives. The engine issues its collectives on its communicator in an order every rank
+// shares; with overlap_comm (on by default at stage 3) a communication thread of the engine issues them while the
+// training thread computes, and a Communicator takes operations from one thread at a time (comm.hpp). So while
+// the engine exists, the program must not issue collectives on that communicator itself: they could run at the
+// same time as the engine's thread, or be matched against a different collective on another rank. For values
+// such as the loss use all_reduce_host(), which goes through the engine's queue. For other collectives, split()
+// the communicator before creating the engine (collective) and use the split one: it has connections and an
+// order of its own (with nccl, as for any two NCCL communicators on one GPU, issue its collectives at the same
+// point of the program on every rank).
+//
 // Threads: an Engine and its scopes are used from one thread. Collective calls (materialize, scopes at
-// stage 3 or in the first micro-step, step, gather_master_params, refresh_params) must be made by every
-// rank in the same order. Errors: every failure is a zero3::Error naming the unit, parameter, rank or
-// collective. An argument error is thrown before anything happens. Any other error raised once a collective
-// call is under way (a communication error, device memory exhausted, a swap file that cannot be read or
-// written) leaves the engine failed: the ranks may no longer be at the same collective and the state may be
-// half updated, so every later call rethrows the first such error. Resume from a checkpoint in a new Engine.
+// stage 3 or in the first micro-step, step, gather_master_params, refresh_params, all_reduce_host) must be made by
+// every rank in the same order. Errors: every failure is a zero3::Error naming the unit, parameter, rank or collective.
+// An argument error is thrown before anything happens. Any other error raised once a collective call is under way (a
+// communication error, device memory exhausted, a swap file that cannot be read or written) leaves the engine failed:
+// the ranks may no longer be at the same collective and the state may be half updated, so every later call rethrows the
+// first such error. Resume from a checkpoint in a new Engine.
 #pragma once
 
 #include <cstdint>
@@ -255,7 +279,9 @@ class EvalMode {
 
 class Engine {
  public:
-  // `config` must be resolved (no "auto" left in the fields the engine reads: ConfigError names the key).
+  // `config` must have been through resolve() (Config::resolved), for this communicator's world size:
+  // otherwise ConfigError, naming the "auto" keys still pending and the batch sizes not inferred, or the batch
+  // sizes that do not multiply to train_batch_size at this world size. initialize() resolves it for you.
   // `comm` is the data-parallel group; the engine shares it. `device` must outlive the engine.
   // Stage, optimizer, precision, buckets and schedule knobs all come from `config`.
   // On a cuda device the communicator must be nccl (Unsupported otherwise), parameter and gradient views are
@@ -333,6 +359,18 @@ class Engine {
   // writes) and drops stage-3 gathered copies.
   void refresh_params();
 
+  // ---- The program's own values ----
+
+  // Collective: `values` (count floats of host memory) become `op` (sum, avg or max) over the ranks: the
+  // global loss, token counts, anything the ranks must agree on. It goes through the engine's communication
+  // queue, after every collective the engine issued before it, and blocks until the result is back; so it may be
+  // called between any two engine calls (inside scopes, during evaluate(), with overlap_comm's thread running)
+  // provided every rank calls it at the same point of its sequence of engine calls. On a cuda device the
+  // values travel through a device buffer. A failed or timed-out reduction leaves the engine failed, like any
+  // of its collectives. Do not issue collectives on communicator() yourself: see "The program's collectives" at
+  // the top of this header.
+  void all_reduce_host(float* values, size_t count, ReduceOp op = ReduceOp::sum);
+
   // ---- Queries ----
 
   const Config& config() const;
@@ -342,6 +380,7 @@ class Engine {
   DType compute_dtype() const;
   DType grad_dtype() const;  // data_types.grad_accum_dtype
   Device& device() const;
+  // The engine's communicator. Not for the program's own collectives while the engine exists (all_reduce_host).
   Communicator& communicator() const;
 
   size_t num_units() const;

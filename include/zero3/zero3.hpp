@@ -10,6 +10,7 @@
 #include "zero3/store.hpp"
 #include "zero3/device.hpp"
 #include "zero3/engine.hpp"
+#include "zero3/initialize.hpp"
 #include "zero3/checkpoint.hpp"
 #include "zero3/crc32c.hpp"
 #include "zero3/memory_plan.hpp"

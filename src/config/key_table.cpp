@@ -1019,7 +1019,9 @@ std::vector<KeyEntry> build_table() {
               "DataStates asynchronous checkpointing; zero3 writes its own checkpoints."),
 
       // ----- zero3's own section -----
-      SECTION("zero3", "zero3's own settings, for what DeepSpeed has no key for. DeepSpeed ignores this section."),
+      SECTION("zero3",
+              "zero3's own settings, for what DeepSpeed has no key for. DeepSpeed ignores this section. "
+              "zero3::initialize() applies it; connect() alone does not (docs/launch.md)."),
       {.path = "zero3.device",
        .type = "string",
        .default_json = "\"auto\"",
@@ -1033,7 +1035,8 @@ std::vector<KeyEntry> build_table() {
       {.path = "zero3.comm_backend",
        .type = "string",
        .default_json = "\"auto\"",
-       .doc = "\"nccl\", \"gloo\" or \"auto\" (nccl with device cuda, gloo with device cpu).",
+       .doc = "\"nccl\", \"gloo\" or \"auto\" (nccl with device cuda; on cpu gloo, or local for a single "
+              "process).",
        .auto_ok = true,  // "auto" is one of its values
        .apply =
            [](ReadContext& ctx, const Value& v) {

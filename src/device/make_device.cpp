@@ -12,6 +12,7 @@ namespace {
 struct Entry {
   DeviceFactory factory;
   DeviceUsable usable;
+  DeviceActivate activate;
 };
 
 std::mutex& registry_mutex() {
@@ -26,9 +27,31 @@ std::map<std::string, Entry>& registry() {
 
 }  // namespace
 
-void register_device(const std::string& kind, DeviceFactory factory, DeviceUsable usable) {
+void register_device(const std::string& kind, DeviceFactory factory, DeviceUsable usable, DeviceActivate activate) {
   std::lock_guard<std::mutex> lock(registry_mutex());
-  registry()[kind] = Entry{std::move(factory), std::move(usable)};
+  registry()[kind] = Entry{std::move(factory), std::move(usable), std::move(activate)};
+}
+
+std::string resolve_device_kind(const std::string& kind) {
+  if (kind != "auto") return kind;
+  DeviceUsable usable;
+  {
+    std::lock_guard<std::mutex> lock(registry_mutex());
+    auto cuda = registry().find("cuda");
+    if (cuda == registry().end()) return "cpu";
+    usable = cuda->second.usable;
+  }
+  return !usable || usable() ? "cuda" : "cpu";
+}
+
+void activate_device(const std::string& kind, int index) {
+  DeviceActivate activate;
+  {
+    std::lock_guard<std::mutex> lock(registry_mutex());
+    auto it = registry().find(kind);
+    if (it != registry().end()) activate = it->second.activate;
+  }
+  if (activate) activate(index);
 }
 
 std::vector<std::string> registered_devices() {
@@ -52,14 +75,11 @@ std::unique_ptr<Device> make_device(const std::string& name) {
     }
     index = std::stoi(digits);
   }
+  kind = detail::resolve_device_kind(kind);
   detail::DeviceFactory factory;
   {
     std::lock_guard<std::mutex> lock(detail::registry_mutex());
     auto& table = detail::registry();
-    if (kind == "auto") {
-      auto cuda = table.find("cuda");
-      kind = (cuda != table.end() && (!cuda->second.usable || cuda->second.usable())) ? "cuda" : "cpu";
-    }
     auto it = table.find(kind);
     if (it == table.end()) {
       if (kind == "cuda")

@@ -143,6 +143,8 @@ ShardView Engine::local_shard(UnitId unit) { return impl_->local_shard(unit); }
 
 void Engine::refresh_params() { impl_->refresh_params(); }
 
+void Engine::all_reduce_host(float* values, size_t count, ReduceOp op) { impl_->all_reduce_host(values, count, op); }
+
 OffloadStats Engine::offload_stats() const {
   OffloadStats s;
   if (!impl_->opt_swap_) return s;

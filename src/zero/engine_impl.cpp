@@ -12,7 +12,9 @@
 #include "zero/collective_guard.hpp"
 #include "zero/param_fill.hpp"
 #include "zero/partition.hpp"
+#include "zero/persistence_log.hpp"
 #include "zero/rank_agreement.hpp"
+#include "zero/resolved_config.hpp"
 #include "zero3/error.hpp"
 #include "zero3/log.hpp"
 
@@ -25,22 +27,6 @@ int64_t require_set(const std::optional<int64_t>& v, const char* key) {
                                   "hidden_size) before creating the Engine"));
   }
   return *v;
-}
-
-int64_t gradient_accumulation(const Config& c, int world) {
-  if (c.gradient_accumulation_steps) {
-    ZERO3_REQUIRE(*c.gradient_accumulation_steps >= 1, ConfigError,
-                  "gradient_accumulation_steps: ", *c.gradient_accumulation_steps, " is not a positive integer");
-    return *c.gradient_accumulation_steps;
-  }
-  if (c.train_batch_size && c.train_micro_batch_size_per_gpu) {
-    int64_t per_step = *c.train_micro_batch_size_per_gpu * world;
-    ZERO3_REQUIRE(per_step > 0 && *c.train_batch_size % per_step == 0, ConfigError,
-                  "train_batch_size: ", *c.train_batch_size, " is not a multiple of train_micro_batch_size_per_gpu (",
-                  *c.train_micro_batch_size_per_gpu, ") x world size (", world, ")");
-    return *c.train_batch_size / per_step;
-  }
-  return 1;
 }
 
 std::string shape_string(const std::vector<int64_t>& shape) {
@@ -59,6 +45,7 @@ EngineImpl::EngineImpl(const Config& config, std::shared_ptr<Communicator> comm,
   ZERO3_REQUIRE(comm_ != nullptr, InvalidArgument, "Engine: the communicator is null");
   rank_ = comm_->rank();
   world_ = comm_->size();
+  require_resolved(config_, world_);
   const ZeroConfig& z = config_.zero;
   ZERO3_REQUIRE(z.stage >= 0 && z.stage <= 3, ConfigError, "zero_optimization.stage: ", z.stage,
                 " is not a ZeRO stage (0, 1, 2 or 3)");
@@ -119,7 +106,7 @@ EngineImpl::EngineImpl(const Config& config, std::shared_ptr<Communicator> comm,
   compute_dtype_ = config_.compute_dtype();
   acc_dtype_ = config_.grad_accum_dtype.value_or(DType::f32);
   comm_dtype_ = config_.communication_data_type.value_or(acc_dtype_);
-  gas_ = gradient_accumulation(config_, world_);
+  gas_ = *config_.gradient_accumulation_steps;  // resolved: set and consistent with the world size
   overlap_ = z.overlap_comm_set ? z.overlap_comm : z.stage == 3;
   reduce_bucket_numel_ = require_set(z.reduce_bucket_size, "zero_optimization.reduce_bucket_size");
   ZERO3_REQUIRE(reduce_bucket_numel_ >= 0, ConfigError, "zero_optimization.reduce_bucket_size: ", reduce_bucket_numel_,
@@ -459,6 +446,9 @@ void EngineImpl::materialize() {
     persistent.push_back(keep);
     total_slice += u.info.slice_numel;
     total_numel += u.info.numel;
+  }
+  if (policy_.shard_params) {
+    log_persistence(units_, persistence_threshold_, config_.zero.model_persistence_threshold, world_);
   }
   schedule_ = std::make_unique<Schedule>(schedule_policy_, numels, persistent);
   eval_schedule_ = std::make_unique<Schedule>(schedule_policy_, numels, persistent);

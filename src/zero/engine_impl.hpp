@@ -115,6 +115,7 @@ class EngineImpl {
   StepResult step();
   void gather_master_params(UnitId unit, float* out);
   void refresh_params();
+  void all_reduce_host(float* values, size_t count, ReduceOp op);
 
   // Guards every public call: rethrows a deferred or fatal error.
   void check_usable();

@@ -353,6 +353,21 @@ StepResult EngineImpl::step() {
   return result;
 }
 
+void EngineImpl::all_reduce_host(float* values, size_t count, ReduceOp op) {
+  check_usable();
+  ZERO3_REQUIRE(values != nullptr || count == 0, InvalidArgument, "Engine::all_reduce_host: values is null for ", count,
+                " value(s)");
+  Communicator* comm = comm_.get();
+  DeviceMirror buf(&device_, values, count);  // the communicator's memory: a device copy for nccl
+  try {
+    run_collective(log::concat("all_reduce_host of ", count, " value(s) (", reduce_op_name(op), ")"),
+                   [&] { comm->all_reduce(buf.get(), count, DType::f32, op)->wait(); });
+  } catch (...) {
+    fail(std::current_exception());
+  }
+  buf.copy_back();
+}
+
 void EngineImpl::gather_master_params(UnitId unit, float* out) {
   check_usable();
   require_materialized("gather_master_params");

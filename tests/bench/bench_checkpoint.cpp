@@ -118,7 +118,7 @@ int main(int argc, char** argv) {
   c.zero.stage = stage;
   c.optimizer.present = true;
   c.optimizer.type = OptimizerType::adamw;
-  Engine engine(c, comm, *device);
+  Engine engine(zero3::testing::resolved_for(c, *comm), comm, *device);
   for (int64_t u = 0; u < units; ++u) {
     engine.add_unit("layers." + std::to_string(u), {{"w", {params / units}, ParamInit::normal(0.02)}});
   }

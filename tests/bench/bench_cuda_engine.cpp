@@ -32,6 +32,7 @@
 #include <cuda_runtime.h>
 
 #include "device/cuda/cuda_device.hpp"
+#include "support/engine_world.hpp"
 #include "zero3/comm.hpp"
 #include "zero3/engine.hpp"
 
@@ -188,7 +189,7 @@ EngineTiming time_engine(const Options& o, int stage, bool compute, Device& devi
                          Model& model) {
   const int64_t d = o.hidden;
   Config c = engine_config(stage, 12 * d * d);
-  Engine engine(c, comm, device);
+  Engine engine(zero3::testing::resolved_for(c, *comm), comm, device);
   std::vector<UnitId> units;
   for (int l = 0; l < o.layers; ++l) {
     UnitId u = engine.add_unit("layers." + std::to_string(l));

@@ -95,7 +95,7 @@ int main(int argc, char** argv) {
                 "comm wait %", "MiB/rank");
   }
   for (int stage = 0; stage <= 3; ++stage) {
-    Engine e(bench_config(stage, h), comm, *device);
+    Engine e(zero3::testing::resolved_for(bench_config(stage, h), *comm), comm, *device);
     std::vector<UnitId> units;
     int64_t params = 0;
     for (int l = 0; l < o.layers; ++l) {

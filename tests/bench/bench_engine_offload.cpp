@@ -44,7 +44,7 @@ struct Figures {
 
 Figures run(const Config& c, const std::shared_ptr<Communicator>& comm, Device& device, const MlpDims& dims,
             int64_t steps) {
-  Engine engine(c, comm, device);
+  Engine engine(resolved_for(c, *comm), comm, device);
   MlpUnits units = declare_mlp(engine, dims);
   engine.materialize();
   TrainPlan plan;

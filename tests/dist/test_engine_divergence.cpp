@@ -65,7 +65,7 @@ class Divergence : public ::testing::TestWithParam<int> {};
 
 TEST_P(Divergence, DifferentFirstOrderFailsOnEveryRankNamingTheUnits) {
   auto comm = engine_world();
-  Engine e(equivalence_config(GetParam()), comm, cpu_device());
+  Engine e(resolved_for(equivalence_config(GetParam()), *comm), comm, cpu_device());
   UnitId a = e.add_unit("alpha", {{"w", {5, 3}, ParamInit::ones()}});
   UnitId b = e.add_unit("beta", {{"w", {4, 9}, ParamInit::ones()}});
   e.materialize();
@@ -98,7 +98,7 @@ TEST(Divergence, EveryStepCheckCatchesALaterDifferenceAndAnEarlyStep) {
   Config c = equivalence_config(3);
   c.zero3.check_schedule_every_step = true;
   c.gradient_accumulation_steps = 1;
-  Engine e(c, comm, cpu_device());
+  Engine e(resolved_for(c, *comm), comm, cpu_device());
   MlpDims d;
   MlpUnits units = declare_mlp(e, d);
   e.materialize();
@@ -128,7 +128,7 @@ TEST(Divergence, EveryStepCheckCatchesALaterDifferenceAndAnEarlyStep) {
 
 TEST(Divergence, DifferentDeclarationsFailAtMaterialize) {
   auto comm = engine_world();
-  Engine e(equivalence_config(2), comm, cpu_device());
+  Engine e(resolved_for(equivalence_config(2), *comm), comm, cpu_device());
   e.add_unit("same", {{"w", {3}}});
   e.add_unit("layer", {{"w", {comm->rank() == 1 ? 6 : 5, 2}}});
   try {

@@ -81,12 +81,12 @@ TEST(Eval, LossOfTheCurrentWeightsAndTrainingUndisturbed) {
     plan.world = comm->size();
     plan.steps = 4;
 
-    Engine plain(c, comm, cpu_device());
+    Engine plain(resolved_for(c, *comm), comm, cpu_device());
     MlpUnits pu = declare_mlp(plain, plan.dims);
     plain.materialize();
     const EngineRun want = train_with_eval(plain, pu, plan, 0, nullptr);
 
-    Engine e(c, comm, cpu_device());
+    Engine e(resolved_for(c, *comm), comm, cpu_device());
     MlpUnits units = declare_mlp(e, plan.dims);
     e.materialize();
     std::vector<double> eval_losses;
@@ -112,7 +112,7 @@ TEST(Eval, OwnScheduleAtStageThree) {
   TrainPlan plan;
   plan.world = comm->size();
   plan.steps = 2;
-  Engine e(c, comm, cpu_device());
+  Engine e(resolved_for(c, *comm), comm, cpu_device());
   MlpUnits units = declare_mlp(e, plan.dims);
   e.materialize();
   train_mlp(e, units, plan);
@@ -143,7 +143,7 @@ TEST(Eval, RefusesWhatNeedsGradientsAndMidMicroStepStarts) {
   auto comm = engine_world();
   for (int stage : {1, 3}) {
     SCOPED_TRACE("stage " + std::to_string(stage));
-    Engine e(equivalence_config(stage), comm, cpu_device());
+    Engine e(resolved_for(equivalence_config(stage), *comm), comm, cpu_device());
     MlpUnits units = declare_mlp(e, MlpDims{});
     e.materialize();
     {
@@ -179,7 +179,7 @@ TEST(Eval, RefusesWhatNeedsGradientsAndMidMicroStepStarts) {
 TEST(Eval, DivergentOrderFailsOnEveryRank) {
   auto comm = engine_world();
   if (comm->size() < 2) GTEST_SKIP() << "needs 2 or more ranks";
-  Engine e(equivalence_config(3), comm, cpu_device());
+  Engine e(resolved_for(equivalence_config(3), *comm), comm, cpu_device());
   MlpUnits units = declare_mlp(e, MlpDims{});
   e.materialize();
   EvalMode eval = e.evaluate();

@@ -66,7 +66,7 @@ TEST_P(Init, SameBitsOnEveryWorldSize) {
   auto comm = engine_world();
   Config c = equivalence_config(GetParam());
   c.zero3.seed = 99;
-  Engine e(c, comm, cpu_device());
+  Engine e(resolved_for(c, *comm), comm, cpu_device());
   std::vector<std::pair<int64_t, int64_t>> asked;
   Declared d = declare(e, &asked);
   e.materialize();
@@ -139,7 +139,7 @@ TEST_P(Init, Bf16ComputeCopiesAreRoundedMasters) {
   auto comm = engine_world();
   Config c = equivalence_config(GetParam());
   c.bf16.enabled = true;
-  Engine e(c, comm, cpu_device());
+  Engine e(resolved_for(c, *comm), comm, cpu_device());
   std::vector<std::pair<int64_t, int64_t>> asked;
   Declared d = declare(e, &asked);
   e.materialize();

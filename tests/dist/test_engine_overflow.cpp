@@ -36,7 +36,7 @@ TEST_P(Overflow, OneRanksInfSkipsTheStepEverywhere) {
   const Case k = GetParam();
   auto comm = engine_world();
   Config c = config_for(k);
-  Engine e(c, comm, cpu_device());
+  Engine e(resolved_for(c, *comm), comm, cpu_device());
   MlpDims d;
   MlpUnits units = declare_mlp(e, d);
   e.materialize();
@@ -90,7 +90,7 @@ TEST(LossScale, GoesDownOnOverflowAndBackUpAfterTheWindow) {
   c.fp16.hysteresis = 1;
   c.fp16.min_loss_scale = 1;
   c.gradient_accumulation_steps = 1;
-  Engine e(c, comm, cpu_device());
+  Engine e(resolved_for(c, *comm), comm, cpu_device());
   MlpDims d;
   MlpUnits units = declare_mlp(e, d);
   e.materialize();

@@ -67,7 +67,7 @@ using Names = std::vector<std::string>;
 
 TEST(Schedule, FirstMicroStepGathersOnDemandThenPrefetchesAlongTheTrace) {
   auto comm = engine_world();
-  Engine e(schedule_config(250, 300, 0), comm, cpu_device());
+  Engine e(resolved_for(schedule_config(250, 300, 0), *comm), comm, cpu_device());
   Model m = declare(e);
   e.materialize();
   EXPECT_EQ(e.schedule_stats().persistent_numel, 10) << "the small unit is gathered at materialize";
@@ -104,7 +104,7 @@ TEST(Schedule, ReuseKeepsUnitsAndTheCapEvictsThem) {
   auto comm = engine_world();
   // A reuse distance that covers the whole order: each unit is gathered once per micro-step.
   {
-    Engine e(schedule_config(1000, 1000, 1'000'000), comm, cpu_device());
+    Engine e(resolved_for(schedule_config(1000, 1000, 1'000'000), *comm), comm, cpu_device());
     Model m = declare(e);
     e.materialize();
     micro_step(e, m);
@@ -120,7 +120,7 @@ TEST(Schedule, ReuseKeepsUnitsAndTheCapEvictsThem) {
   }
   // The same with a cap of 300 elements: kept units are evicted (the one used last first) to make room.
   {
-    Engine e(schedule_config(0, 300, 1'000'000), comm, cpu_device());
+    Engine e(resolved_for(schedule_config(0, 300, 1'000'000), *comm), comm, cpu_device());
     Model m = declare(e);
     e.materialize();
     micro_step(e, m);

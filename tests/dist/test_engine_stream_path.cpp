@@ -63,7 +63,7 @@ void check_against_reference(const Variant& v, StreamSchedule schedule) {
   EngineRun run;
   ScheduleStats stats;
   {
-    Engine engine(c, comm, device);
+    Engine engine(resolved_for(c, *comm), comm, device);
     MlpUnits units = declare_mlp(engine, plan.dims);
     engine.materialize();
     engine.reset_schedule_stats();

@@ -123,7 +123,7 @@ TEST_P(StreamPathOffload, BitIdenticalToNoOffloadOrderedAndCounted) {
   EngineRun want;
   MemoryStats want_memory;
   {
-    Engine engine(base, engine_world(), cpu_device());
+    Engine engine(resolved_for(base, *engine_world()), engine_world(), cpu_device());
     MlpUnits units = declare_mlp(engine, plan.dims);
     engine.materialize();
     want = train_mlp(engine, units, plan);
@@ -139,7 +139,7 @@ TEST_P(StreamPathOffload, BitIdenticalToNoOffloadOrderedAndCounted) {
     int64_t pinned_in_use = 0, device_in_use = 0, gathered_persistent = 0, largest_slice = 0;
     ModelDesc model;
     {
-      Engine engine(off, comm, device);
+      Engine engine(resolved_for(off, *comm), comm, device);
       MlpUnits units = declare_mlp(engine, plan.dims);
       model = describe(engine);
       engine.materialize();
@@ -325,7 +325,7 @@ TEST(StreamPathOffloadConfig, ParamOffloadNeedsStageThree) {
   Config c = equivalence_config(2);
   c.zero.offload_param.device = OffloadDevice::cpu;
   try {
-    Engine engine(c, comm, device);
+    Engine engine(resolved_for(c, *comm), comm, device);
     FAIL() << "expected ConfigError";
   } catch (const ConfigError& e) {
     EXPECT_NE(std::string(e.what()).find("zero_optimization.offload_param.device"), std::string::npos) << e.what();

@@ -21,7 +21,7 @@ TEST(Timeout, AGatherNobodyJoinsNamesTheUnit) {
   Config c = equivalence_config(3);
   c.gradient_accumulation_steps = 1;
   c.zero.param_persistence_threshold = 0;
-  Engine e(c, comm, cpu_device());
+  Engine e(resolved_for(c, *comm), comm, cpu_device());
   MlpDims d;
   MlpUnits units = declare_mlp(e, d);
   e.materialize();

@@ -85,7 +85,7 @@ TEST_P(OffloadEquivalence, BitIdenticalToNoOffloadAndCloseToTheReference) {
 
   EngineRun want;
   {
-    Engine engine(base, comm, cpu_device());
+    Engine engine(resolved_for(base, *comm), comm, cpu_device());
     MlpUnits units = declare_mlp(engine, plan.dims);
     engine.materialize();
     want = train_mlp(engine, units, plan);
@@ -96,7 +96,7 @@ TEST_P(OffloadEquivalence, BitIdenticalToNoOffloadAndCloseToTheReference) {
   const bool opt_nvme = v.offload == Offload::optimizer_nvme || v.offload == Offload::both_nvme;
   const bool param_nvme = v.offload == Offload::param_nvme || v.offload == Offload::both_nvme;
   {
-    Engine engine(off, comm, cpu_device());
+    Engine engine(resolved_for(off, *comm), comm, cpu_device());
     MlpUnits units = declare_mlp(engine, plan.dims);
     engine.materialize();
     EXPECT_EQ(std::filesystem::exists(param_swap), param_nvme) << param_swap;
@@ -182,7 +182,7 @@ TEST(OffloadConfigErrors, ParamNvmeIsUnsupportedAndNamed) {
   c.zero.offload_param.device = OffloadDevice::nvme;
   c.zero.offload_param.nvme_path = dir.path();
   try {
-    Engine engine(c, comm, cpu_device());
+    Engine engine(resolved_for(c, *comm), comm, cpu_device());
     FAIL() << "expected Unsupported";
   } catch (const Unsupported& e) {
     EXPECT_NE(std::string(e.what()).find("zero_optimization.offload_param"), std::string::npos) << e.what();
@@ -195,7 +195,7 @@ TEST(OffloadConfigErrors, OptimizerOffloadNeedsStageOne) {
   Config c = equivalence_config(0);
   c.zero.offload_optimizer.device = OffloadDevice::cpu;
   try {
-    Engine engine(c, comm, cpu_device());
+    Engine engine(resolved_for(c, *comm), comm, cpu_device());
     FAIL() << "expected ConfigError";
   } catch (const ConfigError& e) {
     EXPECT_NE(std::string(e.what()).find("zero_optimization.offload_optimizer.device"), std::string::npos) << e.what();
@@ -207,7 +207,7 @@ TEST(OffloadConfigErrors, MissingSwapDirectoryFailsAtMaterialize) {
   auto comm = engine_world();
   Config c = equivalence_config(2);
   apply_offload(c, Offload::optimizer_nvme, "/tmp/zero3-no-such-dir-for-offload/x");
-  Engine engine(c, comm, cpu_device());
+  Engine engine(resolved_for(c, *comm), comm, cpu_device());
   declare_mlp(engine, MlpDims{});
   try {
     engine.materialize();

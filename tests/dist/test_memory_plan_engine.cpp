@@ -62,7 +62,7 @@ void check(int stage, bool bf16, int64_t reuse) {
   o.world_size = comm->size();
   MemoryPlan plan = plan_memory(describe(), config, o);
 
-  Engine e(config, comm, cpu_device());
+  Engine e(resolved_for(config, *comm), comm, cpu_device());
   std::vector<UnitId> ids;
   for (const auto& [name, params] : units()) ids.push_back(e.add_unit(name, params));
   e.materialize();

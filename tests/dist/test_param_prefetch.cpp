@@ -93,7 +93,7 @@ struct ChainRun {
 };
 
 ChainRun run_chain(const Config& c, int64_t micro_steps) {
-  Engine engine(c, engine_world(), cpu_device());
+  Engine engine(resolved_for(c, *engine_world()), engine_world(), cpu_device());
   std::vector<UnitId> units = declare_chain(engine);
   engine.materialize();
   ChainRun run;
@@ -168,7 +168,7 @@ TEST(ParamPrefetch, TruncatedSwapFailsTheNextGatherInTheFirstMicroStep) {
   RankTempDir dir;
   Config c = chain_config();
   offload_params(c, dir.path(), 2);
-  Engine engine(c, engine_world(), cpu_device());
+  Engine engine(resolved_for(c, *engine_world()), engine_world(), cpu_device());
   std::vector<UnitId> units = declare_chain(engine);
   engine.materialize();
   const std::string swap = offload::swap_file_path(dir.path(), "param", engine.rank());
@@ -195,7 +195,7 @@ TEST(ParamPrefetch, FailedReadAheadSurfacesAtItsGatherOnEveryRank) {
     SCOPED_TRACE("buffer_count " + std::to_string(buffers));
     Config c = chain_config();
     offload_params(c, dir.path(), buffers);
-    Engine engine(c, engine_world(), cpu_device());
+    Engine engine(resolved_for(c, *engine_world()), engine_world(), cpu_device());
     std::vector<UnitId> units = declare_chain(engine);
     engine.materialize();
     const std::string swap = offload::swap_file_path(dir.path(), "param", engine.rank());

@@ -36,6 +36,7 @@
 #include <thread>
 #include <vector>
 
+#include "support/engine_world.hpp"
 #include "support/mlp_trainer.hpp"
 #include "support/rank_temp_dir.hpp"
 #include "support/reference_model.hpp"
@@ -153,7 +154,7 @@ void train_and_compare(const Variant& v, std::shared_ptr<Communicator> comm, Dev
   TrainPlan plan;
   plan.world = comm->size();
   plan.steps = 10;
-  Engine engine(c, comm, device);
+  Engine engine(resolved_for(c, *comm), comm, device);
   MlpUnits units = declare_mlp(engine, plan.dims);
   engine.materialize();
   EngineRun run = train_mlp(engine, units, plan);
@@ -214,7 +215,7 @@ TEST(CudaEngine, OffloadMovesTheStateOffTheDevice) {
   plan.steps = 2;
   MemoryStats without, with;
   for (Config* c : {&plain, &off}) {
-    Engine engine(*c, comm, *device);
+    Engine engine(resolved_for(*c, *comm), comm, *device);
     MlpUnits units = declare_mlp(engine, plan.dims);
     engine.materialize();
     train_mlp(engine, units, plan);
@@ -239,7 +240,7 @@ TEST(CudaEngine, GatheredParametersAreFreedAndTheLiveCapHolds) {
   TrainPlan plan;
   plan.world = 1;
   plan.steps = 3;
-  Engine engine(c, comm, *device);
+  Engine engine(resolved_for(c, *comm), comm, *device);
   MlpUnits units = declare_mlp(engine, plan.dims);
   int64_t largest = 0, total = 0;
   for (size_t u = 0; u < engine.num_units(); ++u) {
@@ -268,7 +269,7 @@ TEST(CudaEngine, GatheredParametersAreFreedAndTheLiveCapHolds) {
   Config capped = equivalence_config(3);
   capped.zero.param_persistence_threshold = 0;
   capped.zero.max_live_parameters = largest;
-  Engine engine2(capped, comm, *device);
+  Engine engine2(resolved_for(capped, *comm), comm, *device);
   MlpUnits units2 = declare_mlp(engine2, plan.dims);
   engine2.materialize();
   for (int64_t step = 0; step < 2; ++step) {

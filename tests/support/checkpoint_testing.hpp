@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "support/engine_world.hpp"
 #include "support/mlp_trainer.hpp"
 #include "support/reference_model.hpp"
 #include "zero3/checkpoint.hpp"
@@ -49,7 +50,8 @@ struct MlpEngine {
 inline MlpEngine make_mlp_engine(const Config& config, std::shared_ptr<Communicator> comm, Device& device,
                                  const MlpDims& dims = {}) {
   MlpEngine m;
-  m.engine = std::make_unique<Engine>(config, std::move(comm), device);
+  const Config resolved = resolved_for(config, *comm);
+  m.engine = std::make_unique<Engine>(resolved, std::move(comm), device);
   m.units = declare_mlp(*m.engine, dims);
   m.engine->materialize();
   return m;

@@ -10,6 +10,7 @@
 #include <string>
 
 #include "zero3/comm.hpp"
+#include "zero3/config.hpp"
 #include "zero3/device.hpp"
 
 namespace zero3::testing {
@@ -29,6 +30,14 @@ inline std::shared_ptr<Communicator> engine_world() {
     return std::shared_ptr<Communicator>(connect(o));
   }();
   return world;
+}
+
+// `config` resolved for `comm`'s world size, as the Engine requires (the tests build their configs in code).
+inline Config resolved_for(Config config, const Communicator& comm) {
+  ResolveInputs in;
+  in.world_size = comm.size();
+  resolve(config, in);
+  return config;
 }
 
 inline Device& cpu_device() {

@@ -36,7 +36,7 @@ inline void expect_equal_to_reference(const Variant& v) {
   plan.world = comm->size();
   plan.steps = 10;
 
-  Engine engine(c, comm, cpu_device());
+  Engine engine(resolved_for(c, *comm), comm, cpu_device());
   MlpUnits units = declare_mlp(engine, plan.dims);
   engine.materialize();
   EngineRun run = train_mlp(engine, units, plan);

@@ -303,7 +303,8 @@ TEST_F(CheckpointTest, AnotherModelIsRefusedNamingTheFirstDifference) {
   expect_checkpoint_error([&] { load_checkpoint(*other.engine, dir()); },
                           {"does not match the engine's model", "'fc2.w'", "[29, 37]", "[30, 37]"});
   // A model with an extra unit.
-  auto extra = std::make_unique<Engine>(equivalence_config(3), engine_world(), cpu_device());
+  auto extra =
+      std::make_unique<Engine>(resolved_for(equivalence_config(3), *engine_world()), engine_world(), cpu_device());
   declare_mlp(*extra, {});
   extra->add_unit("lora", {{"a", {4, 4}, ParamInit::zeros()}});
   extra->materialize();

@@ -10,6 +10,7 @@
 
 #include "kernels/philox_init.hpp"
 #include "offload/swap_file.hpp"
+#include "support/engine_world.hpp"
 #include "support/mlp_trainer.hpp"
 #include "support/rank_temp_dir.hpp"
 #include "support/reference_model.hpp"
@@ -38,7 +39,7 @@ struct Fixture {
 
 TEST(Engine, DeclarationErrorsNameTheThing) {
   Fixture f;
-  Engine e(equivalence_config(3), f.comm, *f.device);
+  Engine e(resolved_for(equivalence_config(3), *f.comm), f.comm, *f.device);
   UnitId u = e.add_unit("layer");
   EXPECT_THROW(e.add_unit("layer"), InvalidArgument);
   EXPECT_THROW(e.add_unit("a/b"), InvalidArgument);
@@ -102,7 +103,7 @@ class NcclNamedComm final : public Communicator {
 TEST(Engine, CpuDeviceRefusesNccl) {
   Fixture f;
   try {
-    Engine e(equivalence_config(3), std::make_shared<NcclNamedComm>(f.comm), *f.device);
+    Engine e(resolved_for(equivalence_config(3), *f.comm), std::make_shared<NcclNamedComm>(f.comm), *f.device);
     FAIL() << "expected Unsupported";
   } catch (const Unsupported& err) {
     EXPECT_NE(std::string(err.what()).find("nccl works on GPU memory only"), std::string::npos) << err.what();
@@ -114,34 +115,77 @@ TEST(Engine, NcclOnAnotherGpuThanTheDeviceIsRefused) {
   Fixture f;
   StreamPathDevice gpu;  // cuda:0 to the engine
   try {
-    Engine e(equivalence_config(3), std::make_shared<NcclNamedComm>(f.comm, 1), gpu);
+    Engine e(resolved_for(equivalence_config(3), *f.comm), std::make_shared<NcclNamedComm>(f.comm, 1), gpu);
     FAIL() << "expected InvalidArgument";
   } catch (const InvalidArgument& err) {
     const std::string what = err.what();
     EXPECT_NE(what.find("runs on cuda:1"), std::string::npos) << what;
     EXPECT_NE(what.find("stream-path test device"), std::string::npos) << what;
   }
-  EXPECT_NO_THROW(Engine(equivalence_config(3), std::make_shared<NcclNamedComm>(f.comm, 0), gpu));
+  EXPECT_NO_THROW(
+      Engine(resolved_for(equivalence_config(3), *f.comm), std::make_shared<NcclNamedComm>(f.comm, 0), gpu));
 }
 
-TEST(Engine, UnresolvedAutoIsAConfigError) {
+// The engine trains only a config resolve() has seen, for its world size: skipping resolve() would leave "auto"
+// values unset and the batch sizes unchecked against the world size.
+TEST(Engine, AConfigResolveHasNotSeenIsAConfigErrorNamingWhatIsMissing) {
   Fixture f;
-  Config c = equivalence_config(3);
+  auto error_of = [&](const Config& c) -> std::string {
+    try {
+      Engine e(c, f.comm, *f.device);
+    } catch (const ConfigError& err) {
+      return err.what();
+    }
+    return "no error";
+  };
+  auto has = [](const std::string& what, const char* part) { return what.find(part) != std::string::npos; };
+
+  // Read from a file and never resolved: every pending "auto" key and every batch size not inferred is named.
+  Config read = parse_config(R"({"train_batch_size": "auto", "train_micro_batch_size_per_gpu": "auto",
+                                 "zero_optimization": {"stage": 3, "reduce_bucket_size": "auto"}})",
+                             "ds_config.json");
+  std::string what = error_of(read);
+  EXPECT_TRUE(has(what, "(from ds_config.json) was never resolved")) << what;
+  EXPECT_TRUE(has(what,
+                  "still \"auto\": train_batch_size, train_micro_batch_size_per_gpu, "
+                  "zero_optimization.reduce_bucket_size"))
+      << what;
+  EXPECT_TRUE(has(what,
+                  "batch sizes not inferred: train_batch_size, train_micro_batch_size_per_gpu, "
+                  "gradient_accumulation_steps"))
+      << what;
+  EXPECT_TRUE(has(what, "zero3::resolve(config, {.world_size = comm->size()")) << what;
+
+  // Built in code with nothing "auto": train_batch_size is what resolve() would infer.
+  what = error_of(equivalence_config(3));
+  EXPECT_TRUE(has(what, "(built in the program) was never resolved; batch sizes not inferred: train_batch_size."))
+      << what;
+
+  // Resolved for 2 ranks, used on 1: the batch layout does not fit.
+  Config two = equivalence_config(3);
+  ResolveInputs in;
+  in.world_size = 2;
+  resolve(two, in);
+  what = error_of(two);
+  EXPECT_TRUE(has(what,
+                  "train_batch_size: 12 is not train_micro_batch_size_per_gpu 3 x gradient_accumulation_steps 2 "
+                  "x the communicator's world size 1 = 6"))
+      << what;
+
+  // Resolved for this world, then a field the engine reads set back to "auto", or a stage out of range.
+  Config c = resolved_for(equivalence_config(3), *f.comm);
+  EXPECT_NO_THROW(Engine(c, f.comm, *f.device));
   c.zero.reduce_bucket_size.reset();
-  try {
-    Engine e(c, f.comm, *f.device);
-    FAIL();
-  } catch (const ConfigError& err) {
-    EXPECT_NE(std::string(err.what()).find("zero_optimization.reduce_bucket_size"), std::string::npos);
-  }
-  c = equivalence_config(5);
-  EXPECT_THROW(Engine(c, f.comm, *f.device), ConfigError);
+  EXPECT_TRUE(has(error_of(c), "zero_optimization.reduce_bucket_size: is still \"auto\"")) << error_of(c);
+  c = resolved_for(equivalence_config(3), *f.comm);
+  c.zero.stage = 5;
+  EXPECT_TRUE(has(error_of(c), "zero_optimization.stage: 5")) << error_of(c);
 }
 
 TEST(Engine, InitialisesFromPhiloxAndReaders) {
   Fixture f;
   Config c = equivalence_config(3);
-  Engine e(c, f.comm, *f.device);
+  Engine e(resolved_for(c, *f.comm), f.comm, *f.device);
   UnitId u = e.add_unit("u");
   e.add_param(u, {"n", {5, 7}, ParamInit::normal(0.5, 0.1)});
   e.add_param(u, {"c", {3}, ParamInit::constant(-2.5)});
@@ -178,7 +222,7 @@ TEST(Engine, AccumulationBoundariesFollowTheConfig) {
   Fixture f;
   Config c = equivalence_config(2);
   c.gradient_accumulation_steps = 3;
-  Engine e(c, f.comm, *f.device);
+  Engine e(resolved_for(c, *f.comm), f.comm, *f.device);
   MlpDims d;
   MlpUnits units = declare_mlp(e, d);
   e.materialize();
@@ -196,7 +240,7 @@ TEST(Engine, AccumulationBoundariesFollowTheConfig) {
 
 TEST(Engine, StepRefusesOpenScopes) {
   Fixture f;
-  Engine e(equivalence_config(3), f.comm, *f.device);
+  Engine e(resolved_for(equivalence_config(3), *f.comm), f.comm, *f.device);
   MlpDims d;
   MlpUnits units = declare_mlp(e, d);
   e.materialize();
@@ -217,7 +261,7 @@ TEST_P(EngineEquivalence1, MatchesTheReferenceInFp32) {
   Config c = equivalence_config(stage);
   TrainPlan plan;
   plan.steps = 10;
-  Engine e(c, f.comm, *f.device);
+  Engine e(resolved_for(c, *f.comm), f.comm, *f.device);
   MlpUnits units = declare_mlp(e, plan.dims);
   e.materialize();
   EngineRun run = train_mlp(e, units, plan);
@@ -262,7 +306,7 @@ TEST(Engine, MemoryByCategoryFollowsTheStage) {
   for (const Want& w : wants) {
     Config c = equivalence_config(w.stage);
     c.bf16.enabled = w.bf16;
-    Engine e(c, f.comm, *f.device);
+    Engine e(resolved_for(c, *f.comm), f.comm, *f.device);
     MlpUnits units = declare_mlp(e, MlpDims{});
     e.materialize();
     MemoryStats m = e.memory();
@@ -297,7 +341,7 @@ TEST(Engine, SwapFailureInTheStepFailsTheEngine) {
   Config c = equivalence_config(3);
   c.zero.offload_optimizer.device = OffloadDevice::nvme;
   c.zero.offload_optimizer.nvme_path = dir.path();
-  Engine e(c, f.comm, *f.device);
+  Engine e(resolved_for(c, *f.comm), f.comm, *f.device);
   const MlpDims dims;
   const MlpUnits units = declare_mlp(e, dims);
   e.materialize();

@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <string>
 
+#include "support/engine_world.hpp"
 #include "zero3/comm.hpp"
 #include "zero3/engine.hpp"
 #include "zero3/memory_plan.hpp"
@@ -58,7 +59,7 @@ TEST(EngineLlamaConfig, TheSeedConfigDrivesATinyLlama) {
   o.backend = "local";
   auto comm = std::shared_ptr<Communicator>(make_communicator(o, LaunchInfo{}, nullptr));
   auto device = make_cpu_device();
-  Engine engine(config, comm, *device);
+  Engine engine(zero3::testing::resolved_for(config, *comm), comm, *device);
   std::vector<UnitId> units;
   for (const UnitDesc& u : model.units) {
     UnitId id = engine.add_unit(u.name);

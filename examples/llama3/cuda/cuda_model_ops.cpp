@@ -227,22 +227,4 @@ std::string cuda_device_name(int index) {
   return prop.name;
 }
 
-void make_cuda_device_current(int index) {
-  int count = 0;
-  const cudaError_t e = cudaGetDeviceCount(&count);
-  if (e != cudaSuccess || count == 0) {
-    cudaGetLastError();
-    throw zero3::CudaError("cuda:" + std::to_string(index) + ": no CUDA device: " +
-                           (e != cudaSuccess ? cudaGetErrorString(e) : "the CUDA runtime reports 0 devices"));
-  }
-  if (index < 0 || index >= count) {
-    const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
-    throw zero3::InvalidArgument(
-        "cuda:" + std::to_string(index) + ": this process sees " + std::to_string(count) + " CUDA device" +
-        (count == 1 ? "" : "s") + (visible ? std::string(" (CUDA_VISIBLE_DEVICES=") + visible + ")" : std::string()) +
-        "; one rank per GPU: start at most that many ranks per node, or name the device (--device cuda:N)");
-  }
-  LLAMA3_CUDA_CHECK(cudaSetDevice(index));
-}
-
 }  // namespace llama3

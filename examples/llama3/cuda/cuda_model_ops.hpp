@@ -104,11 +104,4 @@ class CudaModelOps final : public ModelOps {
 // zero3::CudaError.
 std::string cuda_device_name(int index);
 
-// Makes CUDA device `index` the calling thread's current device. A program that runs one rank per GPU calls it
-// before anything else uses CUDA: zero3's device guards give back the device that was current before them, and
-// giving back the never-chosen device 0 creates a CUDA context on it (cudaSetDevice initialises the device since
-// CUDA 12), so every rank of a node would hold a context on GPU 0 (or fail, with GPUs in exclusive-process
-// mode). Throws zero3::CudaError when CUDA finds no device, zero3::InvalidArgument for an index past the last.
-void make_cuda_device_current(int index);
-
 }  // namespace llama3

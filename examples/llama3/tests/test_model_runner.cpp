@@ -19,6 +19,7 @@
 #include "grad_check.hpp"
 #include "llama_model.hpp"
 #include "model_runner.hpp"
+#include "support/engine_world.hpp"
 #include "zero3/comm.hpp"
 #include "zero3/dtype.hpp"
 #include "zero3/engine.hpp"
@@ -245,7 +246,8 @@ TEST_P(EngineModelOnCpu, EqualsTheReferenceOnTheWeightsItComputesWith) {
   const EngineCase& ec = GetParam();
   const ModelConfig c = odd_config(ec.tied);
   auto device = zero3::make_cpu_device();
-  zero3::Engine engine(one_step_config(ec.bf16), local_world(), *device);
+  const std::shared_ptr<zero3::Communicator> world = local_world();
+  zero3::Engine engine(zero3::testing::resolved_for(one_step_config(ec.bf16), *world), world, *device);
   EngineModelOptions opt;
   opt.activation_checkpointing = ec.checkpointing;
   EngineModel model(engine, c, opt);

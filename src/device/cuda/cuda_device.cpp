@@ -1,6 +1,7 @@
 #include "device/cuda/cuda_device.hpp"
 
 #include <cstdint>
+#include <cstdlib>
 
 #include "device/cuda/cuda_check.hpp"
 #include "device/cuda/cuda_device_guard.hpp"
@@ -161,9 +162,28 @@ int64_t CudaDevice::peak_bytes_in_use() const { return allocator_->stats().peak_
 
 namespace {
 
+// Makes the rank's GPU current before anything else uses CUDA: the device guards give back the device that was
+// current before them, and giving back a never-chosen device 0 creates a context on it (cudaSetDevice initialises
+// the device since CUDA 12), so every rank of a node would hold a context on GPU 0 (or fail, with GPUs in
+// exclusive-process mode).
+void activate(int index) {
+  std::string why;
+  const int count = cuda_device_count(&why);
+  if (count == 0) throw CudaError(log::concat("cuda:", index, ": no CUDA device: ", why));
+  if (index < 0 || index >= count) {
+    const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
+    throw InvalidArgument(log::concat("cuda:", index, ": this process sees ", count, " CUDA device",
+                                      count == 1 ? "" : "s",
+                                      visible ? log::concat(" (CUDA_VISIBLE_DEVICES=", visible, ")") : std::string(),
+                                      "; one rank per GPU (the launcher's local rank): start at most that many ranks "
+                                      "per node, or name the GPU (cuda:N)"));
+  }
+  ZERO3_CUDA_CHECK(cudaSetDevice(index));
+}
+
 const DeviceRegistrar kCudaRegistrar(
     "cuda", [](int index) -> std::unique_ptr<Device> { return std::make_unique<CudaDevice>(index); },
-    [] { return cuda_device_count() > 0; });
+    [] { return cuda_device_count() > 0; }, activate);
 
 }  // namespace
 }  // namespace zero3::detail

@@ -76,7 +76,7 @@ TEST_P(EngineGolden, LossAndGradientsEqualTransformers) {
   const int64_t S = golden.shape.batch, T = golden.shape.seq;
 
   const int64_t G = (S + W - 1) / W;
-  zero3::Engine engine(golden_config(G), comm, zero3::testing::cpu_device());
+  zero3::Engine engine(zero3::testing::resolved_for(golden_config(G), *comm), comm, zero3::testing::cpu_device());
   EngineModelOptions opt;
   opt.init_from = dir / "model.safetensors";
   opt.activation_checkpointing = GetParam().checkpointing;
@@ -98,7 +98,7 @@ TEST_P(EngineGolden, LossAndGradientsEqualTransformers) {
     local_count += count_targets(mb_targets.back().data(), T, mc.vocab_size);
   }
   LossOptions lo;
-  lo.normalizer = step_loss_normalizer(*comm, local_count, G);
+  lo.normalizer = step_loss_normalizer(engine, local_count, G);
   double loss_sum = 0;
   zero3::StepResult r;
   for (int64_t k = 0; k < G; ++k) {

@@ -137,7 +137,7 @@ TEST_P(EngineTraining, EqualsTheSingleProcessReference) {
   const ModelConfig mc = odd_config(v.tied);
   const zero3::Config cfg = train_config(v);
 
-  zero3::Engine engine(cfg, comm, zero3::testing::cpu_device());
+  zero3::Engine engine(zero3::testing::resolved_for(cfg, *comm), comm, zero3::testing::cpu_device());
   EngineModelOptions opt;
   opt.activation_checkpointing = v.checkpointing;
   EngineModel model(engine, mc, opt);
@@ -198,7 +198,7 @@ TEST_P(EngineTraining, EqualsTheSingleProcessReference) {
     for (int64_t k = 0; k < kGas; ++k)
       local += count_targets(make_batch(mc, step, k, rank).targets.data(), kBatch * kSeq, mc.vocab_size);
     LossOptions lo;
-    lo.normalizer = step_loss_normalizer(*comm, local, kGas);
+    lo.normalizer = step_loss_normalizer(engine, local, kGas);
     double loss_sum = 0;
     zero3::StepResult r;
     for (int64_t k = 0; k < kGas; ++k) {

@@ -34,6 +34,7 @@
 
 #include "engine_model.hpp"
 #include "llama_model.hpp"
+#include "support/engine_world.hpp"
 #include "tests/golden_fixture.hpp"
 #include "zero3/comm.hpp"
 #include "zero3/engine.hpp"
@@ -127,7 +128,8 @@ struct TrainRun {
 
 TrainRun train(zero3::Device& device, const std::string& backend, const zero3::Config& cfg, const ModelConfig& mc,
                const fs::path& init_from, bool checkpointing, int64_t steps) {
-  zero3::Engine engine(cfg, world_of_one(backend), device);
+  const std::shared_ptr<zero3::Communicator> world = world_of_one(backend);
+  zero3::Engine engine(zero3::testing::resolved_for(cfg, *world), world, device);
   EngineModelOptions opt;
   opt.activation_checkpointing = checkpointing;
   opt.init_from = init_from;
@@ -161,7 +163,8 @@ TEST(CudaModel, Fp32EqualsTheCpuModel) {
   // Both runs start from the same weights: the cpu engine's meta init, exported.
   const fs::path dir = temp_dir("init");
   {
-    zero3::Engine engine(cfg, world_of_one("local"), *cpu);
+    const std::shared_ptr<zero3::Communicator> world = world_of_one("local");
+    zero3::Engine engine(zero3::testing::resolved_for(cfg, *world), world, *cpu);
     EngineModel model(engine, mc);
     engine.materialize();
     model.save_hf(dir, st::Dtype::f32, 0);
@@ -220,7 +223,8 @@ TEST(CudaModel, GoldenFixtureInFp32) {
     cfg.optimizer.beta1 = 0.0;  // exp_avg after the first step = the gradient
     cfg.optimizer.weight_decay = 0.0;
     cfg.zero.param_persistence_threshold = 100;
-    zero3::Engine engine(cfg, world_of_one("nccl"), *gpu);
+    const std::shared_ptr<zero3::Communicator> world = world_of_one("nccl");
+    zero3::Engine engine(zero3::testing::resolved_for(cfg, *world), world, *gpu);
     EngineModelOptions opt;
     opt.init_from = dir / "model.safetensors";
     opt.activation_checkpointing = checkpointing;
@@ -271,7 +275,8 @@ TEST(CudaModel, Bf16LossFalls) {
   zero3::Config cfg = train_config(true);
   cfg.gradient_accumulation_steps = 1;
   auto gpu = zero3::make_device("cuda");
-  zero3::Engine engine(cfg, world_of_one("nccl"), *gpu);
+  const std::shared_ptr<zero3::Communicator> world = world_of_one("nccl");
+  zero3::Engine engine(zero3::testing::resolved_for(cfg, *world), world, *gpu);
   EngineModel model(engine, mc);
   engine.materialize();
   ASSERT_EQ(model.ops().act(), zero3::DType::bf16);
@@ -292,7 +297,8 @@ TEST(CudaModel, Fp16IsRefused) {
   zero3::Config cfg = train_config(false);
   cfg.fp16.enabled = true;
   auto gpu = zero3::make_device("cuda");
-  zero3::Engine engine(cfg, world_of_one("nccl"), *gpu);
+  const std::shared_ptr<zero3::Communicator> world = world_of_one("nccl");
+  zero3::Engine engine(zero3::testing::resolved_for(cfg, *world), world, *gpu);
   try {
     EngineModel model(engine, odd_config());
     FAIL() << "fp16 compute on cuda was accepted";
