@@ -86,7 +86,7 @@ struct Fp16Config {
   bool enabled = false;
   bool auto_enabled = false;   // "enabled": "auto": follows the program's precision
   bool section_given = false;  // the file has an fp16 section (without one, an fp16 program enables it)
-  double loss_scale = 0;      // 0: dynamic
+  double loss_scale = 0;       // 0: dynamic
   int64_t initial_scale_power = 16;
   int64_t loss_scale_window = 1000;
   int64_t hysteresis = 2;

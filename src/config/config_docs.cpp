@@ -155,6 +155,10 @@ config that reads and resolves back to the same text. The seeds are every config
     ctest --test-dir build-fuzz -L fuzz -R config    # seed replay + 20,000 runs with seed 1
     mkdir -p /tmp/work && build-fuzz/bin/fuzz_config -max_total_time=300 -max_len=4096 \
         -dict=tests/fuzz/config.dict /tmp/work configs tests/data/configs/seeds tests/data/configs/real tests/data/configs/bad
+
+Runs (2026-11-25, the 2-core development machine, clang 14, ASan + UBSan): 300 s with `-max_len=4096`
+from the seeds, 388,684 executions, 3,043 edges; then 180 s with `-max_len=65536` from that corpus,
+182,645 executions, 3,060 edges. No crash, no sanitizer report, no broken round trip.
 )";
 
 std::string escape(std::string_view text) {

@@ -168,8 +168,9 @@ class Resolver {
     const char* path = "zero_optimization.stage3_gather_16bit_weights_on_model_save";
     if (!was_auto(path) || c_.resolved) return;
     c_.zero.gather_16bit_weights_on_model_save = in_.save_16bit_model.value_or(false);
-    note(path, c_.zero.gather_16bit_weights_on_model_save ? "true" : "false",
-         in_.save_16bit_model ? "the program's save_16bit_model" : "Accelerate's default, zero3_save_16bit_model false");
+    note(
+        path, c_.zero.gather_16bit_weights_on_model_save ? "true" : "false",
+        in_.save_16bit_model ? "the program's save_16bit_model" : "Accelerate's default, zero3_save_16bit_model false");
   }
 
   // ----- optimizer and scheduler -----
@@ -314,8 +315,9 @@ class Resolver {
   int64_t product(int64_t mb, int64_t ga) const {
     int64_t p = 0;
     if (__builtin_mul_overflow(mb, ga, &p) || __builtin_mul_overflow(p, world_, &p)) {
-      fail("train_batch_size", "train_micro_batch_size_per_gpu " + std::to_string(mb) + " x gradient_accumulation_steps " +
-                                   std::to_string(ga) + " x world size " + std::to_string(world_) +
+      fail("train_batch_size", "train_micro_batch_size_per_gpu " + std::to_string(mb) +
+                                   " x gradient_accumulation_steps " + std::to_string(ga) + " x world size " +
+                                   std::to_string(world_) +
                                    " is beyond the largest 64-bit integer, 9223372036854775807");
     }
     return p;

@@ -48,8 +48,8 @@ std::string_view utf8_prefix(std::string_view text, size_t max) {
 std::string json_string(std::string_view text) {
   // Parsed text is valid UTF-8 and the prefix ends between characters; a value built by a program may
   // still hold invalid UTF-8, which is replaced rather than thrown about.
-  return nlohmann::json(std::string(utf8_prefix(text, kShowChars))).dump(-1, ' ', false,
-                                                                         nlohmann::json::error_handler_t::replace);
+  return nlohmann::json(std::string(utf8_prefix(text, kShowChars)))
+      .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
 // Appends compact JSON, stopping once `out` holds more than kShowChars (the caller cuts it), so a value

@@ -105,10 +105,10 @@ class StructureChecker {
       case E::array_start:
         next_element();
         if (frames_.size() >= static_cast<size_t>(kMaxConfigDepth)) {
-          throw ConfigError(error_text(path(0), "arrays and objects nested more than " +
-                                                    std::to_string(kMaxConfigDepth) +
-                                                    " levels deep, the most the config reader takes (DeepSpeed "
-                                                    "configs nest 3 or 4)",
+          throw ConfigError(error_text(path(0),
+                                       "arrays and objects nested more than " + std::to_string(kMaxConfigDepth) +
+                                           " levels deep, the most the config reader takes (DeepSpeed "
+                                           "configs nest 3 or 4)",
                                        source_));
         }
         frames_.push_back({event == E::object_start, {}, {}, -1});

@@ -459,9 +459,9 @@ void EngineImpl::materialize() {
   ro.acc_dtype = acc_dtype_;
   // reduce_bucket_size 0: DeepSpeed reduces each parameter's gradient on its own; here a bucket holds the
   // largest unit.
-  ro.bucket_numel = reduce_bucket_numel_ > 0      ? reduce_bucket_numel_
-                    : policy_.shard_grads ? largest_slice * world_
-                                          : largest_numel;
+  ro.bucket_numel = reduce_bucket_numel_ > 0 ? reduce_bucket_numel_
+                    : policy_.shard_grads    ? largest_slice * world_
+                                             : largest_numel;
   ro.max_useful_numel = policy_.shard_grads ? total_slice : total_numel;
   // DeepSpeed's averaging: each micro-step's gradient counts 1/gradient_accumulation_steps; over ranks,
   // prescale_gradients divides before the sum, otherwise gradient_predivide_factor is divided out before

@@ -338,8 +338,7 @@ TEST(ConfigCli, NoInputCrashesOrHangsTheCommand) {
     EXPECT_EQ(r.status, 1) << c.args.substr(0, 200) << " (137: killed after 10 s; -1: ended by a signal)\n"
                            << r.err.substr(0, 2000);
     EXPECT_NE(r.err.find(c.expect), std::string::npos) << c.expect << " not in " << r.err.substr(0, 2000);
-    EXPECT_LT(r.err.size(), 4000u) << "the message of " << c.args.substr(0, 200) << " is " << r.err.size()
-                                   << " bytes";
+    EXPECT_LT(r.err.size(), 4000u) << "the message of " << c.args.substr(0, 200) << " is " << r.err.size() << " bytes";
   }
   ::close(silent_writer);
   std::system(("rm -rf " + dir).c_str());
@@ -383,9 +382,8 @@ TEST(ConfigCli, UsageErrors) {
   EXPECT_EQ(r.status, 2);
   EXPECT_NE(r.err.find("--precision"), std::string::npos) << r.err;
   // Numbers the flags cannot hold, or that are not finite.
-  for (const char* bad : {"--hidden-size 99999999999999999999", "--world-size -4", "--micro-batch 0",
-                          "--lr 1e400", "--lr nan", "--weight-decay -1", "--max-config-bytes 0",
-                          "--save-16bit-model yes"}) {
+  for (const char* bad : {"--hidden-size 99999999999999999999", "--world-size -4", "--micro-batch 0", "--lr 1e400",
+                          "--lr nan", "--weight-decay -1", "--max-config-bytes 0", "--save-16bit-model yes"}) {
     r = run_zero3(std::string("config check x.json ") + bad);
     EXPECT_EQ(r.status, 2) << bad;
     std::string flag(bad, std::string(bad).find(' '));

@@ -43,7 +43,8 @@ std::string load_error(const std::string& path, uint64_t max_bytes = kMaxConfigB
   return "";
 }
 
-#define EXPECT_HAS(text, part) EXPECT_NE((text).find(part), std::string::npos) << "missing '" << (part) << "' in: " << (text)
+#define EXPECT_HAS(text, part) \
+  EXPECT_NE((text).find(part), std::string::npos) << "missing '" << (part) << "' in: " << (text)
 
 std::string nested(const std::string& open, const std::string& inner, const std::string& close, int depth) {
   std::string s;
@@ -202,8 +203,8 @@ TEST(ConfigLimits, AutoSizesThatDoNotFitIn64BitsNameTheInputs) {
   // hidden_size 2^32 once made reduce_bucket_size 0 and the prefetch bucket -2^63, accepted.
   ResolveInputs in;
   in.hidden_size = int64_t{1} << 32;
-  std::string m = error_of(R"({"train_batch_size": 8, "zero_optimization": {"stage": 3, "reduce_bucket_size": "auto"}})",
-                           &in);
+  std::string m =
+      error_of(R"({"train_batch_size": 8, "zero_optimization": {"stage": 3, "reduce_bucket_size": "auto"}})", &in);
   EXPECT_HAS(m, "zero_optimization.reduce_bucket_size: \"auto\" is hidden_size^2, which for hidden size 4294967296");
   EXPECT_HAS(m, "beyond the largest 64-bit integer");
   m = error_of(R"({"train_batch_size": 8, "zero_optimization": {"stage": 3, "stage3_prefetch_bucket_size": "auto"}})",
@@ -228,8 +229,9 @@ TEST(ConfigLimits, AutoSizesThatDoNotFitIn64BitsNameTheInputs) {
   b.micro_batch = int64_t{1} << 20;
   b.grad_accum = 8;
   m = error_of(R"({"train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto"})", &b);
-  EXPECT_HAS(m, "train_batch_size: train_micro_batch_size_per_gpu 1048576 x gradient_accumulation_steps 8 x world "
-                "size 1099511627776 is beyond the largest 64-bit integer");
+  EXPECT_HAS(m,
+             "train_batch_size: train_micro_batch_size_per_gpu 1048576 x gradient_accumulation_steps 8 x world "
+             "size 1099511627776 is beyond the largest 64-bit integer");
   const ResolveInputs none;
   m = error_of(R"({"train_batch_size": 16, "train_micro_batch_size_per_gpu": 4611686018427387904,
                   "gradient_accumulation_steps": 4})",

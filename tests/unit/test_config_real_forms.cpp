@@ -57,8 +57,7 @@ constexpr int64_t kLargest = std::numeric_limits<int64_t>::max();
 // _create_fp16_sub_groups closes a group once it holds >= sub_group_size elements). zero3's tiles never
 // span units, so 0 is read as "no cut": one tile per unit's owned range.
 TEST(RealConfigForms, AxolotlSubGroupSizeZero) {
-  for (const char* name :
-       {"axolotl-zero3.json", "axolotl-zero3-bf16.json", "axolotl-zero3-bf16-cpuoffload-all.json"}) {
+  for (const char* name : {"axolotl-zero3.json", "axolotl-zero3-bf16.json", "axolotl-zero3-bf16-cpuoffload-all.json"}) {
     SCOPED_TRACE(name);
     Config c = load_config(real(name));
     EXPECT_EQ(c.zero.sub_group_size, kLargest);
@@ -179,8 +178,7 @@ TEST(RealConfigForms, AccelerateGather16BitWeightsAuto) {
   Config by_default = c;
   resolve(by_default, in);
   EXPECT_FALSE(by_default.zero.gather_16bit_weights_on_model_save);
-  EXPECT_EQ(json::parse(to_json(by_default))["zero_optimization"]["stage3_gather_16bit_weights_on_model_save"],
-            false);
+  EXPECT_EQ(json::parse(to_json(by_default))["zero_optimization"]["stage3_gather_16bit_weights_on_model_save"], false);
   in.save_16bit_model = true;
   resolve(c, in);
   EXPECT_TRUE(c.zero.gather_16bit_weights_on_model_save);
@@ -250,8 +248,8 @@ TEST(RealConfigForms, OffloadParamBelowStage3IsIgnoredWithAWarning) {
   EXPECT_EQ(parse_config(R"({"zero_optimization": {"stage": 3, "offload_param": {"device": "cpu"}}})")
                 .zero.offload_param.device,
             OffloadDevice::cpu);
-  EXPECT_TRUE(parse_config(R"({"zero_optimization": {"stage": 1, "offload_param": {"device": "none"}}})")
-                  .warnings.empty());
+  EXPECT_TRUE(
+      parse_config(R"({"zero_optimization": {"stage": 1, "offload_param": {"device": "none"}}})").warnings.empty());
   // A Config built in code is still checked: below stage 3 it cannot offload parameters.
   Config code;
   code.zero.stage = 2;
