@@ -133,6 +133,16 @@ TEST(ModelConfig, RepositoryModelConfigsLoad) {
   EXPECT_EQ(big.max_position_embeddings, 8192);
   ModelConfig tiny = load_model_config((dir / "llama-3-tiny.json").string());
   EXPECT_NO_THROW(model_unit_layouts(tiny));
+  ModelConfig tiny_tied = load_model_config((dir / "llama-3-tiny-tied.json").string());
+  EXPECT_TRUE(tiny_tied.tie_word_embeddings);
+  EXPECT_EQ(tiny_tied.num_parameters(), tiny.num_parameters() - tiny.vocab_size * tiny.hidden_size);
+  // Meta's Llama-3.2-1B: tied embeddings, 1.24B parameters as published.
+  ModelConfig small = load_model_config((dir / "llama-3.2-1b.json").string());
+  EXPECT_TRUE(small.tie_word_embeddings);
+  EXPECT_EQ(small.num_parameters(), 1235814400);
+  ASSERT_TRUE(small.rope_scaling.has_value());
+  EXPECT_EQ(small.rope_scaling->factor, 32.0);
+  EXPECT_EQ(model_unit_layouts(small).back().params.size(), 1u);
 }
 
 TEST(Layout, UnitsInOrderWithHuggingFaceNamesAndPackedOffsets) {
