@@ -225,6 +225,8 @@ uint64_t EngineModel::save_hf(const std::filesystem::path& dir, st::Dtype dtype,
   if (dtype != st::Dtype::f32 && dtype != st::Dtype::bf16) {
     throw zero3::InvalidArgument("save_hf: dtype " + std::string(st::dtype_name(dtype)) + ", expected F32 or BF16");
   }
+  // Checked on every rank, before the first collective (only rank 0 makes the writer).
+  if (max_shard_bytes == 0) throw zero3::InvalidArgument("save_hf: max_shard_bytes is 0, expected > 0");
   const bool writer_rank = engine_.rank() == 0;
   std::vector<st::TensorDecl> decls;
   for (const UnitLayout& u : layouts_)

@@ -101,8 +101,8 @@ class EngineModel {
 
   // Collective: writes the model's parameters into `dir` as Hugging Face safetensors (model.safetensors, or
   // shards of at most max_shard_bytes and model.safetensors.index.json) in `dtype` (f32 or bf16), plus
-  // config.json when config_json is not empty: that text with its "torch_dtype" (and "dtype", where the text
-  // has one) set to the tensors' dtype (exported_config_json). With tied embeddings there is no lm_head.weight,
+  // config.json when config_json is not empty: that text with its "torch_dtype" or "dtype" set to the tensors'
+  // dtype (exported_config_json). With tied embeddings there is no lm_head.weight,
   // Hugging Face's tied layout. Units are gathered one at a time; only rank 0 holds one and writes. Returns the
   // bytes written on rank 0 (0 elsewhere).
   uint64_t save_hf(const std::filesystem::path& dir, zero3::safetensors::Dtype dtype, uint64_t max_shard_bytes,

@@ -216,8 +216,9 @@ std::string exported_config_json(const std::string& json_text, const std::string
     throw zero3::ConfigError(source + ": not valid JSON: " + e.what());
   }
   if (!root.is_object()) throw zero3::ConfigError(source + ": expected a JSON object at the top level");
-  root["torch_dtype"] = torch_dtype;
-  if (root.contains("dtype")) root["dtype"] = torch_dtype;
+  const bool has_dtype = root.contains("dtype");
+  if (root.contains("torch_dtype") || !has_dtype) root["torch_dtype"] = torch_dtype;
+  if (has_dtype) root["dtype"] = torch_dtype;
   return root.dump(2) + "\n";
 }
 

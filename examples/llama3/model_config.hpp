@@ -49,9 +49,10 @@ struct ModelConfig {
 ModelConfig parse_model_config(const std::string& json_text, const std::string& source = "<string>");
 
 // The config.json to write beside exported weights of dtype `torch_dtype` ("float32", "bfloat16"): `json_text`
-// (keys, values and their order kept; comments dropped) with "torch_dtype" set to it, and "dtype" too where the
-// text has that key (transformers 5 writes "dtype"; transformers 4 and 5 both read "torch_dtype"). Throws
-// zero3::ConfigError naming `source` for text that is not a JSON object.
+// (keys, values and their order kept; comments dropped) with its "torch_dtype" and "dtype" keys, those it has, set
+// to it; with neither, "torch_dtype" is added (transformers 5 writes "dtype" and reads both, warning that
+// "torch_dtype" is deprecated; transformers 4 reads "torch_dtype"). Throws zero3::ConfigError naming `source`
+// for text that is not a JSON object.
 std::string exported_config_json(const std::string& json_text, const std::string& torch_dtype,
                                  const std::string& source = "<string>");
 

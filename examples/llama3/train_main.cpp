@@ -497,6 +497,22 @@ int train(const TrainOptions& o, zero3::Config file_cfg, const ModelConfig& mc, 
     return targets_all > 0 ? sum / targets_all : 0.0;
   };
 
+  double first_eval = NAN, last_eval = NAN;
+  auto evaluate_and_print = [&](int64_t after_step) {
+    const auto t_eval = Clock::now();
+    const double eval_loss = evaluate();
+    if (std::isnan(first_eval)) first_eval = eval_loss;
+    last_eval = eval_loss;
+    if (rank == 0) {
+      bar.clear();
+      std::printf("eval after step %lld | loss %.4f | perplexity %.2f | %lld sequences in %.1f s\n",
+                  static_cast<long long>(after_step), eval_loss, std::exp(eval_loss),
+                  static_cast<long long>(eval_batches->sequences()), seconds_since(t_eval));
+      std::fflush(stdout);
+    }
+    return eval_loss;
+  };
+
   // Training.
   const int64_t print_every = std::max<int64_t>(1, steps_per_print);
   const int64_t tokens_per_step = micro * o.seq_len * gas * world;
@@ -505,7 +521,7 @@ int train(const TrainOptions& o, zero3::Config file_cfg, const ModelConfig& mc, 
   const auto t_train = Clock::now();
   double window_time = 0, window_fwd = 0, window_bwd = 0, window_opt = 0, window_comm = 0;
   int64_t window_steps = 0;
-  double first_loss = NAN, last_loss = NAN, first_eval = NAN, last_eval = NAN;
+  double first_loss = NAN, last_loss = NAN;
   std::vector<std::pair<int64_t, double>> curve;
   for (int64_t step = start_step; step < o.steps; ++step) {
     const auto t_step = Clock::now();
@@ -548,17 +564,7 @@ int train(const TrainOptions& o, zero3::Config file_cfg, const ModelConfig& mc, 
     ++window_steps;
     std::optional<double> eval_loss;
     if (eval_batches && (step + 1 == o.steps || (o.eval_interval > 0 && (step + 1) % o.eval_interval == 0))) {
-      const auto t_eval = Clock::now();
-      eval_loss = evaluate();
-      if (std::isnan(first_eval)) first_eval = *eval_loss;
-      last_eval = *eval_loss;
-      if (rank == 0) {
-        bar.clear();
-        std::printf("eval after step %lld | loss %.4f | perplexity %.2f | %lld sequences in %.1f s\n",
-                    static_cast<long long>(step + 1), *eval_loss, std::exp(*eval_loss),
-                    static_cast<long long>(eval_batches->sequences()), seconds_since(t_eval));
-        std::fflush(stdout);
-      }
+      eval_loss = evaluate_and_print(step + 1);
     }
     const zero3::MemoryStats mem = engine.memory();
     if (rank == 0) {
@@ -638,6 +644,8 @@ int train(const TrainOptions& o, zero3::Config file_cfg, const ModelConfig& mc, 
   }
   bar.finish();
   const double train_seconds = seconds_since(t_train);
+  // No step to run (--steps 0, or a resume at --steps): the evaluation of the weights as they are.
+  if (o.steps <= start_step && eval_batches) evaluate_and_print(start_step);
   if (!o.save_dir.empty() && o.steps > start_step) save(o.steps);
 
   // The final weights as Hugging Face safetensors.
@@ -658,14 +666,26 @@ int train(const TrainOptions& o, zero3::Config file_cfg, const ModelConfig& mc, 
 
   if (rank == 0) {
     const int64_t ran = o.steps - start_step;
-    std::printf("\ntrained steps %lld-%lld in %.1f s (%.0f tokens/s over %d ranks): loss %.4f -> %.4f\n",
-                static_cast<long long>(start_step + 1), static_cast<long long>(o.steps), train_seconds,
-                static_cast<double>(ran * tokens_per_step) / std::max(train_seconds, 1e-9), world, first_loss,
-                last_loss);
-    if (!std::isnan(last_eval)) std::printf("evaluation loss %.4f -> %.4f\n", first_eval, last_eval);
-    std::printf("loss curve (step: loss):");
-    for (const auto& [s, l] : curve) std::printf(" %lld: %.3f", static_cast<long long>(s), l);
-    std::printf("\n");
+    if (ran > 0) {
+      std::printf("\ntrained steps %lld-%lld in %.1f s (%.0f tokens/s over %d ranks): loss %.4f -> %.4f\n",
+                  static_cast<long long>(start_step + 1), static_cast<long long>(o.steps), train_seconds,
+                  static_cast<double>(ran * tokens_per_step) / std::max(train_seconds, 1e-9), world, first_loss,
+                  last_loss);
+      if (!std::isnan(last_eval)) std::printf("evaluation loss %.4f -> %.4f\n", first_eval, last_eval);
+      std::printf("loss curve (step: loss):");
+      for (const auto& [s, l] : curve) std::printf(" %lld: %.3f", static_cast<long long>(s), l);
+      std::printf("\n");
+    } else {
+      const std::string weights = o.resume              ? "from the checkpoint of step " + std::to_string(start_step)
+                                  : o.init_from.empty() ? std::string("initialized from the config")
+                                                        : "from " + o.init_from;
+      std::printf("\nno training step (--steps %lld; weights %s)\n", static_cast<long long>(o.steps), weights.c_str());
+      if (!std::isnan(last_eval)) {
+        std::printf("evaluation loss %.4f (perplexity %.2f) of those weights\n", last_eval, std::exp(last_eval));
+      } else {
+        std::printf("no evaluation (no --eval-data)\n");
+      }
+    }
     if (!last_checkpoint.empty()) {
       std::printf("checkpoint   %s (resume with --save-dir %s --resume latest)\n",
                   fs::absolute(last_checkpoint).string().c_str(), o.save_dir.c_str());

@@ -31,7 +31,7 @@ __device__ __forceinline__ float exp_shifted(float x, double base) {
   const float hi = static_cast<float>(d);
   const float lo = static_cast<float>(d - static_cast<double>(hi));
   const float e = expf(hi);
-  return fmaf(e, lo, e);
+  return e > 0.0f ? fmaf(e, lo, e) : e;  // e = 0: x - base below -104, or x = -inf (then lo is NaN)
 }
 
 // The row's loss into row_loss[row] (if row_loss is set); with write_grad the row becomes

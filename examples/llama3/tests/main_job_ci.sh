@@ -10,7 +10,9 @@
 #      to the last printed digit (the checkpoint restores weights, Adam state, counters and the data order), and
 #      so must the evaluation after step 60.
 #   3. A new run initialised from the consolidated safetensors starts where training ended (loss below 3.3,
-#      far from the 5.55 of a fresh model).
+#      far from the 5.55 of a fresh model); the export's config.json says bfloat16, the dtype of its tensors.
+#   4. --steps 0 with --eval-data evaluates the exported weights and prints the loss the training run printed
+#      after step 60 (the same bf16 weights); without --eval-data it says that it evaluated nothing.
 # usage: main_job_ci.sh ZERO3_CLI LLAMA3_TRAIN REPO_ROOT WORK_DIR
 set -euo pipefail
 zero3=$1 train=$2 root=$3 work=$4
@@ -74,4 +76,21 @@ echo "== 3. a new run from the consolidated safetensors"
   --metrics "$work/metrics_hf.csv" > "$work/hf.log" 2>&1 || { cat "$work/hf.log"; exit 1; }
 awk -F, -v t="$threshold" 'NR == 2 { printf "loss at the first step from the exported weights: %.4f\n", $4
   if (!($4 < t)) { print "FAIL: the exported weights are not the trained ones"; exit 1 } }' "$work/metrics_hf.csv"
+grep -q '"torch_dtype": "bfloat16"' "$work/hf/config.json" ||
+  { echo "FAIL: the bf16 export's config.json does not say bfloat16"; cat "$work/hf/config.json"; exit 1; }
+
+echo "== 4. --steps 0: the exported weights evaluated, nothing trained"
+"$zero3" launch -n 2 -- "$train" "${common[@]}" --steps 0 --init-from "$work/hf" \
+  --eval-data /usr/share/common-licenses/Apache-2.0 --metrics none > "$work/eval0.log" 2>&1 ||
+  { cat "$work/eval0.log"; exit 1; }
+want=$(grep -o "eval after step 60 | loss [0-9.]*" "$work/train.log" | awk '{print $NF}')
+got=$(grep -o "eval after step 0 | loss [0-9.]*" "$work/eval0.log" | awk '{print $NF}')
+echo "evaluation of the export with --steps 0: loss $got (after step 60 of training: $want)"
+if [ -z "$got" ] || [ "$got" != "$want" ] || ! grep -q "no training step (--steps 0" "$work/eval0.log"; then
+  echo "FAIL: --steps 0 did not evaluate the exported weights to the trained loss"; cat "$work/eval0.log"; exit 1
+fi
+"$zero3" launch -n 1 -- "$train" "${common[@]}" --steps 0 --metrics none > "$work/steps0.log" 2>&1 ||
+  { cat "$work/steps0.log"; exit 1; }
+grep -q "no evaluation (no --eval-data)" "$work/steps0.log" ||
+  { echo "FAIL: --steps 0 without --eval-data does not say what it did"; cat "$work/steps0.log"; exit 1; }
 echo "PASS"

@@ -122,6 +122,29 @@ TEST(ModelConfig, IntegersMayBeWrittenAsFloats) {
   EXPECT_NE(error_of(R"({"hidden_size": 64.5})").find("hidden_size: expected an integer"), std::string::npos);
 }
 
+TEST(ModelConfig, ExportedConfigSaysTheExportedDtype) {
+  // The key the text has is set (both when it has both); with neither, torch_dtype, which every transformers reads.
+  const std::string with_torch_dtype = exported_config_json(
+      R"({"hidden_size": 64, "torch_dtype": "float32", "vocab_size": 256, "tie_word_embeddings": true})", "bfloat16");
+  EXPECT_EQ(with_torch_dtype,
+            "{\n  \"hidden_size\": 64,\n  \"torch_dtype\": \"bfloat16\",\n  \"vocab_size\": 256,\n"
+            "  \"tie_word_embeddings\": true\n}\n");  // the file's order kept
+  const std::string with_dtype = exported_config_json(R"({"dtype": "bfloat16", "hidden_size": 64})", "float32");
+  EXPECT_NE(with_dtype.find(R"("dtype": "float32")"), std::string::npos) << with_dtype;
+  EXPECT_EQ(with_dtype.find("torch_dtype"), std::string::npos) << with_dtype;
+  const std::string both = exported_config_json(R"({"dtype": "float32", "torch_dtype": "float32"})", "bfloat16");
+  EXPECT_EQ(both, "{\n  \"dtype\": \"bfloat16\",\n  \"torch_dtype\": \"bfloat16\"\n}\n");
+  const std::string neither = exported_config_json(R"({"hidden_size": 64} // a comment)", "bfloat16");
+  EXPECT_EQ(neither, "{\n  \"hidden_size\": 64,\n  \"torch_dtype\": \"bfloat16\"\n}\n");
+  EXPECT_THROW(exported_config_json("[1, 2]", "float32", "x.json"), zero3::ConfigError);
+  try {
+    exported_config_json("{", "float32", "x.json");
+    ADD_FAILURE() << "no error for text that is not JSON";
+  } catch (const zero3::ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("x.json"), std::string::npos) << e.what();
+  }
+}
+
 TEST(ModelConfig, RepositoryModelConfigsLoad) {
   const char* src = std::getenv("ZERO3_SOURCE_DIR");
   std::filesystem::path dir =
@@ -133,6 +156,16 @@ TEST(ModelConfig, RepositoryModelConfigsLoad) {
   EXPECT_EQ(big.max_position_embeddings, 8192);
   ModelConfig tiny = load_model_config((dir / "llama-3-tiny.json").string());
   EXPECT_NO_THROW(model_unit_layouts(tiny));
+  ModelConfig tiny_tied = load_model_config((dir / "llama-3-tiny-tied.json").string());
+  EXPECT_TRUE(tiny_tied.tie_word_embeddings);
+  EXPECT_EQ(tiny_tied.num_parameters(), tiny.num_parameters() - tiny.vocab_size * tiny.hidden_size);
+  // Meta's Llama-3.2-1B: tied embeddings, 1.24B parameters as published.
+  ModelConfig small = load_model_config((dir / "llama-3.2-1b.json").string());
+  EXPECT_TRUE(small.tie_word_embeddings);
+  EXPECT_EQ(small.num_parameters(), 1235814400);
+  ASSERT_TRUE(small.rope_scaling.has_value());
+  EXPECT_EQ(small.rope_scaling->factor, 32.0);
+  EXPECT_EQ(model_unit_layouts(small).back().params.size(), 1u);
 }
 
 TEST(Layout, UnitsInOrderWithHuggingFaceNamesAndPackedOffsets) {

@@ -10,7 +10,8 @@
 //   GoldenFixtureInFp32     tests/golden (transformers' LlamaForCausalLM, float32) through the engine on the GPU:
 //                           the two sequences as two micro-batches, loss within 1e-4 relative, every parameter's
 //                           gradient within 1e-4 of its tensor's largest |gradient| (read back as exp_avg after one
-//                           AdamW step with beta1 = 0, as tests/dist/test_engine_golden.cpp does).
+//                           AdamW step with beta1 = 0, as tests/dist/test_engine_golden.cpp does); the untied,
+//                           tied and 32k-vocabulary fixtures, the last also within 2e-6 of its float64 loss.
 //   Bf16LossFalls           bf16 compute (bf16 activations and GEMM inputs) on a repeated batch: 30 steps take the
 //                           loss below 60% of its start; every loss finite.
 //   Fp16IsRefused           fp16 compute on cuda is zero3::Unsupported at construction, with a sentence naming it.
@@ -199,8 +200,11 @@ TEST(CudaModel, Fp32EqualsTheCpuModel) {
 
 // ---- Hugging Face's golden fixture ----
 
-TEST(CudaModel, GoldenFixtureInFp32) {
-  const llama3::testing::GoldenFixture golden;
+class CudaGolden : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(CudaGolden, GoldenFixtureInFp32) {
+  const llama3::testing::GoldenFixture golden(GetParam());
+  const std::string label = *GetParam() ? GetParam() : "untied";
   const fs::path& dir = golden.dir;
   const ModelConfig& mc = golden.config;
   const std::vector<int32_t>& ids = golden.ids;
@@ -222,7 +226,7 @@ TEST(CudaModel, GoldenFixtureInFp32) {
     cfg.optimizer.lr = 1e-3;
     cfg.optimizer.beta1 = 0.0;  // exp_avg after the first step = the gradient
     cfg.optimizer.weight_decay = 0.0;
-    cfg.zero.param_persistence_threshold = 100;
+    cfg.zero.param_persistence_threshold = 10;  // every unit gathered on use (the tied head holds 64)
     const std::shared_ptr<zero3::Communicator> world = world_of_one("nccl");
     zero3::Engine engine(zero3::testing::resolved_for(cfg, *world), world, *gpu);
     EngineModelOptions opt;
@@ -245,6 +249,9 @@ TEST(CudaModel, GoldenFixtureInFp32) {
     ASSERT_TRUE(r.applied);
     const double loss = loss_sum / static_cast<double>(count);
     EXPECT_NEAR(loss, want_loss, 1e-4 * want_loss);
+    if (golden.loss_f64 > 0) {  // vocab32k: as tests/test_golden_hf.cpp holds the CPU model to it
+      EXPECT_NEAR(loss, golden.loss_f64, 2e-6 * golden.loss_f64);
+    }
 
     double worst = 0;
     std::string worst_name;
@@ -263,12 +270,17 @@ TEST(CudaModel, GoldenFixtureInFp32) {
       }
     }
     std::printf(
-        "[golden, cuda fp32, checkpointing %s] loss %.9f vs transformers %.9f (rel %.2g); worst gradient %.3g "
-        "(%s)\n",
-        checkpointing ? "on" : "off", loss, want_loss, std::fabs(loss - want_loss) / want_loss, worst,
-        worst_name.c_str());
+        "[golden %s, cuda fp32, checkpointing %s] loss %.9f vs transformers %.9f (rel %.2g, float64 %.9f); worst "
+        "gradient %.3g (%s)\n",
+        label.c_str(), checkpointing ? "on" : "off", loss, want_loss, std::fabs(loss - want_loss) / want_loss,
+        golden.loss_f64, worst, worst_name.c_str());
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, CudaGolden, ::testing::Values("", "tied", "vocab32k"),
+                         [](const ::testing::TestParamInfo<const char*>& i) {
+                           return std::string(*i.param ? i.param : "untied");
+                         });
 
 TEST(CudaModel, Bf16LossFalls) {
   const ModelConfig mc = odd_config();

@@ -2,7 +2,7 @@
 // sizes (37 rows, hidden 96, head_dim 16, seq 29, vocab 301, 4 query heads on 2 kv heads, ignored targets,
 // strided column blocks with padding that must stay untouched), with rows longer than a block (seq 300, vocab
 // 1100, n 1030), attention split into chunks of kv heads by a small workspace cap, and the last partial chunk of
-// the LM head loss.
+// the LM head loss; and the cross-entropy at Llama-3's vocabulary against a double reference.
 //
 // Expectations. f32: the CPU result within a few float roundings (relative to the tensor's largest magnitude,
 // 1e-5 for single products and row reductions, 1e-4 for the chained attention backward), since only the order
@@ -31,6 +31,7 @@
 #include "ops/rmsnorm.hpp"
 #include "ops/rope.hpp"
 #include "ops/swiglu.hpp"
+#include "tests/cross_entropy_rows.hpp"
 #include "tests/grad_check.hpp"
 #include "zero3/dtype.hpp"
 #include "zero3/error.hpp"
@@ -587,6 +588,63 @@ TEST_F(CudaOps, LmHeadLossRowsGradientsAndSum) {
                   bytes_of(row_loss.get(), row_loss.bytes(), stream_));
       }
     }
+  }
+}
+
+// Llama-3's vocabulary (128,256), on the rows of tests/cross_entropy_rows.hpp (a trained model's confident, unsure
+// and certain rows, a near-uniform one, a wrong one, an ignored one): each row's loss and every element of its
+// gradient within 1e-6 relative of the compensated double reference, and of the CPU op (test_ops.cpp holds that
+// one to the same). The logits are exactly the rows' values: hidden = rows and x = I, so logits = the columns of
+// w^T (products by 1 and 0), and dw = dlogits^T (one product by 1 per element) shows the kernel's gradient as it
+// wrote it. bf16: the row losses of the bf16-rounded logits (the kernel computes in f32 and double either way).
+TEST_F(CudaOps, LmHeadLossAccurateAtLlama3VocabularyAgainstDoubleAndTheCpuOp) {
+  using llama3::testing::max_elementwise_rel;
+  const auto rows = llama3::testing::llm_like_rows(llama3::testing::kLlama3Vocab, 2024);
+  const int64_t n = rows.rows, hidden = rows.rows, vocab = rows.vocab;
+  const float scale = 1.0f / 3;
+  auto dtargets = upload_ints(rows.targets);
+  std::vector<float> x(static_cast<size_t>(n * hidden), 0.0f);
+  for (int64_t i = 0; i < n; ++i) x[i * hidden + i] = 1.0f;
+  for (DType act : kActs) {
+    SCOPED_TRACE(std::string(zero3::dtype_name(act)));
+    llama3::testing::CrossEntropyRows c = rows;
+    c.logits = rounded(c.logits, act);
+    const auto ref = llama3::testing::cross_entropy_reference(c, scale);
+    std::vector<float> cpu = c.logits;  // the CPU op's gradient, in place
+    std::vector<double> cpu_loss(static_cast<size_t>(n));
+    for (int64_t r = 0; r < n; ++r)
+      cpu_loss[r] = llama3::cross_entropy_row<float>(cpu.data() + r * vocab, vocab, c.targets[r], scale, true);
+    std::vector<float> w(static_cast<size_t>(vocab * hidden));
+    for (int64_t r = 0; r < n; ++r)
+      for (int64_t j = 0; j < vocab; ++j) w[j * hidden + r] = c.logits[r * vocab + j];
+    auto dxd = upload(x, act), dwd = upload(w, act);
+    lc::Blas blas(stream_);
+    lc::LmHeadLoss loss(blas);
+    DeviceBuffer dx(x.size() * zero3::dtype_size(act)), dw(w.size() * 4), row_loss(static_cast<size_t>(n) * 4);
+    loss.run(dxd->get(), dwd->get(), dtargets->as<int32_t>(), n, hidden, vocab, scale, dx.get(), dw.as<float>(),
+             row_loss.as<float>(), 0, act);
+    const auto losses = get(row_loss, static_cast<size_t>(n), DType::f32);
+    const auto dlogits_t = get(dw, w.size(), DType::f32);  // (vocab, rows)
+    double worst_loss = 0, worst_grad = 0;
+    for (int64_t r = 0; r < n; ++r) {
+      SCOPED_TRACE(c.kinds[r]);
+      const double want = ref.loss[r];
+      const double err = want == 0 ? std::fabs(losses[r]) : std::fabs(losses[r] - want) / want;
+      const double vs_cpu = want == 0 ? std::fabs(losses[r]) : std::fabs(losses[r] - cpu_loss[r]) / want;
+      EXPECT_LE(err, 1e-6) << "loss " << losses[r] << " vs " << want;
+      EXPECT_LE(vs_cpu, 1e-6) << "loss " << losses[r] << " vs the CPU op's " << cpu_loss[r];
+      worst_loss = std::max(worst_loss, err);
+      if (act != DType::f32) continue;  // a bf16 act rounds the gradient to bf16 for the GEMMs
+      std::vector<float> g(static_cast<size_t>(vocab));
+      std::vector<double> cpu_g(static_cast<size_t>(vocab));
+      for (int64_t j = 0; j < vocab; ++j) g[j] = dlogits_t[j * hidden + r], cpu_g[j] = cpu[r * vocab + j];
+      const double grad_err = max_elementwise_rel(g.data(), ref.grad.data() + r * vocab, vocab);
+      EXPECT_LE(grad_err, 1e-6) << "gradient";
+      EXPECT_LE(max_elementwise_rel(g.data(), cpu_g.data(), vocab), 1e-6) << "gradient vs the CPU op's";
+      worst_grad = std::max(worst_grad, grad_err);
+    }
+    std::printf("[%s] vocabulary %lld on the GPU: worst loss error %.2g, worst gradient element error %.2g relative\n",
+                std::string(zero3::dtype_name(act)).c_str(), static_cast<long long>(vocab), worst_loss, worst_grad);
   }
 }
 
