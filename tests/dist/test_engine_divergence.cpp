@@ -152,7 +152,7 @@ TEST_P(LaterDivergence, ReversedForwardInALaterMicroStepFailsOnEveryRank) {
   const auto [stage, overlap] = GetParam();
   auto comm = engine_world();
   const int world = comm->size(), last = world - 1;
-  Engine e(later_config(stage, overlap), comm, cpu_device());
+  Engine e(resolved_for(later_config(stage, overlap), *comm), comm, cpu_device());
   MlpDims d;
   MlpUnits units = declare_mlp(e, d);
   e.materialize();
@@ -202,7 +202,7 @@ TEST_P(LaterDivergence, ReorderedBackwardFailsBeforeTheOptimizerApplies) {
   const int world = comm->size(), last = world - 1;
   Config c = later_config(stage, overlap);
   c.zero.param_persistence_threshold = 0;
-  Engine e(c, comm, cpu_device());
+  Engine e(resolved_for(c, *comm), comm, cpu_device());
   std::vector<UnitId> layers;
   for (int l = 0; l < 3; ++l) {
     layers.push_back(e.add_unit("layer" + std::to_string(l), {{"w", {6, 5}, ParamInit::normal(0.1)}}));
@@ -255,7 +255,7 @@ TEST_P(EvalDivergence, ABatchInAnotherOrderFailsOnEveryRank) {
   const int world = comm->size(), last = world - 1;
   Config c = later_config(GetParam(), true);
   c.zero.param_persistence_threshold = 0;
-  Engine e(c, comm, cpu_device());
+  Engine e(resolved_for(c, *comm), comm, cpu_device());
   MlpDims d;
   MlpUnits units = declare_mlp(e, d);
   e.materialize();

@@ -121,7 +121,7 @@ TEST(StreamPathDivergence, AReversedForwardIsStoppedBeforeTheCommunicator) {
   const int last = comm->size() - 1;
   std::string message;
   {
-    Engine e(c, comm, device);
+    Engine e(resolved_for(c, *comm), comm, device);
     MlpDims d;
     MlpUnits units = declare_mlp(e, d);
     e.materialize();

@@ -13,6 +13,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "support/engine_world.hpp"
 #include "support/mlp_trainer.hpp"
 #include "zero3/comm.hpp"
 #include "zero3/config.hpp"
@@ -269,7 +270,7 @@ TEST(RealConfigForms, EngineBucketsOfTheLargestUnitForReduceBucketSizeZero) {
   auto run = [&](int stage, int64_t bucket) {
     Config c = equivalence_config(stage);
     c.zero.reduce_bucket_size = bucket;
-    Engine e(c, comm, *device);
+    Engine e(resolved_for(c, *comm), comm, *device);
     MlpUnits units = declare_mlp(e, MlpDims{});
     e.materialize();
     TrainPlan plan;

@@ -114,7 +114,8 @@ TEST_P(HfExport, TiedLayoutReloadsToTheSameModel) {
   const Batch eval_batch = make_batch(mc.vocab_size, 100);
 
   // Train two steps, evaluate, export.
-  zero3::Engine engine(engine_config(ec.bf16), comm, zero3::testing::cpu_device());
+  zero3::Engine engine(zero3::testing::resolved_for(engine_config(ec.bf16), *comm), comm,
+                       zero3::testing::cpu_device());
   EngineModel model(engine, mc);
   engine.materialize();
   for (int step = 0; step < 2; ++step) {
@@ -156,7 +157,7 @@ TEST_P(HfExport, TiedLayoutReloadsToTheSameModel) {
   EXPECT_EQ(parse_model_config(text.str()).num_parameters(), mc.num_parameters());
 
   // Reload: the exported weights, and the same loss.
-  zero3::Engine engine2(engine_config(ec.bf16), comm, zero3::testing::cpu_device());
+  zero3::Engine engine2(zero3::testing::resolved_for(engine_config(ec.bf16), *comm), comm, zero3::testing::cpu_device());
   EngineModelOptions opt;
   opt.init_from = dir;
   EngineModel reloaded(engine2, parse_model_config(text.str(), (dir / "config.json").string()), opt);
@@ -182,7 +183,7 @@ TEST_P(HfExport, TiedLayoutReloadsToTheSameModel) {
   // An untied model needs lm_head.weight, which a tied export lacks: the error says why.
   ModelConfig untied = mc;
   untied.tie_word_embeddings = false;
-  zero3::Engine engine3(engine_config(ec.bf16), comm, zero3::testing::cpu_device());
+  zero3::Engine engine3(zero3::testing::resolved_for(engine_config(ec.bf16), *comm), comm, zero3::testing::cpu_device());
   try {
     EngineModel wrong(engine3, untied, opt);
     ADD_FAILURE() << "an untied model loaded a tied export";
