@@ -1,5 +1,5 @@
 # Finds every optional dependency and turns each ZERO3_<X> option (AUTO|ON|OFF) into ZERO3_HAVE_<X>.
-# Imported targets only: CUDA::cudart, CUDA::cublas, NCCL::NCCL, gloo, Fabric::Fabric, Uring::Uring, Aio::Aio.
+# Imported targets only: CUDA::cudart, CUDA::cublas, NCCL::NCCL, CUDNN::cudnn, gloo, Fabric::Fabric, Uring::Uring, Aio::Aio.
 
 set(ZERO3_SUMMARY "")
 
@@ -87,6 +87,37 @@ elseif(NOT ZERO3_HAVE_CUDA)
   set(_nccl_detail "needs the CUDA backend")
 endif()
 zero3_decide(ZERO3_NCCL ${_nccl_found} "${_nccl_detail}")
+
+# cuDNN 9 (the graph/backend API: cudnn_graph.h, libcudnn.so.9) for the Llama example's fused attention: beside
+# the CUDA toolkit, $CUDNN_HOME, or the nvidia-cudnn wheel PyTorch installs (scripts/gpu-common.sh passes its
+# directories as CUDNN_INCLUDE_DIR / CUDNN_LIBRARY). Only the example uses it; the library does not.
+set(_cudnn_found OFF)
+set(_cudnn_detail "cudnn_graph.h and libcudnn (cuDNN 9)")
+if(ZERO3_HAVE_CUDA AND NOT ZERO3_CUDNN STREQUAL "OFF")
+  find_path(CUDNN_INCLUDE_DIR cudnn_graph.h HINTS ${CUDAToolkit_INCLUDE_DIRS} $ENV{CUDNN_HOME}/include)
+  find_library(CUDNN_LIBRARY NAMES cudnn libcudnn.so.9
+               HINTS ${CUDAToolkit_LIBRARY_DIR} /usr/local/cuda/lib $ENV{CUDNN_HOME}/lib)
+  if(CUDNN_INCLUDE_DIR AND CUDNN_LIBRARY)
+    set(_cudnn_ver_file "${CUDNN_INCLUDE_DIR}/cudnn_version.h")
+    file(STRINGS "${_cudnn_ver_file}" _cudnn_ver REGEX "#define CUDNN_(MAJOR|MINOR|PATCHLEVEL) ")
+    string(REGEX REPLACE ".*CUDNN_MAJOR ([0-9]+).*CUDNN_MINOR ([0-9]+).*CUDNN_PATCHLEVEL ([0-9]+).*" "\\1.\\2.\\3"
+           CUDNN_VERSION "${_cudnn_ver}")
+    if(CUDNN_VERSION VERSION_LESS 9.0)
+      set(_cudnn_detail "cuDNN 9 (found ${CUDNN_VERSION} at ${CUDNN_INCLUDE_DIR})")
+    else()
+      set(_cudnn_found ON)
+      set(_cudnn_detail "cuDNN ${CUDNN_VERSION} (${CUDNN_LIBRARY})")
+      if(NOT TARGET CUDNN::cudnn)
+        add_library(CUDNN::cudnn UNKNOWN IMPORTED)
+        set_target_properties(CUDNN::cudnn PROPERTIES IMPORTED_LOCATION "${CUDNN_LIBRARY}"
+                                                      INTERFACE_INCLUDE_DIRECTORIES "${CUDNN_INCLUDE_DIR}")
+      endif()
+    endif()
+  endif()
+elseif(NOT ZERO3_HAVE_CUDA)
+  set(_cudnn_detail "needs the CUDA backend")
+endif()
+zero3_decide(ZERO3_CUDNN ${_cudnn_found} "${_cudnn_detail}")
 
 # Gloo (Debian's libgloo-dev ships a CMake package).
 set(_gloo_found OFF)

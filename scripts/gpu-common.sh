@@ -6,6 +6,8 @@
 #   GoogleTest     the system's, else built here from third_party/debs/root/usr/src/googletest
 #   NCCL           $NCCL_HOME, else next to CUDA (/usr/local/cuda), else the nvidia-nccl wheel that PyTorch
 #                  installs (python3 -c 'import nvidia.nccl')
+#   cuDNN 9        $CUDNN_HOME, else next to CUDA, else the nvidia-cudnn wheel that PyTorch installs
+#                  (python3 -c 'import nvidia.cudnn'); optional: without it attention runs on cuBLAS
 # Optional backends (Gloo, libfabric, io_uring/libaio, OpenBLAS) are OFF unless ZERO3_OPTIONAL=AUTO.
 # Environment: BUILD_DIR (default build-gpu), CUDA_ARCHS (default: CMake's choice in Zero3Dependencies),
 # JOBS (default: all cores), ZERO3_USE_CARRIED_DEPS=1 (take nlohmann_json and GoogleTest from
@@ -76,6 +78,22 @@ gpu_configure() {
     extra+=("-DNCCL_INCLUDE_DIR=$nccl_home/include" "-DNCCL_LIBRARY=$lib")
     export LD_LIBRARY_PATH="$nccl_home/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
     gpu_log "NCCL from $nccl_home ($lib)"
+  fi
+
+  local cudnn_home="${CUDNN_HOME:-}"
+  if [ -z "$cudnn_home" ] && [ ! -f /usr/local/cuda/include/cudnn_graph.h ] && [ ! -f /usr/include/cudnn_graph.h ]; then
+    cudnn_home="$(python3 -c 'import nvidia.cudnn, os; print(os.path.dirname(nvidia.cudnn.__file__) if nvidia.cudnn.__file__ else list(nvidia.cudnn.__path__)[0])' 2>/dev/null || true)"
+  fi
+  if [ -n "$cudnn_home" ]; then
+    local cudnn_lib
+    cudnn_lib="$(ls "$cudnn_home"/lib/libcudnn.so "$cudnn_home"/lib/libcudnn.so.9 2>/dev/null | head -1 || true)"
+    if [ -f "$cudnn_home/include/cudnn_graph.h" ] && [ -n "$cudnn_lib" ]; then
+      extra+=("-DCUDNN_INCLUDE_DIR=$cudnn_home/include" "-DCUDNN_LIBRARY=$cudnn_lib")
+      export LD_LIBRARY_PATH="$cudnn_home/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+      gpu_log "cuDNN from $cudnn_home ($cudnn_lib)"
+    else
+      gpu_log "cuDNN at $cudnn_home has no include/cudnn_graph.h or lib/libcudnn.so*: attention runs on cuBLAS"
+    fi
   fi
 
   local optional="${ZERO3_OPTIONAL:-OFF}"

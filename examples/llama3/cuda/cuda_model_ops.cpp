@@ -9,6 +9,9 @@
 
 #include "cuda/cuda_check.hpp"
 #include "cuda/cuda_ops.hpp"
+#ifdef LLAMA3_HAVE_CUDNN
+#include "cuda/cudnn_attention.hpp"
+#endif
 #include "ops/embedding.hpp"
 #include "zero3/error.hpp"
 #include "zero3/log.hpp"
@@ -48,11 +51,23 @@ CudaModelOps::CudaModelOps(zero3::Device& device, DType act)
   LLAMA3_CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep));
   blas_ = std::make_unique<cuda::Blas>(as_cuda(stream_));
   attention_ = std::make_unique<cuda::Attention>(*blas_);
+#ifdef LLAMA3_HAVE_CUDNN
+  if (act == DType::bf16) {
+    try {
+      cudnn_attention_ = std::make_unique<cuda::CudnnAttention>(
+          as_cuda(stream_), cuda::CudnnAttention::Allocator{[this](size_t bytes) { return device_.allocate(bytes); },
+                                                            [this](void* p, size_t bytes) { free(p, bytes); }});
+    } catch (const zero3::CudaError& e) {
+      zero3::log::warn("cuda model ops: cuDNN attention unavailable, attention runs on cuBLAS: ", e.what());
+    }
+  }
+#endif
   lm_head_ = std::make_unique<cuda::LmHeadLoss>(*blas_);
   grouping_uploaded_ = device.make_event();
 }
 
 CudaModelOps::~CudaModelOps() {
+  cudnn_attention_.reset();  // frees its workspace through this object's free()
   free(row_loss_.ptr, row_loss_.bytes);
   free(grouping_.ptr, grouping_.bytes);
   if (grouping_host_ != nullptr) {
@@ -101,7 +116,8 @@ void CudaModelOps::copy_to_host(void* host_dst, const void* src, size_t bytes) {
 void CudaModelOps::synchronize() { LLAMA3_CUDA_CHECK(cudaStreamSynchronize(as_cuda(stream_))); }
 
 int64_t CudaModelOps::workspace_bytes() const {
-  return attention_->workspace_bytes() + lm_head_->workspace_bytes() + static_cast<int64_t>(row_loss_.bytes) +
+  const int64_t cudnn = cudnn_attention_ ? cudnn_attention_->workspace_bytes() : 0;
+  return attention_->workspace_bytes() + cudnn + lm_head_->workspace_bytes() + static_cast<int64_t>(row_loss_.bytes) +
          static_cast<int64_t>(grouping_.bytes);
 }
 
@@ -191,6 +207,7 @@ void CudaModelOps::convert(const void* src, DType src_type, void* dst, DType dst
 
 void CudaModelOps::attention_forward(const AttentionShape& s, const void* q, int64_t ldq, const void* k, int64_t ldk,
                                      const void* v, int64_t ldv, void* out, int64_t ldo, float* lse) {
+  if (cudnn_attention_ && cudnn_attention_->forward(dims(s), q, ldq, k, ldk, v, ldv, out, ldo, lse, act_)) return;
   attention_->forward(dims(s), q, ldq, k, ldk, v, ldv, out, ldo, lse, act_);
 }
 
@@ -198,6 +215,10 @@ void CudaModelOps::attention_backward(const AttentionShape& s, const void* q, in
                                       const void* v, int64_t ldv, const void* out, int64_t ldo, const float* lse,
                                       const void* dout, int64_t lddo, void* dq, int64_t lddq, void* dk, int64_t lddk,
                                       void* dv, int64_t lddv) {
+  if (cudnn_attention_ && cudnn_attention_->backward(dims(s), q, ldq, k, ldk, v, ldv, out, ldo, lse, dout, lddo, dq,
+                                                    lddq, dk, lddk, dv, lddv, act_)) {
+    return;
+  }
   attention_->backward(dims(s), q, ldq, k, ldk, v, ldv, out, ldo, lse, dout, lddo, dq, lddq, dk, lddk, dv, lddv, act_);
 }
 

@@ -15,6 +15,9 @@
 // peak_bytes_in_use); free() is stream-ordered (Device::deallocate_after). The kernels' own workspaces
 // (attention scores, chunks of logits) are allocated by cuda_ops and reported by workspace_bytes().
 //
+// Attention: with bf16 and a build with cuDNN (LLAMA3_HAVE_CUDNN), cuDNN's fused flash attention
+// (cuda/cudnn_attention.hpp) for every shape it takes; the cuBLAS + kernels path otherwise.
+//
 // The constructor makes device.index() the calling thread's current CUDA device; use the object from that
 // thread. Throws zero3::InvalidArgument for a device that is not cuda, zero3::Unsupported for f16.
 #pragma once
@@ -28,6 +31,7 @@ namespace llama3 {
 namespace cuda {
 class Blas;
 class Attention;
+class CudnnAttention;
 class LmHeadLoss;
 }  // namespace cuda
 
@@ -90,6 +94,8 @@ class CudaModelOps final : public ModelOps {
   zero3::Stream stream_;  // the device's default stream
   std::unique_ptr<cuda::Blas> blas_;
   std::unique_ptr<cuda::Attention> attention_;
+  // cuDNN's fused attention (bf16, builds with cuDNN); attention_ runs what it does not take. Null without it.
+  std::unique_ptr<cuda::CudnnAttention> cudnn_attention_;
   std::unique_ptr<cuda::LmHeadLoss> lm_head_;
   Scratch row_loss_;  // (n) f32 per-row losses of the LM head
   Scratch grouping_;  // the embedding backward's rows | offsets | token_ids, int32
