@@ -51,6 +51,9 @@ struct EngineModelOptions {
   bool activation_checkpointing = true;
   // Hugging Face safetensors to start from (file, directory or *.index.json); empty: init from the config.
   std::filesystem::path init_from;
+  // Tensors of init_from that are no parameter of the model (old rotary_emb.inv_freq buffers, another model's
+  // weights): named in a warning, or, when set, an error.
+  bool init_from_strict = false;
 };
 
 // Seconds spent since the last reset, summed over micro-batches. The time blocked on collectives inside them
@@ -67,7 +70,8 @@ class EngineModel {
   // Declares the units on `engine`, which must not be materialized yet, and makes the backend of its device.
   // Throws zero3::Unsupported for tied embeddings or a device/dtype without a backend (fp16 or 16-bit
   // gradients other than bf16 on cuda), zero3::IoError when options.init_from lacks a parameter or holds one
-  // of another shape.
+  // of another shape (or, with init_from_strict, a tensor that is no parameter). NaN or Inf in init_from's
+  // weights is refused while materialize() reads them (zero3::safetensors::make_f32_reader).
   EngineModel(zero3::Engine& engine, const ModelConfig& config, const EngineModelOptions& options = {});
 
   const ModelConfig& config() const { return config_; }
