@@ -22,7 +22,7 @@ bool installed_by_infinipath(int sig) {
   struct sigaction current {};
   if (::sigaction(sig, nullptr, &current) != 0) return false;
   void* handler = (current.sa_flags & SA_SIGINFO) != 0 ? reinterpret_cast<void*>(current.sa_sigaction)
-                                                         : reinterpret_cast<void*>(current.sa_handler);
+                                                       : reinterpret_cast<void*>(current.sa_handler);
   if (handler == reinterpret_cast<void*>(SIG_DFL) || handler == reinterpret_cast<void*>(SIG_IGN)) return false;
   Dl_info info{};
   return ::dladdr(handler, &info) != 0 && info.dli_fname != nullptr &&

@@ -202,7 +202,7 @@ F32RangeReader make_f32_reader(std::shared_ptr<const ShardedSafetensorsReader> m
   // at NaN or Inf makes every step's gradients non-finite: each step would be skipped and the run would train
   // nothing, so such values are refused here, naming the tensor and the element.
   return [model = std::move(model), reader = &shard, name = std::move(tensor_name)](int64_t begin, int64_t end,
-                                                                                     float* out) {
+                                                                                    float* out) {
     reader->read_as_f32(name, begin, end, out);
     int64_t bad = 0, first = -1;
     for (int64_t i = 0; i < end - begin; ++i) {
@@ -216,7 +216,9 @@ F32RangeReader make_f32_reader(std::shared_ptr<const ShardedSafetensorsReader> m
                             shape_string(t.shape) + " holds " + std::to_string(bad) +
                             " non-finite value(s) in elements [" + std::to_string(begin) + ", " + std::to_string(end) +
                             "), the first at element " + std::to_string(begin + first) + " (" +
-                            (std::isnan(out[first]) ? "NaN" : out[first] > 0 ? "+Inf" : "-Inf") +
+                            (std::isnan(out[first]) ? "NaN"
+                             : out[first] > 0       ? "+Inf"
+                                                    : "-Inf") +
                             "); a parameter cannot start from NaN or Inf (every step would be skipped)");
     }
   };

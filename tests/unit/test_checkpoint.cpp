@@ -334,9 +334,12 @@ TEST(OutputDirectory, RefusesAFileAFullDiskAndAnEmptyPath) {
                           {"--save-dir " + file.string() + ": is a regular file, not a directory"});
   expect_checkpoint_error([&] { check_output_directory(file / "sub", "--save-dir"); },
                           {"--save-dir " + (file / "sub").string() + ": cannot create it: Not a directory"});
-  expect_checkpoint_error([&] { check_output_directory(tmp.path(), "--save-dir", uint64_t{1} << 62, "one checkpoint"); },
-                          {"--save-dir " + tmp.path().string() + ": its file system has ", " available, but one checkpoint needs about 4611686018427387904 bytes"});
-  expect_checkpoint_error([&] { check_output_directory("", "--consolidate-to"); }, {"--consolidate-to : is an empty path"});
+  expect_checkpoint_error(
+      [&] { check_output_directory(tmp.path(), "--save-dir", uint64_t{1} << 62, "one checkpoint"); },
+      {"--save-dir " + tmp.path().string() + ": its file system has ",
+       " available, but one checkpoint needs about 4611686018427387904 bytes"});
+  expect_checkpoint_error([&] { check_output_directory("", "--consolidate-to"); },
+                          {"--consolidate-to : is an empty path"});
 }
 
 // A read-only file system, as a read-only mount of the checkpoint volume gives it (permission bits would not stop

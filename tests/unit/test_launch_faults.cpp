@@ -216,8 +216,8 @@ TEST_F(LaunchFaults, TheSurvivorsErrorReachesTheLogEveryTime) {
     ASSERT_EQ(::kill(ranks.at(victim), SIGKILL), 0);
     EXPECT_EQ(finish(), 128 + SIGKILL) << "run " << run;
     const std::string out = read_file(log_);
-    const std::string error_line = "[rank " + std::to_string(survivor) + "] [zero3 rank " + std::to_string(survivor) +
-                                   "] ERROR job: CommError: ";
+    const std::string error_line =
+        "[rank " + std::to_string(survivor) + "] [zero3 rank " + std::to_string(survivor) + "] ERROR job: CommError: ";
     EXPECT_NE(out.find(error_line), std::string::npos) << "run " << run << ", rank " << victim << " killed:\n" << out;
     EXPECT_NE(out.find("failed: rank " + std::to_string(victim) + " was killed by signal 9"), std::string::npos)
         << "run " << run << ":\n"

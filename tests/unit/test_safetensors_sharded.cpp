@@ -3,8 +3,8 @@
 // engine's pretrained init rule uses.
 #include <gtest/gtest.h>
 
-#include <nlohmann/json.hpp>
 #include <limits>
+#include <nlohmann/json.hpp>
 #include <numeric>
 
 #include "safetensors_test_files.hpp"

@@ -66,9 +66,8 @@ TcpStoreClient::TcpStoreClient(const std::string& host, int port, std::chrono::m
     if (now >= next_note) {
       using std::chrono::duration_cast;
       using std::chrono::seconds;
-      log::warn("the zero3 store at ", address_, " has not answered for ",
-                duration_cast<seconds>(now - start).count(), " s (", last_error, "); retrying for ",
-                duration_cast<seconds>(deadline - now).count(),
+      log::warn("the zero3 store at ", address_, " has not answered for ", duration_cast<seconds>(now - start).count(),
+                " s (", last_error, "); retrying for ", duration_cast<seconds>(deadline - now).count(),
                 " s more (the communicator's timeout: zero3.comm_timeout_s, ZERO3_COMM_TIMEOUT_S). Is rank 0 running, "
                 "and are MASTER_ADDR and the port right?");
       next_note = now + 3 * first_note;
