@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 #include <fstream>
+#include <set>
 
 #include "hf_weights.hpp"
 #include "zero3/dtype.hpp"
@@ -19,6 +20,29 @@ double seconds_since(Clock::time_point t0) { return std::chrono::duration<double
 
 zero3::ParamInit engine_init(const ParamSpec& p) {
   return p.init == ParamInit::ones ? zero3::ParamInit::ones() : zero3::ParamInit::normal(p.init_std);
+}
+
+// Tensors of the weights that no parameter takes: Hugging Face's from_pretrained warns about them by name, as
+// this does; `strict` makes them an error, like PyTorch's load_state_dict(strict=True).
+void warn_about_unknown_tensors(const st::ShardedSafetensorsReader& weights, const std::vector<UnitLayout>& layouts,
+                                const ModelConfig& config, bool strict) {
+  std::set<std::string> params;
+  for (const UnitLayout& u : layouts)
+    for (const ParamSpec& p : u.params) params.insert(p.name);
+  std::vector<std::string> unknown;
+  for (const std::string& name : weights.names()) {
+    // A tied model's head is the embedding: an lm_head.weight in the file is known, and not read (said above).
+    if (config.tie_word_embeddings && name == "lm_head.weight") continue;
+    if (!params.count(name)) unknown.push_back(name);
+  }
+  if (unknown.empty()) return;
+  std::string list;
+  for (size_t i = 0; i < unknown.size() && i < 20; ++i) list += (i ? ", '" : "'") + unknown[i] + "'";
+  if (unknown.size() > 20) list += " and " + std::to_string(unknown.size() - 20) + " more";
+  const std::string text = weights.source().string() + " holds " + std::to_string(unknown.size()) +
+                           " tensor(s) that are not parameters of the model (" + describe(config) + "): " + list;
+  if (strict) throw zero3::IoError(text + " (--init-from-strict)");
+  zero3::log::warn_rank0(text, "; they are not loaded (--init-from-strict makes this an error)");
 }
 
 }  // namespace
@@ -59,6 +83,7 @@ EngineModel::EngineModel(zero3::Engine& engine, const ModelConfig& config, const
                              ": lm_head.weight is not read: the embeddings are tied (tie_word_embeddings), so the "
                              "LM head is model.embed_tokens.weight, as in transformers");
     }
+    warn_about_unknown_tensors(*weights, layouts_, config_, options.init_from_strict);
   }
   for (const UnitLayout& u : layouts_) {
     std::vector<zero3::ParamSpec> specs;

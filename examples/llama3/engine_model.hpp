@@ -54,6 +54,9 @@ struct EngineModelOptions {
   bool activation_checkpointing = true;
   // Hugging Face safetensors to start from (file, directory or *.index.json); empty: init from the config.
   std::filesystem::path init_from;
+  // Tensors of init_from that are no parameter of the model (old rotary_emb.inv_freq buffers, another model's
+  // weights): named in a warning, or, when set, an error.
+  bool init_from_strict = false;
 };
 
 // Seconds spent since the last reset, summed over micro-batches. The time blocked on collectives inside them
@@ -69,9 +72,11 @@ class EngineModel {
  public:
   // Declares the units on `engine`, which must not be materialized yet, and makes the backend of its device.
   // Throws zero3::Unsupported for a device/dtype without a backend (fp16 or 16-bit gradients other than bf16 on
-  // cuda), zero3::IoError when options.init_from lacks a parameter or holds one of another shape. With tied
-  // embeddings the file needs no lm_head.weight (Hugging Face's tied checkpoints have none); one that is there
-  // is not read (the head uses model.embed_tokens.weight, as transformers does), and rank 0 says so.
+  // cuda), zero3::IoError when options.init_from lacks a parameter or holds one of another shape (or, with
+  // init_from_strict, a tensor that is no parameter). With tied embeddings the file needs no lm_head.weight
+  // (Hugging Face's tied checkpoints have none); one that is there is not read (the head uses
+  // model.embed_tokens.weight, as transformers does), and rank 0 says so. NaN or Inf in init_from's weights is
+  // refused while materialize() reads them (zero3::safetensors::make_f32_reader).
   EngineModel(zero3::Engine& engine, const ModelConfig& config, const EngineModelOptions& options = {});
 
   const ModelConfig& config() const { return config_; }

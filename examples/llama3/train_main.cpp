@@ -405,6 +405,7 @@ int train(const TrainOptions& o, zero3::Config file_cfg, const ModelConfig& mc, 
   EngineModelOptions mo;
   mo.activation_checkpointing = o.grad_checkpointing;
   mo.init_from = o.init_from;
+  mo.init_from_strict = o.init_from_strict;
   EngineModel model(engine, mc, mo);
   auto t_init = Clock::now();
   engine.materialize();

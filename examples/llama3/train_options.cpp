@@ -112,6 +112,10 @@ const std::vector<Flag>& flags() {
        [](TrainOptions& o, const std::string& v) { o.resume = v; }},
       {"init-from", Kind::text, "PATH", "start from Hugging Face safetensors (file, directory or index)",
        [](TrainOptions& o, const std::string& v) { o.init_from = v; }},
+      {"init-from-strict", Kind::flag, "",
+       "refuse --init-from weights holding tensors that are no parameter of the model (default: name them in a "
+       "warning)",
+       [](TrainOptions& o, const std::string& v) { o.init_from_strict = v == "1"; }},
       {"metrics", Kind::text, "FILE",
        "per-step metrics CSV (default <save-dir>/metrics.csv, else ./llama3_train_metrics.csv; 'none' disables)",
        [](TrainOptions& o, const std::string& v) { o.metrics = v; }},

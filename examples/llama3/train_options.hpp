@@ -30,6 +30,7 @@ struct TrainOptions {
   int64_t save_interval = 0;          // optimizer steps between checkpoints; 0: only at the end (with --save-dir)
   std::optional<std::string> resume;  // "latest" or a tag
   std::string init_from;              // Hugging Face safetensors (file, directory, index)
+  bool init_from_strict = false;      // unknown tensors in init_from: an error instead of a warning
   std::string metrics;                // CSV file; default <save-dir>/metrics.csv or ./llama3_train_metrics.csv; "none"
   uint64_t seed = 1234;               // data order (and the config's zero3.seed unless the config sets it)
   bool dry_run = false;

@@ -186,7 +186,9 @@ using F32RangeReader = std::function<void(int64_t begin, int64_t end, float* out
 
 // A reader of tensor `tensor_name` of `model`. When `expected_numel` >= 0 it is checked now against the
 // tensor's element count (InvalidArgument naming both names and counts), so a wrong name map fails before
-// training starts rather than on the first read. The model is kept alive by the returned function.
+// training starts rather than on the first read. The model is kept alive by the returned function. The
+// function throws InvalidArgument naming the tensor, the file and the first such element when the range it
+// read holds NaN or Inf: a parameter that starts there makes every step's gradients non-finite.
 F32RangeReader make_f32_reader(std::shared_ptr<const ShardedSafetensorsReader> model, std::string tensor_name,
                                int64_t expected_numel = -1);
 

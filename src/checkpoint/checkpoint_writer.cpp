@@ -129,8 +129,8 @@ struct WrittenShard {
 // one write() straight from the engine's memory (cpu device) or in large staged chunks (other devices), then
 // fsync'ed and renamed into place by the safetensors writer. The CRC-32C is computed on the way; the header,
 // which the writer lays down itself, is read back (a few KB) and combined in front of it.
-WrittenShard write_shard(Engine& engine, const fs::path& path, const std::vector<Piece>& pieces,
-                         const std::string& tag, const TrainingState& state) {
+WrittenShard write_shard(Engine& engine, const fs::path& path, const std::vector<Piece>& pieces, const std::string& tag,
+                         const TrainingState& state) {
   std::vector<st::TensorDecl> decls;
   std::vector<CheckpointRange> ranges;
   for (const Piece& p : pieces) {
@@ -140,7 +140,8 @@ WrittenShard write_shard(Engine& engine, const fs::path& path, const std::vector
     ranges.push_back({p.unit.index, p.begin, p.length});
   }
   std::vector<std::string> unit_names;
-  for (size_t i = 0; i < engine.num_units(); ++i) unit_names.push_back(engine.unit(UnitId{static_cast<int32_t>(i)}).name);
+  for (size_t i = 0; i < engine.num_units(); ++i)
+    unit_names.push_back(engine.unit(UnitId{static_cast<int32_t>(i)}).name);
   // Bound into the file (its header is under the CRC-32C): which elements it holds and at which step.
   const std::map<std::string, std::string> metadata = {{"format", "zero3-checkpoint-shard"},
                                                        {"tag", tag},

@@ -99,8 +99,8 @@ void check_counters(const Reader& r, const TrainingState& s) {
            " (every optimizer step ends at least one micro-step)");
   }
   if (s.scaler_iter < 0 || s.scaler_iter > s.global_steps) {
-    r.fail("training_state.scaler_iter " + str(s.scaler_iter) + " is outside 0..global_steps (" +
-           str(s.global_steps) + "): the loss scaler counts at most one iteration per optimizer step");
+    r.fail("training_state.scaler_iter " + str(s.scaler_iter) + " is outside 0..global_steps (" + str(s.global_steps) +
+           "): the loss scaler counts at most one iteration per optimizer step");
   }
   if (s.scaler_last_overflow_iter != -1 &&
       (s.scaler_last_overflow_iter < 0 || s.scaler_last_overflow_iter >= s.scaler_iter)) {
@@ -131,7 +131,8 @@ void check_layout(const Reader& r, const CheckpointInfo& info) {
     const int64_t slice = (unit.numel + world - 1) / world;
     for (int rank = 0; rank < world; ++rank) {
       const int64_t begin = replicated ? 0 : rank * slice;
-      const int64_t length = replicated ? (rank == 0 ? unit.numel : 0) : std::clamp<int64_t>(unit.numel - begin, 0, slice);
+      const int64_t length =
+          replicated ? (rank == 0 ? unit.numel : 0) : std::clamp<int64_t>(unit.numel - begin, 0, slice);
       if (length > 0) owned[static_cast<size_t>(rank)].push_back({static_cast<int>(u), begin, length});
     }
   }
@@ -140,21 +141,24 @@ void check_layout(const Reader& r, const CheckpointInfo& info) {
   if (info.files.size() != expected_files) {
     std::string listed;
     for (const CheckpointFile& f : info.files) listed += (listed.empty() ? "" : ", ") + str(f.rank);
-    r.fail("world_size " + str(world) + " at stage " + str(info.stage) + " means " + str(static_cast<int64_t>(
-           expected_files)) + " shard file(s), one per rank that holds " + (replicated ? "the model (rank 0)" :
-           "a slice") + ", but files lists " + str(static_cast<int64_t>(info.files.size())) +
-           (listed.empty() ? "" : " (ranks " + listed + ")"));
+    r.fail("world_size " + str(world) + " at stage " + str(info.stage) + " means " +
+           str(static_cast<int64_t>(expected_files)) + " shard file(s), one per rank that holds " +
+           (replicated ? "the model (rank 0)" : "a slice") + ", but files lists " +
+           str(static_cast<int64_t>(info.files.size())) + (listed.empty() ? "" : " (ranks " + listed + ")"));
   }
   for (size_t u = 0; u < info.units.size(); ++u) {
     const CheckpointUnit& unit = info.units[u];
     const int64_t slice = (unit.numel + world - 1) / world;
     if (unit.slice_numel != slice || unit.padded_numel != slice * world) {
-      r.fail("units[" + str(static_cast<int64_t>(u)) + "] ('" + unit.name + "'): slice_numel " +
-             str(unit.slice_numel) + " and padded_numel " + str(unit.padded_numel) + " do not follow from numel " +
-             str(unit.numel) + " and world_size " + str(world) + " (expected ceil(" + str(unit.numel) + " / " +
-             str(world) + ") = " + str(slice) + " and " + str(slice * world) + ")");
+      r.fail("units[" + str(static_cast<int64_t>(u)) + "] ('" + unit.name + "'): slice_numel " + str(unit.slice_numel) +
+             " and padded_numel " + str(unit.padded_numel) + " do not follow from numel " + str(unit.numel) +
+             " and world_size " + str(world) + " (expected ceil(" + str(unit.numel) + " / " + str(world) +
+             ") = " + str(slice) + " and " + str(slice * world) + ")");
     }
   }
+  auto elements = [&](const CheckpointRange& x) {
+    return "elements " + span(x.begin, x.length) + " of unit '" + info.units[static_cast<size_t>(x.unit)].name + "'";
+  };
   std::vector<bool> seen(static_cast<size_t>(world), false);
   for (size_t i = 0; i < info.files.size(); ++i) {
     const CheckpointFile& f = info.files[i];
@@ -167,13 +171,8 @@ void check_layout(const Reader& r, const CheckpointInfo& info) {
     }
     const std::vector<CheckpointRange>& want = owned[static_cast<size_t>(f.rank)];
     for (size_t k = 0; k < std::max(want.size(), f.ranges.size()); ++k) {
-      const std::string claim =
-          k < f.ranges.size() ? "elements " + span(f.ranges[k].begin, f.ranges[k].length) + " of unit '" +
-                                    info.units[static_cast<size_t>(f.ranges[k].unit)].name + "'"
-                              : "nothing";
-      const std::string owns = k < want.size() ? "elements " + span(want[k].begin, want[k].length) + " of unit '" +
-                                                     info.units[static_cast<size_t>(want[k].unit)].name + "'"
-                                               : "nothing more";
+      const std::string claim = k < f.ranges.size() ? elements(f.ranges[k]) : "nothing";
+      const std::string owns = k < want.size() ? elements(want[k]) : "nothing more";
       const bool same = k < want.size() && k < f.ranges.size() && want[k].unit == f.ranges[k].unit &&
                         want[k].begin == f.ranges[k].begin && want[k].length == f.ranges[k].length;
       if (!same) {

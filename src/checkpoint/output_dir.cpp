@@ -27,13 +27,18 @@ std::string bytes_text(uint64_t bytes) {
 
 std::string kind_of(fs::file_type type) {
   switch (type) {
-    case fs::file_type::regular: return "a regular file";
-    case fs::file_type::symlink: return "a symbolic link";
-    case fs::file_type::block: return "a block device";
-    case fs::file_type::character: return "a character device";
-    case fs::file_type::fifo: return "a FIFO";
-    case fs::file_type::socket: return "a socket";
-    default: return "not a directory";
+    case fs::file_type::regular:
+      return "a regular file";
+    case fs::file_type::block:
+      return "a block device";
+    case fs::file_type::character:
+      return "a character device";
+    case fs::file_type::fifo:
+      return "a FIFO";
+    case fs::file_type::socket:
+      return "a socket";
+    default:
+      return "a file of another kind";
   }
 }
 

@@ -1,8 +1,9 @@
 // `zero3 launch`: start N ranks of a program on this node, the way torchrun's standalone mode does, with
 // the same environment variables (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR,
 // MASTER_PORT) plus ZERO3_LAUNCHER=zero3-launch. Every output line is prefixed with its rank. Signals reach
-// every rank. When one rank fails the others are stopped (SIGTERM, then SIGKILL after a grace period) and
-// the launcher exits with the failing rank's status (128+signal for a signal).
+// every rank. When one rank fails the others get a moment to report what they saw and exit, then are stopped
+// (SIGTERM, then SIGKILL after a grace period), and the launcher exits with the failing rank's status
+// (128+signal for a signal). The ranks die with the launcher (parent-death signal).
 //
 // Under a Kubeflow TrainJob the node count, node rank, master address and port, and the processes per node
 // come from PET_*, so a pod's command can be `zero3 launch -- /app/train ...`.
@@ -16,11 +17,13 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/signalfd.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -40,7 +43,8 @@ using Clock = std::chrono::steady_clock;
 
 constexpr const char* kUsage =
     "usage: zero3 launch [-n N] [--nnodes M --node-rank R | --simulate-nodes M] [--master-addr A]\n"
-    "                    [--master-port P] [--grace SECONDS] [--keep-going] -- PROGRAM [ARGS...]\n"
+    "                    [--master-port P] [--report-grace SECONDS] [--grace SECONDS] [--keep-going]\n"
+    "                    -- PROGRAM [ARGS...]\n"
     "\n"
     "Starts N ranks of PROGRAM on this node (torchrun's variables set for each) and waits for them.\n"
     "  -n, --nproc-per-node N  ranks on this node (default: PET_NPROC_PER_NODE, else 1)\n"
@@ -50,6 +54,8 @@ constexpr const char* kUsage =
     "                          (LOCAL_WORLD_SIZE=N, LOCAL_RANK, GROUP_RANK): a multi-node layout on one machine\n"
     "  --master-addr A         host of rank 0 (default: PET_MASTER_ADDR, else 127.0.0.1)\n"
     "  --master-port P         port of zero3's store (default: PET_MASTER_PORT; a free port on one node)\n"
+    "  --report-grace SECONDS  when a rank fails, let the others report and exit on their own for this long\n"
+    "                          before sending them SIGTERM (default 3)\n"
     "  --grace SECONDS         after SIGTERM, wait this long before SIGKILL (default 5)\n"
     "  --keep-going            when a rank fails, let the others run to their end (fault-injection tests)\n"
     "Exit status: 0 when every rank succeeded, else the first failing rank's (128+signal if killed).\n";
@@ -61,6 +67,7 @@ struct LaunchOptions {
   bool simulate_nodes = false;  // every node's ranks start here
   std::string master_addr;
   int master_port = 0;
+  double report_grace_s = 3.0;
   double grace_s = 5.0;
   bool keep_going = false;
   std::vector<std::string> command;
@@ -139,11 +146,14 @@ LaunchOptions parse(const Args& args) {
       addr = value(a);
     } else if (a == "--master-port" || a == "--master_port") {
       port = to_int(value(a), a, 1, 65535);
-    } else if (a == "--grace") {
+    } else if (a == "--grace" || a == "--report-grace") {
       std::string v = value(a);
       char* end = nullptr;
-      o.grace_s = std::strtod(v.c_str(), &end);
-      if (*end || o.grace_s < 0) throw UsageError("--grace '" + v + "': expected seconds >= 0");
+      const double seconds = std::strtod(v.c_str(), &end);
+      if (v.empty() || *end || !(seconds >= 0) || seconds > 86400) {
+        throw UsageError(a + " '" + v + "': expected seconds in 0..86400");
+      }
+      (a == "--grace" ? o.grace_s : o.report_grace_s) = seconds;
     } else if (a == "--keep-going") {
       o.keep_going = true;
     } else if (!a.empty() && a[0] == '-') {
@@ -286,11 +296,17 @@ class Launcher {
   void signal_all(int sig);
   void begin_stop(int sig);
   void reap();
+  static std::string format_seconds(double s) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%g", s);
+    return buf;
+  }
   void note(const std::string& line) { write_all(2, "zero3 launch: " + line + "\n"); }
 
   LaunchOptions o_;
   std::vector<Rank> ranks_;
   bool stopping_ = false;
+  Clock::time_point term_at_ = Clock::time_point::max();  // a rank failed: SIGTERM to the others then
   Clock::time_point kill_at_ = Clock::time_point::max();
   std::optional<size_t> first_failure_;
   bool first_failure_after_stop_ = false;  // the first failure came after we began stopping the ranks
@@ -311,10 +327,17 @@ void Launcher::spawn(Rank& r, const std::vector<std::string>& env_strings) {
   sigset_t none;
   sigemptyset(&none);
   int devnull = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+  const pid_t launcher = ::getpid();
 
   pid_t pid = ::fork();
   if (pid < 0) throw std::runtime_error(std::string("fork: ") + std::strerror(errno));
   if (pid == 0) {
+    // The rank dies with the launcher (SIGKILL, a crash, the OOM killer): nothing would read its output or its
+    // status any more, and a rank training on alone could still write checkpoints. The signal fires when the
+    // thread that forked exits, which here is the launcher's only thread; it survives execve. The launcher may
+    // have died before prctl, in which case the rank has been re-parented already.
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (::getppid() != launcher) ::_exit(128 + SIGKILL);
     // Own process group: the terminal's Ctrl-C reaches the launcher only (which forwards it once), and a
     // rank's own children are stopped with it.
     ::setpgid(0, 0);
@@ -357,31 +380,40 @@ void Launcher::begin_stop(int sig) {
 }
 
 void Launcher::reap() {
+  // Everything that has ended since the last look. When a rank is killed, the others usually notice within
+  // milliseconds and exit with an error of their own: both may be collected here together, and the rank killed
+  // by a signal is then taken for the first failure, not the one that merely saw it go.
+  std::vector<std::pair<size_t, int>> ended;
   while (true) {
     int wstatus = 0;
     pid_t pid = ::waitpid(-1, &wstatus, WNOHANG);
-    if (pid <= 0) return;
+    if (pid <= 0) break;
     for (size_t i = 0; i < ranks_.size(); ++i) {
-      Rank& r = ranks_[i];
-      if (r.pid != pid || !r.running) continue;
-      r.running = false;
-      r.how = describe_status(wstatus, &r.status);
-      if (r.status == 0) break;
-      bool first = !first_failure_;
-      if (first) {
-        first_failure_ = i;
-        first_failure_after_stop_ = stopping_;
-      }
-      size_t others = 0;
-      for (auto& x : ranks_) others += x.running;
-      if (first && !stopping_ && !o_.keep_going && others > 0) {
-        note("rank " + std::to_string(r.rank) + " (pid " + std::to_string(pid) + ") " + r.how +
-             "; stopping the other " + std::to_string(others) + " rank(s)");
-        begin_stop(SIGTERM);
-      } else if (!stopping_) {
-        note("rank " + std::to_string(r.rank) + " (pid " + std::to_string(pid) + ") " + r.how);
-      }
-      break;
+      if (ranks_[i].pid == pid && ranks_[i].running) ended.emplace_back(i, wstatus);
+    }
+  }
+  std::stable_partition(ended.begin(), ended.end(), [](const auto& e) { return WIFSIGNALED(e.second); });
+  for (const auto& [i, wstatus] : ended) {
+    Rank& r = ranks_[i];
+    r.running = false;
+    r.how = describe_status(wstatus, &r.status);
+    if (r.status == 0) continue;
+    bool first = !first_failure_;
+    if (first) {
+      first_failure_ = i;
+      first_failure_after_stop_ = stopping_;
+    }
+    size_t others = 0;
+    for (auto& x : ranks_) others += x.running;
+    const std::string who = "rank " + std::to_string(r.rank) + " (pid " + std::to_string(r.pid) + ") " + r.how;
+    if (first && !stopping_ && !o_.keep_going && others > 0) {
+      // The others get a moment to report what they saw (their error line) and exit on their own before
+      // SIGTERM, which would cut them short.
+      note(who + "; stopping the other " + std::to_string(others) + " rank(s) (SIGTERM in " +
+           format_seconds(o_.report_grace_s) + " s unless they exit)");
+      term_at_ = Clock::now() + std::chrono::milliseconds(static_cast<int64_t>(o_.report_grace_s * 1000));
+    } else if (!stopping_) {
+      note(who);
     }
   }
 }
@@ -453,7 +485,7 @@ int Launcher::run() {
       }
     }
     if (!any_running && (fds.size() == 1 || Clock::now() >= drain_until)) break;
-    Clock::time_point wake = std::min(kill_at_, drain_until);
+    Clock::time_point wake = std::min({term_at_, kill_at_, drain_until});
     int timeout = -1;
     if (wake != Clock::time_point::max()) {
       auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(wake - Clock::now()).count();
@@ -483,6 +515,16 @@ int Launcher::run() {
       }
     }
     reap();
+    if (Clock::now() >= term_at_) {
+      term_at_ = Clock::time_point::max();
+      size_t left = 0;
+      for (auto& r : ranks_) left += r.running;
+      if (left && !stopping_) {
+        note(std::to_string(left) + " rank(s) still running " + format_seconds(o_.report_grace_s) +
+             " s after the failure: sending SIGTERM");
+        begin_stop(SIGTERM);
+      }
+    }
     if (stopping_ && Clock::now() >= kill_at_) {
       size_t left = 0;
       for (auto& r : ranks_) left += r.running;

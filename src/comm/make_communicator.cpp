@@ -1,3 +1,5 @@
+#include <signal.h>
+
 #include <memory>
 
 #include "comm/registry.hpp"
@@ -5,6 +7,23 @@
 #include "zero3/log.hpp"
 
 namespace zero3 {
+namespace {
+
+// Gloo writes to its TCP sockets with plain write(2): once a peer has died, the next write raises SIGPIPE, whose
+// default action ends this process at once and silently, before it can report the failure (the CommError that
+// names the collective and the peer). Python ignores SIGPIPE, which is why PyTorch's Gloo ranks live to report;
+// a C++ program does not. So a program that left SIGPIPE at its default gets it ignored here, and such a write
+// fails with EPIPE, which Gloo reports. A program that handles or ignores SIGPIPE itself is left alone.
+void ignore_default_sigpipe() {
+  struct sigaction current {};
+  if (::sigaction(SIGPIPE, nullptr, &current) != 0) return;
+  if ((current.sa_flags & SA_SIGINFO) == 0 && current.sa_handler == SIG_DFL) {
+    ::signal(SIGPIPE, SIG_IGN);
+    log::debug("SIGPIPE is ignored from now on: a write to a dead peer's socket must fail, not end the process");
+  }
+}
+
+}  // namespace
 
 std::vector<std::string> available_backends() { return comm::registered_backends(); }
 
@@ -26,6 +45,7 @@ std::unique_ptr<Communicator> make_communicator(const CommOptions& options, cons
     throw CommError("communicator backend \"" + name + "\" is not available in this build (available: " + names +
                     ", or auto)");
   }
+  if (name == "gloo") ignore_default_sigpipe();
   auto comm = entry->factory(options, launch, std::move(store));
   log::debug("communicator ", comm->backend(), ": rank ", comm->rank(), " of ", comm->size(), ", timeout ",
              comm->timeout().count(), " ms");

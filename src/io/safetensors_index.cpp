@@ -1,6 +1,7 @@
 // Models split into shards: reading model.safetensors.index.json, opening every shard it names, and the
 // f32 element-range readers that the engine's pretrained init rule takes.
 #include <algorithm>
+#include <cmath>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <unordered_set>
@@ -197,9 +198,30 @@ F32RangeReader make_f32_reader(std::shared_ptr<const ShardedSafetensorsReader> m
                           std::to_string(t.numel()) + " elements (shape " + shape_string(t.shape) +
                           ") but the parameter it is mapped to has " + std::to_string(expected_numel));
   }
-  // The shard reference stays valid while `model` lives, and the closure owns `model`.
-  return [model = std::move(model), reader = &shard, name = std::move(tensor_name)](
-             int64_t begin, int64_t end, float* out) { reader->read_as_f32(name, begin, end, out); };
+  // The shard reference stays valid while `model` lives, and the closure owns `model`. A parameter that starts
+  // at NaN or Inf makes every step's gradients non-finite: each step would be skipped and the run would train
+  // nothing, so such values are refused here, naming the tensor and the element.
+  return [model = std::move(model), reader = &shard, name = std::move(tensor_name)](int64_t begin, int64_t end,
+                                                                                    float* out) {
+    reader->read_as_f32(name, begin, end, out);
+    int64_t bad = 0, first = -1;
+    for (int64_t i = 0; i < end - begin; ++i) {
+      if (!std::isfinite(out[i])) {
+        if (bad++ == 0) first = i;
+      }
+    }
+    if (bad > 0) {
+      const TensorInfo& t = reader->tensor(name);
+      throw InvalidArgument("tensor " + printable(name) + " of " + reader->path().string() + " " +
+                            shape_string(t.shape) + " holds " + std::to_string(bad) +
+                            " non-finite value(s) in elements [" + std::to_string(begin) + ", " + std::to_string(end) +
+                            "), the first at element " + std::to_string(begin + first) + " (" +
+                            (std::isnan(out[first]) ? "NaN"
+                             : out[first] > 0       ? "+Inf"
+                                                    : "-Inf") +
+                            "); a parameter cannot start from NaN or Inf (every step would be skipped)");
+    }
+  };
 }
 
 }  // namespace zero3::safetensors

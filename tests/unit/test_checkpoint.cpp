@@ -4,7 +4,10 @@
 // manifest, a checkpoint of another model.
 #include <gtest/gtest.h>
 
+#include <sched.h>
+#include <sys/mount.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <fstream>
@@ -16,6 +19,7 @@
 #include "support/engine_world.hpp"
 #include "zero3/checkpoint.hpp"
 #include "zero3/error.hpp"
+#include "zero3/memory_plan.hpp"
 #include "zero3/safetensors.hpp"
 
 namespace zero3::testing {
@@ -291,6 +295,87 @@ TEST_F(CheckpointTest, ExtrasReadAsIntegersNameTheKey) {
   LoadedCheckpoint big = loaded;
   big.extras["position"] = "99999999999999999999";
   expect_checkpoint_error([&] { big.extra_int("position"); }, {"fits 64 bits"});
+}
+
+// What llama3_train checks its --save-dir against: the size of one checkpoint as zero3::checkpoint_bytes (the
+// memory plan's figure) estimates it from the shapes alone holds every file of a real save.
+TEST_F(CheckpointTest, ASaveFitsTheEstimateOfItsSize) {
+  MlpEngine m = engine();
+  train_steps(*m.engine, m.units, plan_, 0, 1);
+  const SavedCheckpoint saved = save_checkpoint(*m.engine, dir(), "size");
+  ModelDesc desc;
+  for (size_t i = 0; i < m.engine->num_units(); ++i) {
+    const UnitInfo& u = m.engine->unit(UnitId{static_cast<int32_t>(i)});
+    UnitDesc d{u.name, {}};
+    for (ParamId p : u.params) d.params.push_back(m.engine->param(p).shape);
+    desc.units.push_back(d);
+  }
+  const uint64_t manifest = fs::file_size(dir() / "size" / "manifest.json");
+  EXPECT_GE(saved.bytes, 12u * static_cast<uint64_t>(desc.numel()));  // the state itself
+  EXPECT_GE(static_cast<uint64_t>(checkpoint_bytes(desc, 1)), saved.bytes + manifest);
+}
+
+// The start-up check of a directory a run will write into: created when missing, then a directory, writable and
+// roomy enough, or a CheckpointError naming the path and the reason.
+TEST(OutputDirectory, IsCreatedProbedAndLeftEmpty) {
+  SharedTempDir tmp(*engine_world(), "zero3-outdir");
+  const fs::path dir = tmp.path() / "runs" / "a";
+  check_output_directory(dir, "--save-dir", 4096, "one checkpoint");
+  EXPECT_TRUE(fs::is_directory(dir));
+  EXPECT_TRUE(fs::is_empty(dir)) << "the probe file was left behind";
+  check_output_directory(dir, "--save-dir");  // again: it exists now
+}
+
+TEST(OutputDirectory, RefusesAFileAFullDiskAndAnEmptyPath) {
+  SharedTempDir tmp(*engine_world(), "zero3-outdir");
+  const fs::path file = tmp.path() / "ckpt";
+  write_text(file, "not a directory");
+  expect_checkpoint_error([&] { check_output_directory(file, "--save-dir"); },
+                          {"--save-dir " + file.string() + ": is a regular file, not a directory"});
+  expect_checkpoint_error([&] { check_output_directory(file / "sub", "--save-dir"); },
+                          {"--save-dir " + (file / "sub").string() + ": cannot create it: Not a directory"});
+  expect_checkpoint_error(
+      [&] { check_output_directory(tmp.path(), "--save-dir", uint64_t{1} << 62, "one checkpoint"); },
+      {"--save-dir " + tmp.path().string() + ": its file system has ",
+       " available, but one checkpoint needs about 4611686018427387904 bytes"});
+  expect_checkpoint_error([&] { check_output_directory("", "--consolidate-to"); },
+                          {"--consolidate-to : is an empty path"});
+}
+
+// A read-only file system, as a read-only mount of the checkpoint volume gives it (permission bits would not stop
+// root): a tmpfs mounted read-only in a mount namespace of a child process.
+TEST(OutputDirectory, RefusesAReadOnlyFileSystem) {
+  SharedTempDir tmp(*engine_world(), "zero3-outdir");
+  const fs::path dir = tmp.path() / "ro";
+  fs::create_directories(dir);
+  int out[2];
+  ASSERT_EQ(::pipe(out), 0);
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::close(out[0]);
+    const int flags = ::geteuid() == 0 ? CLONE_NEWNS : CLONE_NEWUSER | CLONE_NEWNS;
+    if (::unshare(flags) != 0 || ::mount("none", "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0 ||
+        ::mount("none", dir.c_str(), "tmpfs", MS_RDONLY, nullptr) != 0) {
+      ::_exit(77);
+    }
+    std::string message = "accepted";
+    try {
+      check_output_directory(dir, "--save-dir");
+    } catch (const CheckpointError& e) {
+      message = e.what();
+    }
+    [[maybe_unused]] ssize_t n = ::write(out[1], message.data(), message.size());
+    ::_exit(0);
+  }
+  ::close(out[1]);
+  std::string message;
+  char buf[512];
+  for (ssize_t n; (n = ::read(out[0], buf, sizeof buf)) > 0;) message.append(buf, static_cast<size_t>(n));
+  ::close(out[0]);
+  int ws = 0;
+  ASSERT_EQ(::waitpid(pid, &ws, 0), pid);
+  if (WIFEXITED(ws) && WEXITSTATUS(ws) == 77) GTEST_SKIP() << "no mount namespace here";
+  EXPECT_EQ(message, "--save-dir " + dir.string() + ": cannot create a file in it: Read-only file system");
 }
 
 TEST_F(CheckpointTest, AnotherModelIsRefusedNamingTheFirstDifference) {

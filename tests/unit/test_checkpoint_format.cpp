@@ -146,8 +146,9 @@ TEST(Manifest, RefusesInconsistentLayouts) {
 TEST(Manifest, RangesMustBeTheSavingRunsPartition) {
   CheckpointInfo gap = sample_info();
   gap.files[1].ranges[0] = {0, 4, 2};
-  expect_invalid(gap, "files[1] (rank-00001-of-00004.safetensors): ranges[0] is elements [4, 6) of unit 'layers.0', "
-                      "but rank 1 of 4 at stage 3 holds elements [3, 6) of unit 'layers.0' there");
+  expect_invalid(gap,
+                 "files[1] (rank-00001-of-00004.safetensors): ranges[0] is elements [4, 6) of unit 'layers.0', "
+                 "but rank 1 of 4 at stage 3 holds elements [3, 6) of unit 'layers.0' there");
   CheckpointInfo overlap = sample_info();
   overlap.files[1].ranges[0].begin = 2;
   expect_invalid(overlap, "ranges[0] is elements [2, 5)");
@@ -155,19 +156,22 @@ TEST(Manifest, RangesMustBeTheSavingRunsPartition) {
   // rank's slice.
   CheckpointInfo swapped = sample_info();
   std::swap(swapped.files[0].ranges, swapped.files[1].ranges);
-  expect_invalid(swapped, "files[0] (rank-00000-of-00004.safetensors): ranges[0] is elements [3, 6) of unit "
-                          "'layers.0', but rank 0 of 4 at stage 3 holds elements [0, 3)");
+  expect_invalid(swapped,
+                 "files[0] (rank-00000-of-00004.safetensors): ranges[0] is elements [3, 6) of unit "
+                 "'layers.0', but rank 0 of 4 at stage 3 holds elements [0, 3)");
   expect_invalid(swapped, "swapped between files");
   // world_size rewritten: 5 ranks of 10 elements write 5 files.
   CheckpointInfo world = sample_info();
   world.world_size = 5;
-  expect_invalid(world, "world_size 5 at stage 3 means 5 shard file(s), one per rank that holds a slice, but files "
-                        "lists 4 (ranks 0, 1, 2, 3)");
+  expect_invalid(world,
+                 "world_size 5 at stage 3 means 5 shard file(s), one per rank that holds a slice, but files "
+                 "lists 4 (ranks 0, 1, 2, 3)");
   CheckpointInfo sizes = sample_info();
   sizes.units[0].slice_numel = 4;
   sizes.units[0].padded_numel = 16;
-  expect_invalid(sizes, "slice_numel 4 and padded_numel 16 do not follow from numel 10 and world_size 4 (expected "
-                        "ceil(10 / 4) = 3 and 12)");
+  expect_invalid(sizes,
+                 "slice_numel 4 and padded_numel 16 do not follow from numel 10 and world_size 4 (expected "
+                 "ceil(10 / 4) = 3 and 12)");
   CheckpointInfo name = sample_info();
   name.files[2].name = rank_file_name(2, 8);
   expect_invalid(name, "rank 2 of 4 writes 'rank-00002-of-00004.safetensors', not 'rank-00002-of-00008.safetensors'");
@@ -176,7 +180,8 @@ TEST(Manifest, RangesMustBeTheSavingRunsPartition) {
   expect_invalid(twice, "files[1] (rank-00001-of-00004.safetensors): a second file of rank 0");
   CheckpointInfo more = sample_info();
   more.files[0].ranges.push_back({0, 9, 1});
-  expect_invalid(more, "ranges[1] is elements [9, 10) of unit 'layers.0', but rank 0 of 4 at stage 3 holds nothing more");
+  expect_invalid(more,
+                 "ranges[1] is elements [9, 10) of unit 'layers.0', but rank 0 of 4 at stage 3 holds nothing more");
   CheckpointInfo stage0 = sample_info();
   stage0.stage = 0;
   expect_invalid(stage0, "world_size 4 at stage 0 means 1 shard file(s), one per rank that holds the model (rank 0)");
@@ -221,12 +226,14 @@ TEST(Manifest, CountersMustAgree) {
                  "applied_steps (7) + skipped_steps (1) != global_steps (7)");
   expect_invalid(with([](TrainingState& s) { s.micro_steps = 5; }),
                  "training_state.micro_steps 5 is below global_steps 7");
-  expect_invalid(with([](TrainingState& s) { s.scaler_iter = 9; }), "training_state.scaler_iter 9 is outside 0..global_steps (7)");
+  expect_invalid(with([](TrainingState& s) { s.scaler_iter = 9; }),
+                 "training_state.scaler_iter 9 is outside 0..global_steps (7)");
   expect_invalid(with([](TrainingState& s) { s.scaler_last_overflow_iter = 7; }),
                  "training_state.scaler_last_overflow_iter 7 is neither -1 (no overflow) nor an iteration before "
                  "scaler_iter 7");
   expect_invalid(with([](TrainingState& s) { s.loss_scale = 0; }), "training_state.loss_scale");
-  expect_invalid(with([](TrainingState& s) { s.scaler_hysteresis = 0; }), "training_state.scaler_hysteresis 0 is below 1");
+  expect_invalid(with([](TrainingState& s) { s.scaler_hysteresis = 0; }),
+                 "training_state.scaler_hysteresis 0 is below 1");
   CheckpointInfo window = sample_info();
   window.config_json = R"({"gradient_accumulation_steps": 4, "zero_optimization": {"stage": 3}})";
   expect_invalid(window, "training_state.micro_steps 14 is not a multiple of config.gradient_accumulation_steps 4");

@@ -106,6 +106,31 @@ bool wait_until_handles(pid_t pid, int sig, std::chrono::milliseconds limit = 20
 
 bool contains(const std::string& s, const std::string& what) { return s.find(what) != std::string::npos; }
 
+// A process linking zero3 keeps the default actions of SIGTERM, SIGSEGV and SIGABRT even when a dependency
+// (libinfinipath, through libfabric) installed its own at load: a rank the launcher stops is "killed by signal 15",
+// not "exited with status 1" from inside a signal handler.
+TEST(RankSignals, ADependencyDoesNotTurnSignalsIntoExitOne) {
+  std::ifstream maps("/proc/self/maps");
+  std::string line;
+  bool loaded = false;
+  while (std::getline(maps, line)) loaded |= line.find("infinipath") != std::string::npos;
+  if (!loaded) GTEST_SKIP() << "no libinfinipath in this process: nothing installs foreign handlers";
+  for (int sig : {SIGTERM, SIGSEGV, SIGABRT, SIGBUS, SIGILL, SIGINT}) {
+    struct sigaction current {};
+    ASSERT_EQ(::sigaction(sig, nullptr, &current), 0);
+    EXPECT_EQ(current.sa_handler, SIG_DFL) << strsignal(sig);
+    pid_t pid = ::fork();
+    if (pid == 0) {
+      ::raise(sig);
+      ::_exit(0);
+    }
+    int ws = 0;
+    ASSERT_EQ(::waitpid(pid, &ws, 0), pid);
+    EXPECT_TRUE(WIFSIGNALED(ws) && WTERMSIG(ws) == sig)
+        << strsignal(sig) << ": " << (WIFEXITED(ws) ? "exited with status " + std::to_string(WEXITSTATUS(ws)) : "");
+  }
+}
+
 TEST(ZeroLaunch, SetsTheVariablesAndPrefixesEveryLine) {
   auto r = launch({"-n", "3", "--", "sh", "-c",
                    "echo \"$RANK/$WORLD_SIZE $LOCAL_RANK/$LOCAL_WORLD_SIZE $GROUP_RANK $MASTER_ADDR $ZERO3_LAUNCHER\"; "
@@ -136,6 +161,22 @@ TEST(ZeroLaunch, OneFailingRankStopsTheOthers) {
   EXPECT_TRUE(contains(r.err, "rank 1")) << r.err;
   EXPECT_TRUE(contains(r.err, "exited with status 7")) << r.err;
   EXPECT_TRUE(contains(r.err, "stopping the other 2 rank(s)")) << r.err;
+}
+
+// The others are not cut short the moment a rank fails: they get --report-grace to print what they saw and exit
+// on their own (a survivor notices a dead peer within milliseconds and says so), and only then SIGTERM.
+TEST(ZeroLaunch, TheOthersHaveTimeToReportBeforeSigterm) {
+  const std::string job = "if [ $RANK = 1 ]; then exit 3; fi; sleep 0.5; echo 'saw rank 1 go' >&2; exit 1";
+  auto r = launch({"-n", "2", "--", "sh", "-c", job});
+  EXPECT_EQ(r.status, 3);
+  EXPECT_TRUE(contains(r.err, "[rank 0] saw rank 1 go\n")) << r.err;
+  EXPECT_TRUE(contains(r.err, "SIGTERM in 3 s unless they exit")) << r.err;
+  EXPECT_TRUE(contains(r.err, "then rank 0 exited with status 1")) << r.err;
+  // Without the grace the survivor is stopped at once, before it can say anything.
+  r = launch({"-n", "2", "--report-grace", "0", "--", "sh", "-c", job});
+  EXPECT_EQ(r.status, 3);
+  EXPECT_FALSE(contains(r.err, "saw rank 1 go")) << r.err;
+  EXPECT_TRUE(contains(r.err, "then rank 0 was killed by signal 15")) << r.err;
 }
 
 TEST(ZeroLaunch, ARankKilledByASignal) {
@@ -197,6 +238,8 @@ TEST(ZeroLaunch, UsageErrors) {
   EXPECT_EQ(launch({"-n", "2"}).status, 2);
   EXPECT_EQ(launch({"-n", "0", "--", "true"}).status, 2);
   EXPECT_EQ(launch({"--bogus", "--", "true"}).status, 2);
+  EXPECT_EQ(launch({"--report-grace", "-1", "--", "true"}).status, 2);
+  EXPECT_EQ(launch({"--grace", "soon", "--", "true"}).status, 2);
   EXPECT_EQ(launch({"--nnodes", "2", "--node-rank", "0", "--", "true"}).status, 2);  // needs --master-port
   EXPECT_EQ(launch({"--help"}).status, 0);
   auto r = launch({"-n", "1", "--", "/nonexistent/program"});

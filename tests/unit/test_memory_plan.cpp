@@ -316,6 +316,9 @@ TEST(MemoryPlan, Llama3_8B) {
   o.ranks_per_node = 4;
   MemoryPlan p = plan_memory(m, c, o);
   EXPECT_EQ(p.shard_params, 501'891'328);  // every unit divides by 16
+  // One checkpoint: fp32 master, exp_avg and exp_avg_sq of every parameter, plus the header allowance.
+  EXPECT_EQ(p.checkpoint_bytes, 12LL * 8'030'261'248 + 34 * 16 * 4096 + 65536);
+  EXPECT_EQ(checkpoint_bytes(m, 16), p.checkpoint_bytes);
   EXPECT_EQ(p.persistent_params, 0);
   // No unit fits the prefetch bucket, the layers are too far from their backward use to be kept (the head
   // in between is 1.05e9 elements), so the worst moment is the head (final norm + lm_head) alone.

@@ -3,10 +3,12 @@
 // engine's pretrained init rule uses.
 #include <gtest/gtest.h>
 
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <numeric>
 
 #include "safetensors_test_files.hpp"
+#include "zero3/dtype.hpp"
 #include "zero3/error.hpp"
 #include "zero3/safetensors.hpp"
 
@@ -260,6 +262,34 @@ TEST(SafetensorsShards, F32RangeReaderReadsEachRanksSlice) {
                                 {"'layers.1.w'", "32 elements", "[4, 8]", "has 33"});
   expect_error<IoError>([&] { make_f32_reader(again, "layers.1.weight"); }, {"no tensor 'layers.1.weight'"});
   expect_error<InvalidArgument>([&] { make_f32_reader(nullptr, "x"); }, {"no model"});
+}
+
+// Pretrained weights holding NaN or Inf would make every step's gradients non-finite (every step skipped, the run
+// training nothing): the reader refuses them, naming the tensor, the file and the first bad element, in each
+// stored dtype.
+TEST(SafetensorsShards, F32RangeReaderRefusesNonFiniteWeights) {
+  ScratchDir dir;
+  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  const float w[6] = {0.5f, -1.0f, 2.0f, nan, 3.0f, nan};
+  const uint16_t b[4] = {f32_to_bf16(1.0f), f32_to_bf16(-inf), f32_to_bf16(2.0f), f32_to_bf16(inf)};
+  {
+    SafetensorsWriter out(dir / "model.safetensors", {{"w", Dtype::f32, {2, 3}}, {"b", Dtype::bf16, {4}}});
+    out.write("w", w, sizeof w);
+    out.write("b", b, sizeof b);
+    out.finish();
+  }
+  auto model = std::make_shared<const ShardedSafetensorsReader>(dir.path());
+  const std::string file = (dir / "model.safetensors").string();
+  std::vector<float> v(6);
+  const F32RangeReader read_w = make_f32_reader(model, "w", 6);
+  read_w(0, 3, v.data());  // a rank whose slice is clean loads it
+  EXPECT_EQ(v[2], 2.0f);
+  expect_error<InvalidArgument>([&] { read_w(2, 6, v.data()); },
+                                {"tensor 'w' of " + file + " [2, 3] holds 2 non-finite value(s) in elements [2, 6)",
+                                 "the first at element 3 (NaN)", "cannot start from NaN or Inf"});
+  const F32RangeReader read_b = make_f32_reader(model, "b", 4);
+  expect_error<InvalidArgument>([&] { read_b(0, 4, v.data()); }, {"tensor 'b'", "the first at element 1 (-Inf)"});
+  expect_error<InvalidArgument>([&] { read_b(2, 4, v.data()); }, {"the first at element 3 (+Inf)"});
 }
 
 TEST(SafetensorsShards, F32RangeReaderRefusesIntegerTensors) {

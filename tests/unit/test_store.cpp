@@ -265,6 +265,25 @@ TEST(TcpStore, ConnectGivesUpAtTheTimeout) {
   EXPECT_LT(Clock::now() - t0, 3s);
 }
 
+// Rank 0 that died before it served looks like rank 0 that has not started yet: the wait goes on until the timeout,
+// but it says so in the log while it waits.
+TEST(TcpStore, AWaitForAStoreThatDoesNotAnswerIsLogged) {
+  int port;
+  {
+    TcpStoreServer probe("127.0.0.1", 0, fast_options());
+    port = probe.port();
+  }
+  testing::internal::CaptureStderr();
+  EXPECT_THROW(TcpStoreClient("127.0.0.1", port, 1500ms, 100ms), TimeoutError);
+  const std::string err = testing::internal::GetCapturedStderr();
+  const std::string note = "WARN  the zero3 store at 127.0.0.1:" + std::to_string(port) + " has not answered for ";
+  size_t notes = 0;
+  for (size_t at = err.find(note); at != std::string::npos; at = err.find(note, at + 1)) ++notes;
+  EXPECT_GE(notes, 1u) << err;
+  EXPECT_LE(notes, 5u) << "one note, then one every 3 x the first delay: " << err;
+  EXPECT_NE(err.find("Is rank 0 running"), std::string::npos) << err;
+}
+
 TEST(TcpStore, RefusesAServiceThatIsNotAStore) {
   // A listener that answers every connection with an HTTP line.
   int lfd = ::socket(AF_INET, SOCK_STREAM, 0);

@@ -60,8 +60,12 @@ class TcpStoreServer {
 
 class TcpStoreClient final : public Store {
  public:
-  // Connects to host:port, retrying refused or unresolved connections until `timeout`.
-  TcpStoreClient(const std::string& host, int port, std::chrono::milliseconds timeout);
+  // Connects to host:port, retrying refused or unresolved connections until `timeout`. Rank 0 may start late,
+  // or may have died before it served: the wait cannot tell the two apart, so it is not silent. After
+  // `first_note` without a connection it logs a warning naming the address, the last error and the time left,
+  // then again every 3 x `first_note`.
+  TcpStoreClient(const std::string& host, int port, std::chrono::milliseconds timeout,
+                 std::chrono::milliseconds first_note = std::chrono::seconds(10));
 
   void set(const std::string& key, const std::vector<uint8_t>& value) override;
   std::vector<uint8_t> get(const std::string& key) override;

@@ -31,11 +31,14 @@ struct TcpStoreClient::Reply {
   std::string payload;
 };
 
-TcpStoreClient::TcpStoreClient(const std::string& host, int port, std::chrono::milliseconds timeout)
+TcpStoreClient::TcpStoreClient(const std::string& host, int port, std::chrono::milliseconds timeout,
+                               std::chrono::milliseconds first_note)
     : address_(host + ":" + std::to_string(port)), timeout_(timeout) {
   if (timeout.count() <= 0)
     throw InvalidArgument("store timeout must be positive, got " + std::to_string(timeout.count()) + " ms");
-  auto deadline = Clock::now() + timeout;
+  const auto start = Clock::now();
+  auto deadline = start + timeout;
+  auto next_note = start + first_note;
   auto backoff = std::chrono::milliseconds(10);
   std::string last_error;
   while (true) {
@@ -58,7 +61,17 @@ TcpStoreClient::TcpStoreClient(const std::string& host, int port, std::chrono::m
       // Refused, unresolvable or closed: rank 0 may not be listening yet (it can start last).
       last_error = e.what();
     }
-    if (Clock::now() + backoff >= deadline) break;
+    const auto now = Clock::now();
+    if (now + backoff >= deadline) break;
+    if (now >= next_note) {
+      using std::chrono::duration_cast;
+      using std::chrono::seconds;
+      log::warn("the zero3 store at ", address_, " has not answered for ", duration_cast<seconds>(now - start).count(),
+                " s (", last_error, "); retrying for ", duration_cast<seconds>(deadline - now).count(),
+                " s more (the communicator's timeout: zero3.comm_timeout_s, ZERO3_COMM_TIMEOUT_S). Is rank 0 running, "
+                "and are MASTER_ADDR and the port right?");
+      next_note = now + 3 * first_note;
+    }
     std::this_thread::sleep_for(backoff);
     backoff = std::min(backoff * 2, std::chrono::milliseconds(500));
   }
