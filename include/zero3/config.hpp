@@ -168,7 +168,7 @@ struct Zero3Section {
   NetworkTransport network = NetworkTransport::auto_detect;  // "efa" requires EFA and fails without it
   int64_t comm_timeout_s = 600;                              // every collective and store operation
   uint64_t seed = 1234;                                      // meta-init RNG seed
-  bool check_schedule_every_step = false;                    // debug: compare each step's unit order across ranks
+  bool check_schedule_every_step = false;                    // debug: compare each scope entry across ranks
   bool nccl_register_buffers = false;
 };
 

@@ -53,9 +53,14 @@
 // stage3_max_reuse_distance elements. With overlap_comm the gathers and reduce-scatters run on a communication thread
 // while the training thread computes.
 //
-// Ranks must enter units in the same order. During the first micro-step (and every micro-step with
-// zero3.check_schedule_every_step) every scope entry is compared across ranks before any collective is
-// issued for it; a difference is a CommError on every rank naming the position, the units and the ranks.
+// Ranks must open and close the same unit scopes in the same order. What is checked (docs/architecture.md,
+// "Threads, ordering and errors"): every collective is compared across ranks before it moves data (Gloo does it;
+// for nccl, which cannot, the engine does), so ranks whose orders differ never hand the library calls of
+// different sizes; step() (and EvalMode::next_batch()) compares a hash of the micro-step's scope events across
+// ranks before it reduces the last bucket or applies anything, so gradients reduced in another order are never
+// applied; and during the first micro-step (every micro-step with zero3.check_schedule_every_step) each scope
+// entry is compared before anything is issued for it. A difference is a CommError on every rank naming the
+// micro-step, the first differing scope event and the ranks.
 //
 // Offload (docs/architecture.md, "Offload"). On the cpu device: offload_optimizer cpu steps with the SIMD CPU
 // Adam; offload_optimizer nvme keeps the fp32 master and Adam moments in a per-rank swap file under nvme_path
@@ -161,6 +166,8 @@ struct ScheduleStats {
   int64_t reduced_elements = 0;      // gradient elements entering reductions (full unit sizes)
   double gather_wait_seconds = 0;    // the training thread blocked on all-gathers at scope entry
   double comm_wait_seconds = 0;      // blocked on any collective (gathers, reduce buckets, step, checks)
+  int64_t agreement_checks = 0;      // comparisons of the ranks' scope events (one per micro-step, plus per entry)
+  double agreement_seconds = 0;      // the training thread in them (part of comm_wait_seconds)
   std::vector<UnitId> gather_order;  // units in the order their all-gathers were issued
   // NVMe parameter offload: slices read from the swap file for all-gathers, how many of those reads had been
   // started ahead along the schedule (before the all-gather was issued), and the time the training thread
@@ -317,10 +324,16 @@ class Engine {
   UnitScope forward_scope(UnitId unit);
   UnitScope backward_scope(UnitId unit);
 
-  // Ends a micro-step (collective). At an accumulation boundary (every gradient_accumulation_steps calls)
-  // it reduces what remains, checks for Inf/NaN on every rank, clips by the global norm, unscales (fp16),
-  // runs Adam/AdamW on the local slices with the scheduler's lr, updates the loss scale and refreshes the
-  // compute-dtype parameters. Every scope must be closed.
+  // Ends a micro-step (collective). First compares the micro-step's scope events across ranks (a CommError
+  // naming the first difference; nothing is reduced or applied). At an accumulation boundary (every
+  // gradient_accumulation_steps calls) it reduces what remains, checks for Inf/NaN on every rank, clips by the
+  // global norm, unscales (fp16), runs Adam/AdamW on the local slices with the scheduler's lr, updates the loss
+  // scale and refreshes the compute-dtype parameters. Every scope must be closed.
+  // A boundary with no backward_scope since the previous one (on any rank: the ranks' scopes are the same)
+  // applies nothing, as PyTorch's optimizers skip parameters without gradients: no update, no weight decay, no
+  // Adam step, no move of the lr schedule; the result has boundary set and applied unset, and it counts as a
+  // skipped step (skipped_steps(), TrainingState). A unit without a backward scope in a window that has others
+  // is stepped with a zero gradient (its moments decay, weight decay applies), as DeepSpeed's flat partitions do.
   StepResult step();
 
   // True while the current micro-step is the last of its accumulation window (its step() steps).

@@ -36,7 +36,7 @@ class Store {
 // Opens a TCP store. is_server: this process also serves it (rank 0); port 0 then picks a free port (for a job
 // of one, where nobody else needs to find it). Connecting retries refused connections until `timeout`, so
 // the server may start after its clients. The server stops when the returned store is destroyed, after the
-// other clients have disconnected (at most 10 s later).
+// other clients have disconnected (at most 10 s later); destroyed while an exception unwinds, at once.
 std::shared_ptr<Store> make_tcp_store(const std::string& host, int port, bool is_server,
                                       std::chrono::milliseconds timeout);
 

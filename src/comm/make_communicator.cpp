@@ -2,6 +2,7 @@
 
 #include <memory>
 
+#include "comm/bootstrap/launch_agreement.hpp"
 #include "comm/registry.hpp"
 #include "zero3/error.hpp"
 #include "zero3/log.hpp"
@@ -46,6 +47,8 @@ std::unique_ptr<Communicator> make_communicator(const CommOptions& options, cons
                     ", or auto)");
   }
   if (name == "gloo") ignore_default_sigpipe();
+  // Before any backend's own rendezvous, which would fail on a disagreement without naming it.
+  if (launch.world_size > 1 && store) bootstrap::check_launch_agreement(*store, launch, options.timeout);
   auto comm = entry->factory(options, launch, std::move(store));
   log::debug("communicator ", comm->backend(), ": rank ", comm->rank(), " of ", comm->size(), ", timeout ",
              comm->timeout().count(), " ms");

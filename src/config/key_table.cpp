@@ -1067,7 +1067,8 @@ std::vector<KeyEntry> build_table() {
        .apply = [](ReadContext& ctx, const Value& v) { ctx.config.zero3.seed = static_cast<uint64_t>(v.as_int(0)); },
        .emit = [](const Config& c) -> Emitted { return J(c.zero3.seed); }},
       KEY_BOOL("zero3.check_schedule_every_step", c.zero3.check_schedule_every_step, "false",
-               "Compare every step's order of units across ranks (normally only the first step's)."),
+               "Compare each scope entry across ranks before anything is issued for it, in every micro-step "
+               "(normally in the first only); every micro-step is compared as a whole at step() regardless."),
       KEY_BOOL("zero3.nccl_register_buffers", c.zero3.nccl_register_buffers, "false",
                "Read; no effect yet: the engine does not register its buffers with NCCL."),
   };

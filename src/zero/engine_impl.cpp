@@ -1,6 +1,7 @@
 #include "zero/engine_impl.hpp"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <map>
@@ -818,11 +819,17 @@ std::string EngineImpl::divergence_message(const std::vector<std::vector<int64_t
   return "";
 }
 
+bool EngineImpl::ranks_hold(const std::vector<float>& mine, const std::string& what) {
+  const auto start = std::chrono::steady_clock::now();
+  const bool same = ranks_agree(*queue_, *comm_, mine, what, &device_);
+  stats_.agreement_checks++;
+  stats_.agreement_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return same;
+}
+
 void EngineImpl::check_order(int64_t code, const std::string& doing) {
   std::vector<float> mine{static_cast<float>(code)};
-  if (ranks_agree(*queue_, *comm_, mine, "schedule check before " + doing + " in " + schedule_position(), &device_)) {
-    return;
-  }
+  if (ranks_hold(mine, "schedule check before " + doing + " in " + schedule_position())) return;
   std::vector<int64_t> history = events_;
   history.push_back(code);
   auto all = gather_from_ranks(*queue_, *comm_, history, "schedule check: exchanging the events of " +
@@ -837,7 +844,7 @@ void EngineImpl::verify_schedule(const std::string& doing) {
   std::vector<float> mine = hash_to_floats(events_hash_);
   mine.push_back(static_cast<float>(events_.size() % (kMaxExactFloatInt / 2)));
   const std::string where = schedule_position();
-  if (ranks_agree(*queue_, *comm_, mine, "schedule agreement at " + doing + " in " + where, &device_)) return;
+  if (ranks_hold(mine, "schedule agreement at " + doing + " in " + where)) return;
   auto all = gather_from_ranks(*queue_, *comm_, events_, "schedule agreement: exchanging the events of " + where,
                                &device_);
   std::string message = divergence_message(all);

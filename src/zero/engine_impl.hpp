@@ -255,6 +255,7 @@ class EngineImpl {
   void before_host_slice_write(UnitState& u);
   bool checking_order() const;
   void check_order(int64_t code, const std::string& doing);
+  bool ranks_hold(const std::vector<float>& mine, const std::string& what);  // ranks_agree, timed in stats_
   void record_event(int64_t code);
   void reset_events();
   int64_t event_code(UnitId unit, Phase phase, bool closing) const;

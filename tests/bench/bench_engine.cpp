@@ -6,8 +6,9 @@
 // its scopes do a fixed amount of arithmetic over the parameters (--compute-passes reads of every weight in
 // forward, twice that in backward) so communication can hide behind it. Printed per stage: step time,
 // elements all-gathered and reduced per step, their ratio to ZeRO-3's textbook volume of 3 x parameters
-// per step (two all-gathers and one reduce-scatter of every parameter), and the share of the step the
-// training thread spent blocked on collectives. Figures only; nothing is asserted.
+// per step (two all-gathers and one reduce-scatter of every parameter), the share of the step the
+// training thread spent blocked on collectives, and the share it spent comparing the ranks' schedules (step()'s
+// comparison of the micro-step's scope events). Figures only; nothing is asserted.
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -91,8 +92,8 @@ int main(int argc, char** argv) {
   if (comm->rank() == 0) {
     std::printf("bench_engine: %d ranks (%s), %d layers, hidden %lld, %d steps, %d compute passes\n", comm->size(),
                 comm->backend(), o.layers, static_cast<long long>(h), o.steps, o.compute_passes);
-    std::printf("%-6s %12s %14s %14s %10s %12s %12s\n", "stage", "step ms", "gathered/step", "reduced/step", "vol/3P",
-                "comm wait %", "MiB/rank");
+    std::printf("%-6s %12s %14s %14s %10s %12s %12s %10s\n", "stage", "step ms", "gathered/step", "reduced/step",
+                "vol/3P", "comm wait %", "MiB/rank", "agree %");
   }
   for (int stage = 0; stage <= 3; ++stage) {
     Engine e(zero3::testing::resolved_for(bench_config(stage, h), *comm), comm, *device);
@@ -136,16 +137,19 @@ int main(int argc, char** argv) {
     double ratio = (gathered + reduced) / (3.0 * static_cast<double>(params));
     double wait_share = 100.0 * st.comm_wait_seconds / seconds;
     double mib = static_cast<double>(e.memory().peak_total) / (1024.0 * 1024.0);
+    double agree_share = 100.0 * st.agreement_seconds / seconds;
     if (comm->rank() == 0) {
-      std::printf("%-6d %12.2f %14.0f %14.0f %10.3f %12.1f %12.1f\n", stage, 1e3 * seconds / o.steps, gathered, reduced,
-                  ratio, wait_share, mib);
+      std::printf("%-6d %12.2f %14.0f %14.0f %10.3f %12.1f %12.1f %10.3f\n", stage, 1e3 * seconds / o.steps, gathered,
+                  reduced, ratio, wait_share, mib, agree_share);
     }
     if (!std::isfinite(sink)) std::printf("(%g)\n", sink);
   }
   if (comm->rank() == 0) {
     std::printf(
         "vol/3P: elements moved by all-gathers and reductions per step over 3 x parameters (ZeRO-3's "
-        "volume; stages 0-2 all-reduce or reduce-scatter once and gather once)\n");
+        "volume; stages 0-2 all-reduce or reduce-scatter once and gather once)\n"
+        "agree %%: the training thread in step()'s comparison of the ranks' scope events (one 8-float all_reduce "
+        "per micro-step; it also absorbs the ranks' skew, which the next collective would otherwise)\n");
   }
   return 0;
 }

@@ -23,7 +23,8 @@ struct TcpStoreServerOptions {
   std::chrono::milliseconds handshake_timeout = std::chrono::seconds(30);
   std::chrono::milliseconds frame_timeout = std::chrono::seconds(30);
   // On destruction, keep serving until every greeted client has disconnected, at most this long: ranks that
-  // are still reading the store when rank 0 finishes are not cut off.
+  // are still reading the store when rank 0 finishes are not cut off. Not while an exception unwinds (the job
+  // failed): then the server stops at once.
   std::chrono::milliseconds linger = std::chrono::seconds(10);
   size_t max_clients = 4096;
   size_t max_keys = size_t{1} << 20;

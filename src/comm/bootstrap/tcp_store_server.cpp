@@ -12,6 +12,7 @@
 #include <cerrno>
 #include <charconv>
 #include <cstring>
+#include <exception>
 #include <list>
 #include <unordered_map>
 
@@ -503,6 +504,9 @@ TcpStoreServer::TcpStoreServer(const std::string& host, int port, TcpStoreServer
 }
 
 TcpStoreServer::~TcpStoreServer() {
+  // Destroyed while an exception unwinds (the job failed: a timeout, a lost peer): a rank that hangs, the usual
+  // cause of a timeout, would otherwise keep this process, and its error, for the whole linger.
+  if (std::uncaught_exceptions() > 0) options_.linger = std::chrono::milliseconds(0);
   stopping_.store(true);
   uint64_t one = 1;
   [[maybe_unused]] ssize_t r = ::write(wake_fd_.get(), &one, sizeof(one));
