@@ -33,8 +33,9 @@
 #   --quiet                do not print the node logs at the end (they stay in the workdir)
 #
 # counters.tsv: one line per node, "node addr rx_bytes tx_bytes rx_packets tx_packets", what crossed the
-# node's link while the commands ran (Ethernet frames: IP and TCP headers included; traffic between ranks
-# of the same node stays on its loopback and is not counted). The exit status is the first failing node's,
+# node's link while the commands ran (IP and TCP headers and retransmissions included; traffic between ranks
+# of the same node stays on its loopback and is not counted). drops.tsv (with --rate): "node egress ingress",
+# the packets each direction's token bucket dropped. The exit status is the first failing node's,
 # 124 on the timeout, 130/143 when interrupted. Every namespace, link and process the run made is removed
 # on every exit path, SIGINT, SIGTERM and SIGHUP included; only SIGKILL leaves them (then `clean`).
 set -euo pipefail
@@ -204,6 +205,10 @@ counters() {  # counters <node>: rx_bytes tx_bytes rx_packets tx_packets of the 
   ip netns exec "${node_ns[$1]}" cat $s/rx_bytes $s/tx_bytes $s/rx_packets $s/tx_packets | tr '\n' ' '
 }
 
+qdisc_drops() {  # qdisc_drops <namespace> <device>: packets dropped by the device's root qdisc so far
+  tc -n "$1" -s qdisc show dev "$2" | sed -n 's/.*dropped \([0-9]*\).*/\1/p' | head -1
+}
+
 take_link_down() {
   ip -n "${node_ns[$link_down_node]}" link set eth0 down || true
   ip -n "$hub" link set "n$link_down_node" down || true
@@ -232,7 +237,7 @@ run_cluster() {  # run_cluster <mode> -- command...
   if [ -z "$workdir" ]; then workdir=$(mktemp -d /tmp/sim-cluster.XXXXXX); fi
   mkdir -p "$workdir"
   workdir=$(cd "$workdir" && pwd)
-  rm -f "$workdir"/node*.log "$workdir"/node*.status "$workdir/counters.tsv" "$workdir/link_down_at"
+  rm -f "$workdir"/node*.log "$workdir"/node*.status "$workdir/counters.tsv" "$workdir/drops.tsv" "$workdir/link_down_at"
 
   trap cleanup EXIT
   trap 'on_signal INT' INT
@@ -309,6 +314,12 @@ run_cluster() {  # run_cluster <mode> -- command...
   done
   if [ "$quiet" = 0 ]; then
     for ((i = 0; i < nodes; ++i)); do sed "s/^/[node $i] /" "$workdir/node$i.log"; done
+  fi
+  if [ -n "$rate" ]; then  # packets the token buckets dropped (TCP sent them again: the counters hold both)
+    : > "$workdir/drops.tsv"
+    for ((i = 0; i < nodes; ++i)); do
+      printf '%d\t%d\t%d\n' "$i" "$(qdisc_drops "${node_ns[$i]}" eth0)" "$(qdisc_drops "$hub" "n$i")" >> "$workdir/drops.tsv"
+    done
   fi
   while read -r i addr rx tx _ _; do
     say "node $i ($addr): exit $(cat "$workdir/node$i.status"), sent $tx bytes, received $rx bytes"
