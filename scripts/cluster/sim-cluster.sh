@@ -64,7 +64,8 @@ remove_namespace() {
   for i in $(seq 1 50); do
     pids=$(ip netns pids "$ns" 2>/dev/null || true)
     [ -z "$pids" ] && break
-    # SIGTERM first (zero3 launch passes it to its ranks); after 2.5 s, SIGKILL.
+    # SIGTERM first (zero3 launch passes it to its ranks); after 2.5 s, SIGKILL. $pids is a list: split it.
+    # shellcheck disable=SC2086
     if [ "$i" -le 25 ]; then kill -TERM $pids 2>/dev/null || true; else kill -KILL $pids 2>/dev/null || true; fi
     sleep 0.1
   done
@@ -213,7 +214,7 @@ take_link_down() {
   ip -n "${node_ns[$link_down_node]}" link set eth0 down || true
   ip -n "$hub" link set "n$link_down_node" down || true
   say "link of node $link_down_node ($(node_addr "$link_down_node")) is down ($(($(date +%s) - start_s)) s into the run)"
-  echo "$(date +%s.%N)" > "$workdir/link_down_at"
+  date +%s.%N > "$workdir/link_down_at"
 }
 
 run_cluster() {  # run_cluster <mode> -- command...
@@ -331,9 +332,9 @@ run_cluster() {  # run_cluster <mode> -- command...
 
 main() {
   [ $# -ge 1 ] || usage 2
-  local cmd=$1
+  local sub=$1
   shift
-  case $cmd in
+  case $sub in
     -h | --help) usage 0 ;;
     check)
       check
@@ -344,7 +345,7 @@ main() {
       exit 0
       ;;
     run | launch) ;;
-    *) die "unknown command '$cmd' (check, launch, run, clean; --help)" ;;
+    *) die "unknown command '$sub' (check, launch, run, clean; --help)" ;;
   esac
   while [ $# -gt 0 ]; do
     case $1 in
@@ -360,13 +361,13 @@ main() {
       --link-down-when) link_down_when=${2:?--link-down-when needs a regular expression}; shift 2 ;;
       --quiet) quiet=1; shift ;;
       --) shift; break ;;
-      *) die "unknown option '$1' ($cmd --help)" ;;
+      *) die "unknown option '$1' ($sub --help)" ;;
     esac
   done
   [[ $nodes =~ ^[0-9]+$ ]] || die "--nodes '$nodes': expected a number"
   [[ $master_port =~ ^[0-9]+$ ]] && [ "$master_port" -ge 1 ] && [ "$master_port" -le 65535 ] ||
     die "--master-port '$master_port': expected 1..65535"
-  run_cluster "$cmd" "$@"
+  run_cluster "$sub" "$@"
 }
 
 main "$@"

@@ -4,8 +4,8 @@
 #   1. is interrupted with SIGTERM, or with SIGINT (Ctrl-C), while its nodes run;
 #   2. fails (a node's command exits non-zero: the status is passed on) or runs past --timeout (status 124);
 #   3. is killed with SIGKILL (no trap can run): then `sim-cluster.sh clean` removes what it left.
-# usage: test_cleanup.sh ZERO3 ROOT WORK
-ZERO3=$1 ROOT=$2 WORK=$3
+# usage: test_cleanup.sh ROOT WORK
+ROOT=$1 WORK=$2
 source "$(dirname "$0")/cluster_common.sh"
 require_cluster
 rm -rf "$WORK"

@@ -33,8 +33,10 @@ MICRO_BATCH=${MICRO_BATCH:-1}
 GRAD_ACCUM=${GRAD_ACCUM:-4}
 STEPS=${STEPS:-6}
 WARMUP=${WARMUP:-1}
-# plain first: it is the baseline of the ratios
-LAYOUTS=${LAYOUTS:-$(ls "$here"/layouts/plain.json; ls "$here"/layouts/*.json | grep -v '/plain\.json$')}
+if [ -z "${LAYOUTS:-}" ]; then  # plain first: it is the baseline of the ratios
+  LAYOUTS="$here/layouts/plain.json"
+  for f in "$here"/layouts/*.json; do [ "$f" = "$here/layouts/plain.json" ] || LAYOUTS+=" $f"; done
+fi
 PEERS=${PEERS-full hsdp}
 RUN_TIMEOUT=${RUN_TIMEOUT:-1800}
 world=$((NODES * RANKS))
