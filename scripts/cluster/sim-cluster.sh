@@ -33,8 +33,9 @@
 #   --quiet                do not print the node logs at the end (they stay in the workdir)
 #
 # counters.tsv: one line per node, "node addr rx_bytes tx_bytes rx_packets tx_packets", what crossed the
-# node's link while the commands ran (Ethernet frames: IP and TCP headers included; traffic between ranks
-# of the same node stays on its loopback and is not counted). The exit status is the first failing node's,
+# node's link while the commands ran (IP and TCP headers and retransmissions included; traffic between ranks
+# of the same node stays on its loopback and is not counted). drops.tsv (with --rate): "node egress ingress",
+# the packets each direction's token bucket dropped. The exit status is the first failing node's,
 # 124 on the timeout, 130/143 when interrupted. Every namespace, link and process the run made is removed
 # on every exit path, SIGINT, SIGTERM and SIGHUP included; only SIGKILL leaves them (then `clean`).
 set -euo pipefail
@@ -63,7 +64,8 @@ remove_namespace() {
   for i in $(seq 1 50); do
     pids=$(ip netns pids "$ns" 2>/dev/null || true)
     [ -z "$pids" ] && break
-    # SIGTERM first (zero3 launch passes it to its ranks); after 2.5 s, SIGKILL.
+    # SIGTERM first (zero3 launch passes it to its ranks); after 2.5 s, SIGKILL. $pids is a list: split it.
+    # shellcheck disable=SC2086
     if [ "$i" -le 25 ]; then kill -TERM $pids 2>/dev/null || true; else kill -KILL $pids 2>/dev/null || true; fi
     sleep 0.1
   done
@@ -204,11 +206,15 @@ counters() {  # counters <node>: rx_bytes tx_bytes rx_packets tx_packets of the 
   ip netns exec "${node_ns[$1]}" cat $s/rx_bytes $s/tx_bytes $s/rx_packets $s/tx_packets | tr '\n' ' '
 }
 
+qdisc_drops() {  # qdisc_drops <namespace> <device>: packets dropped by the device's root qdisc so far
+  tc -n "$1" -s qdisc show dev "$2" | sed -n 's/.*dropped \([0-9]*\).*/\1/p' | head -1
+}
+
 take_link_down() {
   ip -n "${node_ns[$link_down_node]}" link set eth0 down || true
   ip -n "$hub" link set "n$link_down_node" down || true
   say "link of node $link_down_node ($(node_addr "$link_down_node")) is down ($(($(date +%s) - start_s)) s into the run)"
-  echo "$(date +%s.%N)" > "$workdir/link_down_at"
+  date +%s.%N > "$workdir/link_down_at"
 }
 
 run_cluster() {  # run_cluster <mode> -- command...
@@ -232,7 +238,7 @@ run_cluster() {  # run_cluster <mode> -- command...
   if [ -z "$workdir" ]; then workdir=$(mktemp -d /tmp/sim-cluster.XXXXXX); fi
   mkdir -p "$workdir"
   workdir=$(cd "$workdir" && pwd)
-  rm -f "$workdir"/node*.log "$workdir"/node*.status "$workdir/counters.tsv" "$workdir/link_down_at"
+  rm -f "$workdir"/node*.log "$workdir"/node*.status "$workdir/counters.tsv" "$workdir/drops.tsv" "$workdir/link_down_at"
 
   trap cleanup EXIT
   trap 'on_signal INT' INT
@@ -310,6 +316,12 @@ run_cluster() {  # run_cluster <mode> -- command...
   if [ "$quiet" = 0 ]; then
     for ((i = 0; i < nodes; ++i)); do sed "s/^/[node $i] /" "$workdir/node$i.log"; done
   fi
+  if [ -n "$rate" ]; then  # packets the token buckets dropped (TCP sent them again: the counters hold both)
+    : > "$workdir/drops.tsv"
+    for ((i = 0; i < nodes; ++i)); do
+      printf '%d\t%d\t%d\n' "$i" "$(qdisc_drops "${node_ns[$i]}" eth0)" "$(qdisc_drops "$hub" "n$i")" >> "$workdir/drops.tsv"
+    done
+  fi
   while read -r i addr rx tx _ _; do
     say "node $i ($addr): exit $(cat "$workdir/node$i.status"), sent $tx bytes, received $rx bytes"
   done < "$workdir/counters.tsv"
@@ -320,9 +332,9 @@ run_cluster() {  # run_cluster <mode> -- command...
 
 main() {
   [ $# -ge 1 ] || usage 2
-  local cmd=$1
+  local sub=$1
   shift
-  case $cmd in
+  case $sub in
     -h | --help) usage 0 ;;
     check)
       check
@@ -333,7 +345,7 @@ main() {
       exit 0
       ;;
     run | launch) ;;
-    *) die "unknown command '$cmd' (check, launch, run, clean; --help)" ;;
+    *) die "unknown command '$sub' (check, launch, run, clean; --help)" ;;
   esac
   while [ $# -gt 0 ]; do
     case $1 in
@@ -349,13 +361,13 @@ main() {
       --link-down-when) link_down_when=${2:?--link-down-when needs a regular expression}; shift 2 ;;
       --quiet) quiet=1; shift ;;
       --) shift; break ;;
-      *) die "unknown option '$1' ($cmd --help)" ;;
+      *) die "unknown option '$1' ($sub --help)" ;;
     esac
   done
   [[ $nodes =~ ^[0-9]+$ ]] || die "--nodes '$nodes': expected a number"
   [[ $master_port =~ ^[0-9]+$ ]] && [ "$master_port" -ge 1 ] && [ "$master_port" -le 65535 ] ||
     die "--master-port '$master_port': expected 1..65535"
-  run_cluster "$cmd" "$@"
+  run_cluster "$sub" "$@"
 }
 
 main "$@"

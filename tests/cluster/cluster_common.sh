@@ -1,5 +1,6 @@
-# Shared by the cluster tests (sourced). Each test script gets: ZERO3 (the zero3 binary), ROOT (the source
-# tree), WORK (its own scratch directory), and these helpers.
+# shellcheck shell=bash
+# Shared by the cluster tests (sourced). Each test script sets ROOT (the source tree) and WORK (its own
+# scratch directory) before sourcing it, and gets these helpers.
 set -euo pipefail
 
 SIM="$ROOT/scripts/cluster/sim-cluster.sh"

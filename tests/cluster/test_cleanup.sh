@@ -4,8 +4,8 @@
 #   1. is interrupted with SIGTERM, or with SIGINT (Ctrl-C), while its nodes run;
 #   2. fails (a node's command exits non-zero: the status is passed on) or runs past --timeout (status 124);
 #   3. is killed with SIGKILL (no trap can run): then `sim-cluster.sh clean` removes what it left.
-# usage: test_cleanup.sh ZERO3 ROOT WORK
-ZERO3=$1 ROOT=$2 WORK=$3
+# usage: test_cleanup.sh ROOT WORK
+ROOT=$1 WORK=$2
 source "$(dirname "$0")/cluster_common.sh"
 require_cluster
 rm -rf "$WORK"
@@ -27,13 +27,28 @@ start_sleeping_cluster() {
   fail "the nodes did not start within 30 s"
 }
 
+# Waits (bounded) for the sim-cluster.sh of pid $1 to exit after $2; sets status. A run still going after 60 s
+# fails the test (killed, and what it left removed with `clean`).
+wait_exit() {
+  for _ in $(seq 1 600); do
+    kill -0 "$1" 2>/dev/null || break
+    sleep 0.1
+  done
+  if kill -0 "$1" 2>/dev/null; then
+    kill -KILL "$1"
+    "$SIM" clean
+    fail "sim-cluster.sh was still running 60 s after $2"
+  fi
+  status=0
+  wait "$1" || status=$?
+}
+
 for sig in TERM INT; do
   echo "== SIG$sig while the nodes run"
   start_sleeping_cluster "sig$sig"
   [ -n "$(ip netns list | grep -E "^z3c$SIM_PID-")" ] || fail "no namespaces while the cluster runs"
   kill -"$sig" "$SIM_PID"
-  status=0
-  wait "$SIM_PID" || status=$?
+  wait_exit "$SIM_PID" "SIG$sig"
   want=$([ "$sig" = TERM ] && echo 143 || echo 130)
   [ "$status" = "$want" ] || fail "exit status $status after SIG$sig, expected $want"
   expect_nothing_left "$SIM_PID"

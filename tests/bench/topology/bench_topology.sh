@@ -16,7 +16,7 @@
 # reported as not measured and zero3's layouts still run.
 #
 # usage: bench_topology.sh ZERO3 LLAMA3_TRAIN ROOT WORK
-# environment (defaults in brackets): RATES ["220mbit 100mbit": EFA-like, then TCP-like], NODES [4], RANKS [2],
+# environment (defaults in brackets): RATES ["100mbit 45mbit": EFA-like, then TCP-like], NODES [4], RANKS [2],
 #   MODEL [configs/models/llama-3-topology-bench.json], SEQ_LEN [64], MICRO_BATCH [1], GRAD_ACCUM [4], STEPS [6],
 #   WARMUP [1], LAYOUTS [all of layouts/*.json], PEERS ["full hsdp"; "" for none], RUN_TIMEOUT [1800 s per run]
 # Needs root (network namespaces); exits 77 with the reason where they cannot be made.
@@ -24,7 +24,7 @@ set -euo pipefail
 ZERO3=$1 TRAIN=$2 ROOT=$3 WORK=$4
 here=$(cd "$(dirname "$0")" && pwd)
 SIM="$ROOT/scripts/cluster/sim-cluster.sh"
-RATES=${RATES:-220mbit 100mbit}
+RATES=${RATES:-100mbit 45mbit}
 NODES=${NODES:-4}
 RANKS=${RANKS:-2}
 MODEL=${MODEL:-$ROOT/configs/models/llama-3-topology-bench.json}
@@ -33,8 +33,10 @@ MICRO_BATCH=${MICRO_BATCH:-1}
 GRAD_ACCUM=${GRAD_ACCUM:-4}
 STEPS=${STEPS:-6}
 WARMUP=${WARMUP:-1}
-# plain first: it is the baseline of the ratios
-LAYOUTS=${LAYOUTS:-$(ls "$here"/layouts/plain.json; ls "$here"/layouts/*.json | grep -v '/plain\.json$')}
+if [ -z "${LAYOUTS:-}" ]; then  # plain first: it is the baseline of the ratios
+  LAYOUTS="$here/layouts/plain.json"
+  for f in "$here"/layouts/*.json; do [ "$f" = "$here/layouts/plain.json" ] || LAYOUTS+=" $f"; done
+fi
 PEERS=${PEERS-full hsdp}
 RUN_TIMEOUT=${RUN_TIMEOUT:-1800}
 world=$((NODES * RANKS))
@@ -43,7 +45,7 @@ world=$((NODES * RANKS))
 why=$("$SIM" check) || { echo "$why"; exit 77; }
 mkdir -p "$WORK"
 WORK=$(cd "$WORK" && pwd)
-results="$WORK/results.tsv"   # rate  name  kind  bytes_per_step  step_time_s  note
+results="$WORK/results.tsv"   # rate  name  kind  bytes_per_step  step_time_s  note  drops
 : > "$results"
 notes="$WORK/not-measured.txt"
 : > "$notes"
@@ -84,11 +86,34 @@ setup_peer() {
   peer_python="$venv/bin/python"
 }
 setup_peer
-[ -n "$peer_python" ] && echo "peer: $("$peer_python" -c 'import torch; print("torch", torch.__version__)') FSDP2 on gloo"
+probe=""
+if [ -n "$peer_python" ]; then
+  echo "peer: $("$peer_python" -c 'import torch; print("torch", torch.__version__)') FSDP2 on gloo"
+  # What torch's gloo collectives send between nodes, per call (unshaped links; the same cluster shape).
+  "$SIM" run --nodes "$NODES" --workdir "$WORK/gloo-probe" --timeout 600 --quiet -- \
+    bash -c 'exec "$0" -m torch.distributed.run --nnodes "$SIM_NNODES" --nproc-per-node "$1" --node-rank "$SIM_NODE_RANK" \
+               --master-addr "$SIM_MASTER_ADDR" --master-port "$SIM_MASTER_PORT" --max-restarts 0 "$2"' \
+    "$peer_python" "$RANKS" "$here/gloo_bytes_probe.py" 2> /dev/null || true
+  grep -m1 -h '^{' "$WORK/gloo-probe/node0.log" > "$WORK/gloo-probe/result.json" 2>/dev/null || true
+  probe=$(python3 - "$WORK/gloo-probe/result.json" <<'EOF2' 2>/dev/null || echo "the gloo probe failed (logs in $WORK/gloo-probe)"
+import json, sys
+p = json.load(open(sys.argv[1]))
+mb = lambda b: f"{b / 1e6:.1f} MB"
+print(f"torch gloo between the nodes, per call on a {mb(p['buffer_bytes'])} fp32 buffer over {p['world']} ranks "
+      f"(a ring over the ranks in node order: {mb(p['ring_bytes'])}): all_gather_into_tensor "
+      f"{mb(p['all_gather_into_tensor'])}, reduce_scatter_tensor {mb(p['reduce_scatter_tensor'])}, "
+      f"all_reduce {mb(p['all_reduce'])}")
+EOF2
+)
+  echo "$probe"
+fi
 
 # --- one run -----------------------------------------------------------------------------------------------
 bytes_per_step() {  # the sum over nodes of what each link sent, per optimizer step
   awk -v steps="$STEPS" '{ s += $4 } END { printf "%.0f\n", s / steps }' "$1/counters.tsv"
+}
+drops() {  # packets the token buckets dropped in the whole run (TCP sent them again)
+  awk '{ s += $2 + $3 } END { print s + 0 }' "$1/drops.tsv" 2>/dev/null || echo 0
 }
 
 run_zero3() {  # run_zero3 <rate> <layout file>
@@ -112,7 +137,7 @@ run_zero3() {  # run_zero3 <rate> <layout file>
   local step_time
   step_time=$(awk -F, -v w="$WARMUP" 'NR == 1 { for (c = 1; c <= NF; ++c) if ($c == "step_time_s") col = c; next }
                                       $1 > w { s += $col; ++n } END { printf "%.3f\n", s / n }' "$dir/metrics.csv")
-  printf '%s\t%s\tzero3\t%s\t%s\t\n' "$rate" "$name" "$(bytes_per_step "$dir")" "$step_time" >> "$results"
+  printf '%s\t%s\tzero3\t%s\t%s\t\t%s\n' "$rate" "$name" "$(bytes_per_step "$dir")" "$step_time" "$(drops "$dir")" >> "$results"
 }
 
 run_peer() {  # run_peer <rate> full|hsdp
@@ -136,7 +161,7 @@ run_peer() {  # run_peer <rate> full|hsdp
   fi
   local step_time
   step_time=$(python3 -c 'import json, sys; print("%.3f" % json.load(open(sys.argv[1]))["step_time_s"])' "$dir/result.json")
-  printf '%s\t%s\tpeer\t%s\t%s\t\n' "$rate" "$name" "$(bytes_per_step "$dir")" "$step_time" >> "$results"
+  printf '%s\t%s\tpeer\t%s\t%s\t\t%s\n' "$rate" "$name" "$(bytes_per_step "$dir")" "$step_time" "$(drops "$dir")" >> "$results"
 }
 
 # Layouts this build accepts; the others are listed with zero3's own reason.
@@ -180,6 +205,7 @@ fi
 echo
 echo "== results ($(date -u '+%Y-%m-%d %H:%M UTC'), load average $(load) at the end)"
 [ -n "$shape_check" ] && echo "$shape_check"
+[ -n "$probe" ] && echo "$probe"
 python3 - "$results" <<'EOF' | tee "$WORK/results.md"
 import sys
 rows = [line.rstrip("\n").split("\t") for line in open(sys.argv[1]) if line.strip()]
@@ -188,17 +214,17 @@ for rate in rates:
     mine = [r for r in rows if r[0] == rate]
     base = next((r for r in mine if r[1] == "plain" and r[3]), None)
     print(f"\n**link {rate} each way per node**\n")
-    print("| run | inter-node bytes / step | vs plain | step time (s) | vs plain |")
-    print("|---|---:|---:|---:|---:|")
+    print("| run | inter-node bytes / step | vs plain | step time (s) | vs plain | packets dropped by tbf |")
+    print("|---|---:|---:|---:|---:|---:|")
     for r in mine:
         who = ("zero3 " if r[2] == "zero3" else "PyTorch ") + r[1]
         if not r[3]:
-            print(f"| {who} | {r[5]} | | | |")
+            print(f"| {who} | {r[5]} | | | | |")
             continue
         b, t = float(r[3]), float(r[4])
         rb = f"{b / float(base[3]):.2f}" if base else "n/a"
         rt = f"{t / float(base[4]):.2f}" if base else "n/a"
-        print(f"| {who} | {b / 1e6:.1f} MB | {rb} | {t:.2f} | {rt} |")
+        print(f"| {who} | {b / 1e6:.1f} MB | {rb} | {t:.2f} | {rt} | {r[6]} |")
 EOF
 if [ -s "$notes" ]; then
   echo
