@@ -94,4 +94,9 @@ StepTime model_step_time(const ModelDesc& model, const LlamaDims& dims, const Co
 std::string format_step_times(const std::vector<std::string>& headers, const std::vector<StepTime>& columns,
                               int64_t steps);
 
+// One line per run: its name, the node link's bytes per step, the micro-step and what bounds it, the boundary, the
+// step, `steps` steps, and the step's ratio to `baseline`'s.
+std::string format_layout_table(const std::vector<std::string>& names, const std::vector<StepTime>& rows,
+                                const StepTime& baseline, int64_t steps);
+
 }  // namespace zero3

@@ -17,7 +17,7 @@ namespace {
 constexpr const char* kUsage =
     "usage: zero3 plan --model MODEL.json --config DS_CONFIG.json --world-size N [--ranks-per-node K]\n"
     "                  [--hidden-size H] [--activation-bytes BYTES] [--micro-batch M] [--grad-accum G]\n"
-    "                  [--precision bf16|fp16|fp32]\n"
+    "                  [--precision bf16|fp16|fp32] [--lr X]\n"
     "\n"
     "Prints the bytes each rank and each node will hold for parameters, fp32 master weights, gradients,\n"
     "Adam state and staging buffers, and where each lives (device, host, nvme), for the ZeRO stage and\n"
@@ -27,10 +27,11 @@ constexpr const char* kUsage =
     "bucket sizes (taken from a Llama config.json when not given). --activation-bytes (K, M, G, T suffixes,\n"
     "powers of 1024) adds an activation estimate per rank on the device. --micro-batch, --grad-accum and\n"
     "--precision resolve the matching \"auto\" values (an \"auto\" batch size left unset counts as 1: batch\n"
-    "sizes do not change the plan).\n"
+    "sizes do not change the plan). --lr resolves an \"auto\" learning rate (it changes nothing in the plan).\n"
     "\n"
     "       zero3 plan --model LLAMA_CONFIG.json --config DS_CONFIG.json --cluster CLUSTER.json --seq-len N\n"
-    "                  [--micro-batch M] [--grad-accum G] [--precision bf16|fp16|fp32] [--steps S] [--layouts]\n"
+    "                  [--micro-batch M] [--grad-accum G] [--precision bf16|fp16|fp32] [--lr X] [--steps S]\n"
+    "                  [--layouts]\n"
     "\n"
     "Models one optimizer step of the config's stage-3 run on the cluster described in CLUSTER.json\n"
     "(configs/clusters/, docs/performance-model.md): compute, inter- and intra-node communication, PCIe\n"
@@ -108,12 +109,12 @@ int run_step_time(const std::string& model_path, const std::string& config_path,
   options.flow = DataFlow::zero3;
   const StepTime zero3 = model_step_time(model, dims, config, cluster, options);
 
-  std::printf("model %s (%s): %.2f B parameters; config %s\n", model.name.c_str(), model_path.c_str(),
-              static_cast<double>(model.numel()) / 1e9, config_path.c_str());
+  std::printf("model %s (%s): %lld parameters; config %s\n", model.name.c_str(), model_path.c_str(),
+              static_cast<long long>(model.numel()), config_path.c_str());
   std::printf("cluster %s (%s): %d nodes x %d GPUs\n", cluster.name.empty() ? "-" : cluster.name.c_str(),
               cluster_path.c_str(), cluster.nodes, cluster.gpus_per_node);
-  std::printf("  node link %.1f Gbit/s (NIC %.0f Gbit/s%s) x NCCL %.2f x ZeRO-3 collectives %.2f = %.2f GB/s; PCIe "
-              "%.1f GB/s per GPU; GPU %.0f TFLOP/s x %.2f\n",
+  std::printf("  node link %.4g Gbit/s (NIC %.4g Gbit/s%s) x NCCL %.2f x ZeRO-3 collectives %.2f = %.4g GB/s; PCIe "
+              "%.4g GB/s per GPU; GPU %.4g TFLOP/s x %.2f\n",
               cluster.link_capacity_gbit_s(), cluster.nic_gbit_s,
               cluster.flow_limit_gbit_s > 0
                   ? (", " + std::to_string(cluster.flows_per_node) + " flows of " +
@@ -145,8 +146,8 @@ int run_step_time(const std::string& model_path, const std::string& config_path,
   if (cluster.nodes >= 4 && cluster.nodes % 2 == 0) rows.push_back({"MiCS, two nodes, hierarchical", 1, 2 * L, true, false, 0});
   std::printf("\nzero3 per layout (the same job; qgZ int4, qwZ int8, %lld-element blocks)\n",
               static_cast<long long>(options.quantization_block));
-  std::printf("%-34s %14s %10s %-11s %10s %10s %11s %9s\n", "layout", "node link/step", "micro-step", "(bound)",
-              "boundary", "step", (std::to_string(steps) + " steps").c_str(), "vs DS");
+  std::vector<std::string> names;
+  std::vector<StepTime> times;
   for (const Row& r : rows) {
     Config c = config;
     c.zero.hpz_partition_size = r.hpz;
@@ -155,11 +156,10 @@ int run_step_time(const std::string& model_path, const std::string& config_path,
     StepTimeOptions o = options;
     o.quantized_weights = r.qwz;
     o.quantized_gradient_bits = r.qgz_bits;
-    const StepTime t = model_step_time(model, dims, c, cluster, o);
-    std::printf("%-34s %11.1f GB %8.2f s %-11s %8.2f s %8.2f s %9.0f s %8.2fx\n", r.name,
-                static_cast<double>(t.node_inter_bytes) / 1e9, t.micro_step_s, ("(" + t.bound + ")").c_str(),
-                t.boundary_s, t.step_s, t.step_s * static_cast<double>(steps), t.step_s / deepspeed.step_s);
+    names.push_back(r.name);
+    times.push_back(model_step_time(model, dims, c, cluster, o));
   }
+  std::printf("%s", format_layout_table(names, times, deepspeed, steps).c_str());
   return 0;
 }
 
@@ -216,6 +216,14 @@ int run_plan(const Args& args) {
       auto b = parse_bytes(v);
       if (!b) return usage_error("--activation-bytes: expected a byte count such as 2G, got '" + v + "'");
       options.activation_bytes = *b;
+    } else if (a == "--lr") {
+      try {
+        size_t pos = 0;
+        inputs.lr = std::stod(v, &pos);
+        if (pos != v.size()) throw std::invalid_argument(v);
+      } catch (const std::exception&) {
+        return usage_error("--lr: expected a number, got '" + v + "'");
+      }
     } else if (a == "--precision") {
       if (v == "bf16")
         inputs.precision = DType::bf16;

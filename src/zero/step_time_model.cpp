@@ -171,7 +171,10 @@ std::string fmt(const char* f, double v) {
   return buf;
 }
 std::string seconds(double s) { return s >= 100 ? fmt("%.0f s", s) : s >= 1 ? fmt("%.2f s", s) : fmt("%.3f s", s); }
-std::string gigabytes(int64_t b) { return fmt("%.2f GB", static_cast<double>(b) / 1e9); }
+std::string gigabytes(int64_t b) {
+  const double x = static_cast<double>(b);
+  return x >= 1e9 ? fmt("%.2f GB", x / 1e9) : fmt("%.2f MB", x / 1e6);
+}
 
 }  // namespace
 
@@ -196,7 +199,7 @@ std::string format_step_times(const std::vector<std::string>& headers, const std
   row("", [&](const StepTime& c) { return headers[static_cast<size_t>(&c - columns.data())]; });
   row("layout", [](const StepTime& c) { return c.layout; });
   row("tokens per GPU per step", [](const StepTime& c) { return std::to_string(c.tokens_per_gpu); });
-  row("TFLOP per GPU per step", [](const StepTime& c) { return fmt("%.1f", c.flops_per_gpu / 1e12); });
+  row("TFLOP per GPU per step", [](const StepTime& c) { return fmt("%.4g", c.flops_per_gpu / 1e12); });
   out << "bytes per optimizer step\n";
   row("  node link: sent to other nodes", [](const StepTime& c) { return gigabytes(c.node_inter_bytes); });
   row("  intra-node: sent by the busiest GPU", [](const StepTime& c) { return gigabytes(c.gpu_intra_bytes); });
@@ -210,13 +213,33 @@ std::string format_step_times(const std::vector<std::string>& headers, const std
   row("  = micro-step", [](const StepTime& c) { return seconds(c.micro_step_s) + " (" + c.bound + ")"; });
   out << "after the last micro-step (not overlapped with it)\n";
   row("  boundary collectives", [](const StepTime& c) { return seconds(c.boundary_comm_s); });
-  row("  Adam (CPU with offload_optimizer, else GPU)", [](const StepTime& c) { return seconds(c.optimizer_s); });
+  row("  Adam (on the CPU if offloaded, else GPU)", [](const StepTime& c) { return seconds(c.optimizer_s); });
   row("  PCIe copies of the step", [](const StepTime& c) { return seconds(c.step_offload_s); });
   row("  NVMe", [](const StepTime& c) { return seconds(c.nvme_s); });
   row("  = boundary: collectives + max(rest)", [](const StepTime& c) { return seconds(c.boundary_s); });
   row("step: grad_accum x micro-step + boundary", [](const StepTime& c) { return seconds(c.step_s); });
   row(std::to_string(steps) + " steps",
       [&](const StepTime& c) { return seconds(c.step_s * static_cast<double>(steps)); });
+  return out.str();
+}
+
+std::string format_layout_table(const std::vector<std::string>& names, const std::vector<StepTime>& rows,
+                                const StepTime& baseline, int64_t steps) {
+  ZERO3_REQUIRE(names.size() == rows.size(), InvalidArgument, "format_layout_table: ", names.size(), " names for ",
+                rows.size(), " rows");
+  std::ostringstream out;
+  char buf[256];
+  std::snprintf(buf, sizeof buf, "%-32s %15s %22s %10s %10s %10s %8s\n", "layout", "node link/step",
+                "micro-step (bound)", "boundary", "step", (std::to_string(steps) + " steps").c_str(), "vs DS");
+  out << buf;
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const StepTime& t = rows[i];
+    std::snprintf(buf, sizeof buf, "%-32s %15s %22s %10s %10s %10s %7.2fx\n", names[i].c_str(),
+                  gigabytes(t.node_inter_bytes).c_str(), (seconds(t.micro_step_s) + " (" + t.bound + ")").c_str(),
+                  seconds(t.boundary_s).c_str(), seconds(t.step_s).c_str(),
+                  seconds(t.step_s * static_cast<double>(steps)).c_str(), t.step_s / baseline.step_s);
+    out << buf;
+  }
   return out.str();
 }
 
