@@ -82,11 +82,13 @@ ModelDesc llama_model_desc(const LlamaDims& dims, const std::string& name = "lla
 // Reads a model description from JSON text: either a Hugging Face Llama config.json (has "hidden_size")
 // or {"name": ..., "units": [{"name": ..., "params": [[d0, d1], [d0]]}, ...]}. `source` names the file
 // in errors. Throws ConfigError naming the key. `hidden_size_out`, when given, receives the model's hidden
-// size (0 when the description has none): it resolves the config's "auto" bucket sizes.
-ModelDesc parse_model_desc(const std::string& json_text, const std::string& source, int64_t* hidden_size_out = nullptr);
+// size (0 when the description has none): it resolves the config's "auto" bucket sizes. `dims_out`, when given,
+// receives a Llama config's dimensions (all 0 for a unit list).
+ModelDesc parse_model_desc(const std::string& json_text, const std::string& source, int64_t* hidden_size_out = nullptr,
+                           LlamaDims* dims_out = nullptr);
 
 // Reads the file and parses it. Throws ConfigError (unreadable file included).
-ModelDesc load_model_desc(const std::string& path, int64_t* hidden_size_out = nullptr);
+ModelDesc load_model_desc(const std::string& path, int64_t* hidden_size_out = nullptr, LlamaDims* dims_out = nullptr);
 
 enum class MemoryTier { device, host, nvme };
 enum class MemoryCategory { params, master, grads, optimizer_state, buffers, activations };

@@ -13,6 +13,8 @@
 #include "zero3/initialize.hpp"
 #include "zero3/checkpoint.hpp"
 #include "zero3/crc32c.hpp"
+#include "zero3/cluster_desc.hpp"
 #include "zero3/memory_plan.hpp"
+#include "zero3/step_time_model.hpp"
 #include "zero3/traffic_plan.hpp"
 #include "zero3/safetensors.hpp"

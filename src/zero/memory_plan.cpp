@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "core/check.hpp"
+#include "zero/gather_replay.hpp"
 #include "zero3/error.hpp"
 
 namespace zero3 {
@@ -130,7 +131,8 @@ ModelDesc parse_unit_list(const json& j, const std::string& source) {
 
 }  // namespace
 
-ModelDesc parse_model_desc(const std::string& json_text, const std::string& source, int64_t* hidden_size_out) {
+ModelDesc parse_model_desc(const std::string& json_text, const std::string& source, int64_t* hidden_size_out,
+                           LlamaDims* dims_out) {
   json j;
   try {
     j = json::parse(json_text, nullptr, true, /*ignore_comments=*/true);
@@ -139,6 +141,7 @@ ModelDesc parse_model_desc(const std::string& json_text, const std::string& sour
   }
   ZERO3_REQUIRE(j.is_object(), ConfigError, source, ": expected a JSON object");
   if (hidden_size_out) *hidden_size_out = 0;
+  if (dims_out) *dims_out = LlamaDims{};
   if (j.contains("units")) {
     ModelDesc m = parse_unit_list(j, source);
     if (hidden_size_out) *hidden_size_out = read_positive(j, "hidden_size", source, false, 0);
@@ -164,6 +167,7 @@ ModelDesc parse_model_desc(const std::string& json_text, const std::string& sour
     name = n->get<std::string>();
   }
   if (hidden_size_out) *hidden_size_out = d.hidden_size;
+  if (dims_out) *dims_out = d;
   try {
     return llama_model_desc(d, name);
   } catch (const InvalidArgument& e) {
@@ -171,13 +175,13 @@ ModelDesc parse_model_desc(const std::string& json_text, const std::string& sour
   }
 }
 
-ModelDesc load_model_desc(const std::string& path, int64_t* hidden_size_out) {
+ModelDesc load_model_desc(const std::string& path, int64_t* hidden_size_out, LlamaDims* dims_out) {
   std::ifstream in(path, std::ios::binary);
   ZERO3_REQUIRE(in.good(), ConfigError, path, ": cannot open the model description");
   std::ostringstream text;
   text << in.rdbuf();
   ZERO3_REQUIRE(!in.bad(), ConfigError, path, ": cannot read the model description");
-  return parse_model_desc(text.str(), path, hidden_size_out);
+  return parse_model_desc(text.str(), path, hidden_size_out, dims_out);
 }
 
 const char* to_string(MemoryTier tier) {
@@ -244,105 +248,6 @@ MemoryTier tier_of(OffloadDevice device) {
 
 const char* dtype_label(DType t) { return t == DType::f32 ? "fp32" : t == DType::bf16 ? "bf16" : "fp16"; }
 
-struct LiveUnit {
-  int64_t numel = 0;
-  int64_t padded = 0;
-  bool persistent = false;
-};
-
-struct LivePeak {
-  int64_t numel = 0;
-  int64_t padded = 0;
-};
-
-// Replays the engine's stage-3 gather rules over one steady-state micro-step (forward scopes in order,
-// then backward scopes in reverse) and returns the most elements of non-persistent units gathered or in
-// flight at once. Caps and distances count unpadded elements, as the engine does; buffers are padded.
-LivePeak simulate_gathers(const std::vector<LiveUnit>& units, int64_t prefetch_bucket, int64_t max_live,
-                          int64_t max_reuse_distance) {
-  const int64_t n = static_cast<int64_t>(units.size());
-  std::vector<int64_t> trace;
-  for (int64_t i = 0; i < n; ++i) trace.push_back(i);
-  for (int64_t i = n - 1; i >= 0; --i) trace.push_back(i);
-  const int64_t len = static_cast<int64_t>(trace.size());
-  std::vector<int64_t> prefix(static_cast<size_t>(len) + 1, 0);
-  for (int64_t i = 0; i < len; ++i) prefix[i + 1] = prefix[i] + units[trace[i]].numel;
-  auto next_use = [&](int64_t unit, int64_t after) {  // first position >= after, or -1
-    for (int64_t j = after; j < len; ++j) {
-      if (trace[j] == unit) return j;
-    }
-    return int64_t{-1};
-  };
-
-  std::vector<bool> gathered(units.size(), false), kept(units.size(), false), ahead(units.size(), false);
-  int64_t live = 0, live_padded = 0, ahead_numel = 0;
-  LivePeak peak;
-  auto gather = [&](int64_t u) {
-    gathered[u] = true;
-    live += units[u].numel;
-    live_padded += units[u].padded;
-    peak.numel = std::max(peak.numel, live);
-    peak.padded = std::max(peak.padded, live_padded);
-  };
-  auto release = [&](int64_t u) {
-    if (!gathered[u]) return;
-    gathered[u] = kept[u] = false;
-    live -= units[u].numel;
-    live_padded -= units[u].padded;
-    if (ahead[u]) ahead_numel -= units[u].numel;
-    ahead[u] = false;
-  };
-
-  for (int64_t pos = 0; pos < len; ++pos) {
-    const int64_t u = trace[pos];
-    const bool persistent = units[u].persistent;  // gathered for good; never counted as live
-    if (!persistent) {
-      if (ahead[u]) {
-        ahead[u] = false;
-        ahead_numel -= units[u].numel;
-      }
-      kept[u] = false;
-      if (!gathered[u]) {
-        // Make room: evict kept units, the one used last first; the entered unit is gathered regardless.
-        while (live + units[u].numel > max_live) {
-          int64_t victim = -1, victim_next = 0;
-          for (int64_t o = 0; o < n; ++o) {
-            if (!kept[o]) continue;
-            int64_t next = next_use(o, pos + 1);
-            int64_t key = next < 0 ? INT64_MAX : next;
-            if (victim < 0 || key > victim_next) {
-              victim = o;
-              victim_next = key;
-            }
-          }
-          if (victim < 0) break;
-          release(victim);
-        }
-        gather(u);
-      }
-    }
-    // Prefetch along the order (after any entry, persistent units' included).
-    for (int64_t j = pos + 1; j < len; ++j) {
-      const int64_t v = trace[j];
-      if (units[v].persistent || gathered[v]) continue;
-      if (ahead_numel + units[v].numel > prefetch_bucket || live + units[v].numel > max_live) break;
-      gather(v);
-      ahead[v] = true;
-      ahead_numel += units[v].numel;
-    }
-    if (persistent) continue;
-    // Scope exit: keep for a near reuse, else release.
-    int64_t next = next_use(u, pos + 1);
-    bool keep = next >= 0 && prefix[next] - prefix[pos + 1] <= max_reuse_distance && live <= max_live;
-    if (keep) {
-      kept[u] = true;
-    } else {
-      release(u);
-    }
-  }
-  return peak;
-}
-
 }  // namespace
 
 MemoryPlan plan_memory(const ModelDesc& model, const Config& config, const MemoryPlanOptions& options) {
@@ -383,7 +288,7 @@ MemoryPlan plan_memory(const ModelDesc& model, const Config& config, const Memor
   const DType comm = config.communication_data_type.value_or(accum);
   const bool mixed = plan.compute_dtype != DType::f32;
 
-  std::vector<LiveUnit> units;
+  std::vector<detail::ReplayUnit> units;
   int64_t largest_slice = 0, largest_numel = 0;
   for (const auto& u : model.units) {
     int64_t p = u.numel();
@@ -428,17 +333,16 @@ MemoryPlan plan_memory(const ModelDesc& model, const Config& config, const Memor
     ZERO3_REQUIRE(z.param_persistence_threshold.has_value(), ConfigError,
                   "zero_optimization.stage3_param_persistence_threshold: still \"auto\"; pass --hidden-size to zero3 "
                   "plan (or hidden_size to resolve())");
-    for (auto& u : units) {
-      if (u.numel <= *z.param_persistence_threshold &&
-          plan.persistent_numel + u.numel <= z.model_persistence_threshold) {
-        u.persistent = true;
-        plan.persistent_numel += u.numel;
-        plan.persistent_params += u.padded;
-      }
+    detail::mark_persistent(units, *z.param_persistence_threshold, z.model_persistence_threshold);
+    for (const auto& u : units) {
+      if (!u.persistent) continue;
+      plan.persistent_numel += u.numel;
+      plan.persistent_params += u.padded;
     }
-    LivePeak peak = simulate_gathers(units, *z.prefetch_bucket_size, z.max_live_parameters, z.max_reuse_distance);
-    plan.live_params = peak.padded;
-    plan.live_numel = peak.numel;
+    detail::GatherReplay peak =
+        detail::replay_micro_step(units, *z.prefetch_bucket_size, z.max_live_parameters, z.max_reuse_distance);
+    plan.live_params = peak.peak_live_padded;
+    plan.live_numel = peak.peak_live_numel;
     const MemoryTier slice_tier = tier_of(z.offload_param.device);
     if (separate_master) {
       add(MemoryCategory::params, slice_tier, plan.shard_params * c, "parameter slices (" + cl + ")");

@@ -1,0 +1,246 @@
+#include "zero3/step_time_model.hpp"
+
+#include <algorithm>
+#include <cstdio>
+#include <sstream>
+
+#include "core/check.hpp"
+#include "zero/step_traffic.hpp"
+#include "zero/topology.hpp"
+#include "zero3/dtype.hpp"
+#include "zero3/error.hpp"
+
+namespace zero3 {
+namespace {
+
+// Adam's memory traffic per parameter (bench_cpu_adam's count): read the fp32 master, gradient and both moments
+// (16 B), write the master and moments (12 B) and the 16-bit copy (2 B).
+constexpr double kAdamBytesPerParam = 30;
+// NVMe optimizer offload reads and writes the fp32 master and both moments every step.
+constexpr double kNvmeOptimizerBytesPerParam = 2 * 12;
+
+int64_t require_batch(const std::optional<int64_t>& v, const char* key) {
+  ZERO3_REQUIRE(v.has_value(), ConfigError, key,
+                ": still \"auto\"; give the batch (zero3 plan --micro-batch / --grad-accum) to model a step");
+  ZERO3_REQUIRE(*v >= 1, ConfigError, key, ": ", *v, " must be at least 1");
+  return *v;
+}
+
+// The FLOPs of one token's forward pass: every weight matrix once (2 FLOPs per weight), the embedding lookup
+// none; attention's QK^T and AV over the causal context, on average (seq + 1) / 2 positions.
+double forward_flops_per_token(const ModelDesc& model, const LlamaDims& d, int64_t seq_len) {
+  const int64_t head_dim = d.head_dim > 0 ? d.head_dim : d.hidden_size / d.num_attention_heads;
+  const double q_width = static_cast<double>(d.num_attention_heads * head_dim);
+  double matmul = static_cast<double>(model.numel());
+  if (!d.tie_word_embeddings) matmul -= static_cast<double>(d.vocab_size * d.hidden_size);  // the lookup table
+  const double context = (static_cast<double>(seq_len) + 1) / 2;
+  return 2 * matmul + 4 * context * q_width * static_cast<double>(d.num_hidden_layers);
+}
+
+}  // namespace
+
+const char* to_string(DataFlow flow) { return flow == DataFlow::zero3 ? "zero3" : "DeepSpeed ZeRO-3"; }
+
+StepTime model_step_time(const ModelDesc& model, const LlamaDims& dims, const Config& config,
+                         const ClusterDesc& cluster, const StepTimeOptions& options) {
+  ZERO3_REQUIRE(options.seq_len >= 1, InvalidArgument, "model_step_time: seq_len ", options.seq_len,
+                " must be at least 1");
+  ZERO3_REQUIRE(dims.hidden_size > 0 && dims.num_attention_heads > 0 && dims.num_hidden_layers > 0, InvalidArgument,
+                "model_step_time: the model's Llama dimensions are needed for its FLOPs (a Hugging Face Llama "
+                "config.json, not a unit list)");
+  const bool zeropp = options.quantized_weights || options.quantized_gradient_bits != 0;
+  ZERO3_REQUIRE(!(zeropp && options.flow == DataFlow::deepspeed), InvalidArgument,
+                "model_step_time: the deepspeed flow is plain ZeRO-3; qwZ and qgZ are modelled for the zero3 flow");
+  ZERO3_REQUIRE(cluster.world() >= 1, InvalidArgument, "model_step_time: the cluster has no GPUs");
+  const int64_t micro_batch = require_batch(config.train_micro_batch_size_per_gpu, "train_micro_batch_size_per_gpu");
+  const int64_t ga = require_batch(config.gradient_accumulation_steps, "gradient_accumulation_steps");
+  const ZeroConfig& z = config.zero;
+
+  const bool deepspeed = options.flow == DataFlow::deepspeed;
+  Config flow_config = config;
+  if (deepspeed) {  // plain ZeRO-3: DeepSpeed's hpZ and MiCS are other data flows
+    flow_config.zero.hpz_partition_size = 1;
+    flow_config.zero.mics_shard_size = -1;
+    flow_config.zero.mics_hierarchical_params_gather = false;
+  }
+  const detail::NodeLayout nodes =
+      detail::make_node_layout(cluster.world(), cluster.gpus_per_node, "the cluster description's gpus_per_node");
+  const detail::ShardLayout layout = detail::make_shard_layout(flow_config.zero, nodes);
+  detail::StepTrafficOptions traffic_options;
+  traffic_options.grad_accum = static_cast<int>(ga);
+  if (options.quantized_weights) traffic_options.weights = {8, options.quantization_block};
+  traffic_options.gradients = {options.quantized_gradient_bits, options.quantization_block};
+
+  StepTime t;
+  t.flow = options.flow;
+  t.layout = layout.describe();
+  if (options.quantized_weights) t.layout += " + qwZ";
+  if (options.quantized_gradient_bits != 0) t.layout += " + qgZ (int" + std::to_string(options.quantized_gradient_bits) + ")";
+  t.grad_accum = static_cast<int>(ga);
+  t.tokens_per_gpu = micro_batch * options.seq_len * ga;
+  const double micro_flops = 3 * forward_flops_per_token(model, dims, options.seq_len) *
+                             static_cast<double>(micro_batch * options.seq_len);  // backward: twice the forward
+  t.flops_per_gpu = micro_flops * static_cast<double>(ga);
+
+  // Traffic of node 0's ranks (every node carries the same).
+  const int per_node = cluster.gpus_per_node;
+  int64_t node_micro_inter = 0, node_boundary_inter = 0, max_micro_intra = 0, max_boundary_intra = 0;
+  int64_t owned = 0, primary_slice = 0;
+  for (int r = 0; r < per_node; ++r) {
+    const detail::StepTraffic s = detail::plan_step_traffic(model, flow_config, layout, r, traffic_options);
+    CollectiveTraffic micro = s.forward_gathers;
+    micro += s.backward_gathers;
+    micro += s.reductions;
+    node_micro_inter += micro.inter_node_bytes;
+    node_boundary_inter += s.boundary.inter_node_bytes;
+    max_micro_intra = std::max(max_micro_intra, micro.intra_node_bytes);
+    max_boundary_intra = std::max(max_boundary_intra, s.boundary.intra_node_bytes);
+    owned = s.owned_elements;  // equal on every rank (padded slices)
+    primary_slice = std::max(primary_slice, s.primary_slice_elements);
+  }
+  t.node_inter_bytes = node_micro_inter + node_boundary_inter;
+  t.gpu_intra_bytes = max_micro_intra + max_boundary_intra;
+
+  // Copies between the GPU and host memory, per optimizer step: during the micro-steps and at the boundary.
+  const int64_t c = static_cast<int64_t>(dtype_size(config.compute_dtype()));
+  const bool param_off = z.offload_param.device != OffloadDevice::none;
+  const bool optimizer_off = z.offload_optimizer.device != OffloadDevice::none;
+  int64_t micro_h2d = 0, micro_d2h = 0, step_h2d = 0, step_d2h = 0;
+  if (param_off) micro_h2d += primary_slice * c;  // each gather from the primary partition brings the slice up
+  if (optimizer_off) {
+    if (deepspeed) {
+      // stage3.py partition_grads: each micro-step's reduced partition goes to the pinned host buffer and comes
+      // back to the device (to be added to, or as the device-side buffer), in the accumulation dtype; at the
+      // boundary it goes down once more as fp32 for the optimizer.
+      const int64_t acc = static_cast<int64_t>(dtype_size(config.grad_accum_dtype.value_or(config.compute_dtype())));
+      micro_h2d += ga * owned * acc;
+      micro_d2h += ga * owned * acc;
+      step_d2h += owned * 4;
+    } else {
+      // The accumulator stays on the device; the optimizer step streams it down once.
+      step_d2h += owned * static_cast<int64_t>(dtype_size(config.grad_accum_dtype.value_or(DType::f32)));
+    }
+    if (!param_off) step_h2d += owned * c;  // the new parameters go up (host slices are written in place)
+  } else if (param_off) {
+    step_d2h += owned * c;  // Adam on the GPU; the new slice goes to host memory
+  }
+  t.gpu_h2d_bytes = micro_h2d + step_h2d;
+  t.gpu_d2h_bytes = micro_d2h + step_d2h;
+
+  const double inter_bw = cluster.inter_node_gb_s() * 1e9;
+  const double pcie_bw = cluster.pcie_effective_gb_s() * 1e9;
+  const double nvme_bw = cluster.nvme_gb_s * 1e9;
+  const double gad = static_cast<double>(ga);
+
+  t.compute_s = micro_flops / (cluster.gpu_bf16_tflops * 1e12 * cluster.matmul_efficiency);
+  t.inter_node_s = static_cast<double>(node_micro_inter) / gad / inter_bw;
+  t.intra_node_s = static_cast<double>(max_micro_intra) / gad / pcie_bw;  // GPUs of a node meet over PCIe
+  t.offload_s = static_cast<double>(std::max(micro_h2d, micro_d2h)) / gad / pcie_bw;
+  if (z.offload_param.device == OffloadDevice::nvme) {
+    t.offload_s = std::max(t.offload_s, static_cast<double>(primary_slice * c * per_node) / gad / nvme_bw);
+  }
+  const std::pair<double, const char*> terms[] = {{t.compute_s, "compute"},
+                                                  {t.inter_node_s, "inter-node"},
+                                                  {t.intra_node_s, "intra-node"},
+                                                  {t.offload_s, "offload"}};
+  const auto* busiest = std::max_element(std::begin(terms), std::end(terms),
+                                         [](const auto& a, const auto& b) { return a.first < b.first; });
+  t.micro_step_s = busiest->first;
+  t.bound = busiest->second;
+
+  t.boundary_comm_s = std::max(static_cast<double>(node_boundary_inter) / inter_bw,
+                               static_cast<double>(max_boundary_intra) / pcie_bw);
+  const double node_owned = static_cast<double>(owned) * per_node;
+  t.optimizer_s = optimizer_off ? node_owned * kAdamBytesPerParam / (cluster.cpu_memory_gb_s * 1e9)
+                                : static_cast<double>(owned) * kAdamBytesPerParam / (cluster.gpu_memory_gb_s * 1e9);
+  t.step_offload_s = static_cast<double>(std::max(step_h2d, step_d2h)) / pcie_bw;
+  double nvme_bytes = 0;
+  if (z.offload_optimizer.device == OffloadDevice::nvme) nvme_bytes += node_owned * kNvmeOptimizerBytesPerParam;
+  if (z.offload_param.device == OffloadDevice::nvme) nvme_bytes += node_owned * static_cast<double>(c);
+  t.nvme_s = nvme_bytes / nvme_bw;
+  t.boundary_s = t.boundary_comm_s + std::max({t.optimizer_s, t.step_offload_s, t.nvme_s});
+  t.step_s = gad * t.micro_step_s + t.boundary_s;
+  return t;
+}
+
+namespace {
+
+std::string fmt(const char* f, double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, f, v);
+  return buf;
+}
+std::string seconds(double s) { return s >= 100 ? fmt("%.0f s", s) : s >= 1 ? fmt("%.2f s", s) : fmt("%.3f s", s); }
+std::string gigabytes(int64_t b) {
+  const double x = static_cast<double>(b);
+  return x >= 1e9 ? fmt("%.2f GB", x / 1e9) : fmt("%.2f MB", x / 1e6);
+}
+
+}  // namespace
+
+std::string format_step_times(const std::vector<std::string>& headers, const std::vector<StepTime>& columns,
+                              int64_t steps) {
+  ZERO3_REQUIRE(headers.size() == columns.size(), InvalidArgument, "format_step_times: ", headers.size(),
+                " headers for ", columns.size(), " columns");
+  size_t width = 24;
+  for (const auto& h : headers) width = std::max(width, h.size() + 2);
+  for (const auto& c : columns) width = std::max(width, c.layout.size() + 2);
+  std::ostringstream out;
+  auto row = [&](const std::string& label, auto cell) {
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "%-44s", label.c_str());
+    out << buf;
+    for (const StepTime& c : columns) {
+      std::string v = cell(c);
+      out << v << std::string(width > v.size() ? width - v.size() : 1, ' ');
+    }
+    out << '\n';
+  };
+  row("", [&](const StepTime& c) { return headers[static_cast<size_t>(&c - columns.data())]; });
+  row("layout", [](const StepTime& c) { return c.layout; });
+  row("tokens per GPU per step", [](const StepTime& c) { return std::to_string(c.tokens_per_gpu); });
+  row("TFLOP per GPU per step", [](const StepTime& c) { return fmt("%.4g", c.flops_per_gpu / 1e12); });
+  out << "bytes per optimizer step\n";
+  row("  node link: sent to other nodes", [](const StepTime& c) { return gigabytes(c.node_inter_bytes); });
+  row("  intra-node: sent by the busiest GPU", [](const StepTime& c) { return gigabytes(c.gpu_intra_bytes); });
+  row("  PCIe host->GPU, busiest GPU", [](const StepTime& c) { return gigabytes(c.gpu_h2d_bytes); });
+  row("  PCIe GPU->host, busiest GPU", [](const StepTime& c) { return gigabytes(c.gpu_d2h_bytes); });
+  out << "one micro-step (these overlap: the slowest sets it)\n";
+  row("  compute (forward + backward)", [](const StepTime& c) { return seconds(c.compute_s); });
+  row("  inter-node: gathers + reductions", [](const StepTime& c) { return seconds(c.inter_node_s); });
+  row("  intra-node: gathers + reductions", [](const StepTime& c) { return seconds(c.intra_node_s); });
+  row("  PCIe offload copies", [](const StepTime& c) { return seconds(c.offload_s); });
+  row("  = micro-step", [](const StepTime& c) { return seconds(c.micro_step_s) + " (" + c.bound + ")"; });
+  out << "after the last micro-step (not overlapped with it)\n";
+  row("  boundary collectives", [](const StepTime& c) { return seconds(c.boundary_comm_s); });
+  row("  Adam (on the CPU if offloaded, else GPU)", [](const StepTime& c) { return seconds(c.optimizer_s); });
+  row("  PCIe copies of the step", [](const StepTime& c) { return seconds(c.step_offload_s); });
+  row("  NVMe", [](const StepTime& c) { return seconds(c.nvme_s); });
+  row("  = boundary: collectives + max(rest)", [](const StepTime& c) { return seconds(c.boundary_s); });
+  row("step: grad_accum x micro-step + boundary", [](const StepTime& c) { return seconds(c.step_s); });
+  row(std::to_string(steps) + " steps",
+      [&](const StepTime& c) { return seconds(c.step_s * static_cast<double>(steps)); });
+  return out.str();
+}
+
+std::string format_layout_table(const std::vector<std::string>& names, const std::vector<StepTime>& rows,
+                                const StepTime& baseline, int64_t steps) {
+  ZERO3_REQUIRE(names.size() == rows.size(), InvalidArgument, "format_layout_table: ", names.size(), " names for ",
+                rows.size(), " rows");
+  std::ostringstream out;
+  char buf[256];
+  std::snprintf(buf, sizeof buf, "%-32s %15s %22s %10s %10s %10s %8s\n", "layout", "node link/step",
+                "micro-step (bound)", "boundary", "step", (std::to_string(steps) + " steps").c_str(), "vs DS");
+  out << buf;
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const StepTime& t = rows[i];
+    std::snprintf(buf, sizeof buf, "%-32s %15s %22s %10s %10s %10s %7.2fx\n", names[i].c_str(),
+                  gigabytes(t.node_inter_bytes).c_str(), (seconds(t.micro_step_s) + " (" + t.bound + ")").c_str(),
+                  seconds(t.boundary_s).c_str(), seconds(t.step_s).c_str(),
+                  seconds(t.step_s * static_cast<double>(steps)).c_str(), t.step_s / baseline.step_s);
+    out << buf;
+  }
+  return out.str();
+}
+
+}  // namespace zero3
