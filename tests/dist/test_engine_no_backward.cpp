@@ -42,7 +42,7 @@ struct Result {
 Result train(int stage, bool empty_window) {
   auto comm = engine_world();
   Config c = equivalence_config(stage);  // AdamW with weight decay, WarmupLR, 2 micro-steps per step
-  Engine e(c, comm, cpu_device());
+  Engine e(resolved_for(c, *comm), comm, cpu_device());
   MlpDims d;
   MlpUnits units = declare_mlp(e, d);
   e.materialize();

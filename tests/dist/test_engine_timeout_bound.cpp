@@ -34,7 +34,7 @@ void train_until_a_peer_goes_silent(Clock::time_point* issued) {
   Config c = equivalence_config(3);
   c.gradient_accumulation_steps = 1;
   c.zero.param_persistence_threshold = 0;
-  Engine e(c, comm, cpu_device());
+  Engine e(resolved_for(c, *comm), comm, cpu_device());
   MlpDims d;
   MlpUnits units = declare_mlp(e, d);
   e.materialize();
