@@ -394,9 +394,11 @@ void Launcher::reap() {
   }
   std::stable_partition(ended.begin(), ended.end(), [](const auto& e) { return WIFSIGNALED(e.second); });
   for (const auto& [i, wstatus] : ended) {
-    Rank& r = ranks_[i];
-    r.running = false;
-    r.how = describe_status(wstatus, &r.status);
+    ranks_[i].running = false;
+    ranks_[i].how = describe_status(wstatus, &ranks_[i].status);
+  }
+  for (const auto& [i, wstatus] : ended) {
+    const Rank& r = ranks_[i];
     if (r.status == 0) continue;
     bool first = !first_failure_;
     if (first) {
