@@ -39,7 +39,6 @@
 namespace zero3 {
 
 enum class DataFlow { zero3, deepspeed };
-const char* to_string(DataFlow flow);
 
 struct StepTimeOptions {
   DataFlow flow = DataFlow::zero3;

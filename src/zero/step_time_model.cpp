@@ -39,7 +39,6 @@ double forward_flops_per_token(const ModelDesc& model, const LlamaDims& d, int64
 
 }  // namespace
 
-const char* to_string(DataFlow flow) { return flow == DataFlow::zero3 ? "zero3" : "DeepSpeed ZeRO-3"; }
 
 StepTime model_step_time(const ModelDesc& model, const LlamaDims& dims, const Config& config,
                          const ClusterDesc& cluster, const StepTimeOptions& options) {
