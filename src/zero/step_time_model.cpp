@@ -39,7 +39,6 @@ double forward_flops_per_token(const ModelDesc& model, const LlamaDims& d, int64
 
 }  // namespace
 
-
 StepTime model_step_time(const ModelDesc& model, const LlamaDims& dims, const Config& config,
                          const ClusterDesc& cluster, const StepTimeOptions& options) {
   ZERO3_REQUIRE(options.seq_len >= 1, InvalidArgument, "model_step_time: seq_len ", options.seq_len,
