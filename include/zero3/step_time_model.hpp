@@ -39,7 +39,6 @@
 namespace zero3 {
 
 enum class DataFlow { zero3, deepspeed };
-const char* to_string(DataFlow flow);
 
 struct StepTimeOptions {
   DataFlow flow = DataFlow::zero3;
@@ -73,11 +72,11 @@ struct StepTime {
   std::string bound;  // "compute", "inter-node", "intra-node" or "offload"
 
   // Once per optimizer step, after the last micro-step, in seconds.
-  double boundary_comm_s = 0;   // MiCS's replica all-reduce, persistent units' re-gathers
-  double optimizer_s = 0;       // Adam: on the CPU (offload_optimizer) or on the GPU
-  double step_offload_s = 0;    // PCIe copies of the step (gradients down, parameters up)
-  double nvme_s = 0;            // NVMe traffic of the step (optimizer state, parameter slices written back)
-  double boundary_s = 0;        // boundary_comm_s + max(optimizer_s, step_offload_s, nvme_s)
+  double boundary_comm_s = 0;  // MiCS's replica all-reduce, persistent units' re-gathers
+  double optimizer_s = 0;      // Adam: on the CPU (offload_optimizer) or on the GPU
+  double step_offload_s = 0;   // PCIe copies of the step (gradients down, parameters up)
+  double nvme_s = 0;           // NVMe traffic of the step (optimizer state, parameter slices written back)
+  double boundary_s = 0;       // boundary_comm_s + max(optimizer_s, step_offload_s, nvme_s)
 
   double step_s = 0;  // grad_accum * micro_step_s + boundary_s
 };

@@ -93,7 +93,8 @@ int run_step_time(const std::string& model_path, const std::string& config_path,
   LlamaDims dims;
   ModelDesc model = load_model_desc(model_path, &model_hidden, &dims);
   if (dims.hidden_size == 0) {
-    throw ConfigError(model_path + ": --cluster needs a Hugging Face Llama config.json (its dimensions give the "
+    throw ConfigError(model_path +
+                      ": --cluster needs a Hugging Face Llama config.json (its dimensions give the "
                       "FLOPs), not a unit list");
   }
   ClusterDesc cluster = load_cluster_desc(cluster_path);
@@ -113,20 +114,22 @@ int run_step_time(const std::string& model_path, const std::string& config_path,
               static_cast<long long>(model.numel()), config_path.c_str());
   std::printf("cluster %s (%s): %d nodes x %d GPUs\n", cluster.name.empty() ? "-" : cluster.name.c_str(),
               cluster_path.c_str(), cluster.nodes, cluster.gpus_per_node);
-  std::printf("  node link %.4g Gbit/s (NIC %.4g Gbit/s%s) x NCCL %.2f x ZeRO-3 collectives %.2f = %.4g GB/s; PCIe "
-              "%.4g GB/s per GPU; GPU %.4g TFLOP/s x %.2f\n",
-              cluster.link_capacity_gbit_s(), cluster.nic_gbit_s,
-              cluster.flow_limit_gbit_s > 0
-                  ? (", " + std::to_string(cluster.flows_per_node) + " flows of " +
-                     std::to_string(static_cast<int>(cluster.flow_limit_gbit_s)) + " Gbit/s")
-                        .c_str()
-                  : "",
-              cluster.nccl_link_efficiency, cluster.collective_efficiency, cluster.inter_node_gb_s(),
-              cluster.pcie_effective_gb_s(), cluster.gpu_bf16_tflops, cluster.matmul_efficiency);
+  char flows[96] = "";
+  if (cluster.flow_limit_gbit_s > 0) {
+    std::snprintf(flows, sizeof flows, ", %d flows of %.4g Gbit/s", cluster.flows_per_node, cluster.flow_limit_gbit_s);
+  }
+  std::printf(
+      "  node link %.4g Gbit/s (NIC %.4g Gbit/s%s) x NCCL %.2f x ZeRO-3 collectives %.2f = %.4g GB/s; PCIe "
+      "%.4g GB/s per GPU; GPU %.4g TFLOP/s x %.2f\n",
+      cluster.link_capacity_gbit_s(), cluster.nic_gbit_s, flows, cluster.nccl_link_efficiency,
+      cluster.collective_efficiency, cluster.inter_node_gb_s(), cluster.pcie_effective_gb_s(), cluster.gpu_bf16_tflops,
+      cluster.matmul_efficiency);
   std::printf("job: micro-batch %lld x seq %lld x grad-accum %lld per GPU, %s\n\n",
               static_cast<long long>(*config.train_micro_batch_size_per_gpu), static_cast<long long>(seq_len),
               static_cast<long long>(*config.gradient_accumulation_steps),
-              config.compute_dtype() == DType::bf16 ? "bf16" : config.compute_dtype() == DType::f16 ? "fp16" : "fp32");
+              config.compute_dtype() == DType::bf16  ? "bf16"
+              : config.compute_dtype() == DType::f16 ? "fp16"
+                                                     : "fp32");
   std::printf("%s", format_step_times({"DeepSpeed ZeRO-3", "zero3"}, {deepspeed, zero3}, steps).c_str());
   if (!layouts) return 0;
 
@@ -143,7 +146,8 @@ int run_step_time(const std::string& model_path, const std::string& config_path,
                            {"plain + qwZ + qgZ", 1, -1, false, true, 4},
                            {"hpZ + qwZ + qgZ (ZeRO++)", L, -1, false, true, 4},
                            {"MiCS/HSDP + qgZ", 1, L, false, false, 4}};
-  if (cluster.nodes >= 4 && cluster.nodes % 2 == 0) rows.push_back({"MiCS, two nodes, hierarchical", 1, 2 * L, true, false, 0});
+  if (cluster.nodes >= 4 && cluster.nodes % 2 == 0)
+    rows.push_back({"MiCS, two nodes, hierarchical", 1, 2 * L, true, false, 0});
   std::printf("\nzero3 per layout (the same job; qgZ int4, qwZ int8, %lld-element blocks)\n",
               static_cast<long long>(options.quantization_block));
   std::vector<std::string> names;
@@ -241,8 +245,9 @@ int run_plan(const Args& args) {
   if (config_path.empty()) return usage_error("--config is required");
   if (!cluster_path.empty()) {
     if (world_size || ranks_per_node || options.activation_bytes > 0) {
-      return usage_error("--cluster sets the world (its nodes x gpus_per_node); drop --world-size, --ranks-per-node "
-                         "and --activation-bytes");
+      return usage_error(
+          "--cluster sets the world (its nodes x gpus_per_node); drop --world-size, --ranks-per-node "
+          "and --activation-bytes");
     }
     if (!seq_len) return usage_error("--cluster needs --seq-len (tokens per sequence)");
     return run_step_time(model_path, config_path, cluster_path, *seq_len, steps.value_or(1), layouts, hidden_size,

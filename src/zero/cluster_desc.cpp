@@ -41,25 +41,22 @@ constexpr Field kNcclEff{"nccl_link_efficiency", "a fraction", Range::fraction, 
 constexpr Field kCollectiveEff{"collective_efficiency", "a fraction", Range::fraction, false, true};
 constexpr Field kFlowLimit{"flow_limit_gbit_s", "Gbit/s per flow", Range::positive, false, false};
 constexpr Field kFlows{"flows_per_node", "flows", Range::positive, true, false};
-constexpr const Field* kFields[] = {&kNodes,     &kGpusPerNode, &kTflops,   &kGpuMemory,     &kPcie,
-                                    &kNic,       &kCpuMemory,   &kNvme,     &kMatmul,        &kPcieEff,
-                                    &kNcclEff,   &kCollectiveEff, &kFlowLimit, &kFlows};
+constexpr const Field* kFields[] = {&kNodes,   &kGpusPerNode,   &kTflops,    &kGpuMemory, &kPcie,
+                                    &kNic,     &kCpuMemory,     &kNvme,      &kMatmul,    &kPcieEff,
+                                    &kNcclEff, &kCollectiveEff, &kFlowLimit, &kFlows};
 
 double read_field(const json& j, const Field& f, const std::string& source) {
   const json& v = j.at(f.name);
-  ZERO3_REQUIRE(v.is_number(), ConfigError, source, ": ", f.name, ": expected a number (", f.what, "), got ",
-                v.dump());
+  ZERO3_REQUIRE(v.is_number(), ConfigError, source, ": ", f.name, ": expected a number (", f.what, "), got ", v.dump());
   const double x = v.get<double>();
   ZERO3_REQUIRE(std::isfinite(x), ConfigError, source, ": ", f.name, ": ", v.dump(), " is not a finite number");
   if (f.integer) {
-    ZERO3_REQUIRE(v.is_number_integer() && x >= 1, ConfigError, source, ": ", f.name, ": ", v.dump(),
-                  " is not a positive whole number of ", f.what);
+    ZERO3_REQUIRE(v.is_number_integer() && x >= 1 && x <= 1e6, ConfigError, source, ": ", f.name, ": ", v.dump(),
+                  " is not a positive whole number of ", f.what, " (at most 1000000)");
   } else if (f.range == Range::fraction) {
-    ZERO3_REQUIRE(x > 0 && x <= 1, ConfigError, source, ": ", f.name, ": ", v.dump(),
-                  " is not a fraction in (0, 1]");
+    ZERO3_REQUIRE(x > 0 && x <= 1, ConfigError, source, ": ", f.name, ": ", v.dump(), " is not a fraction in (0, 1]");
   } else {
-    ZERO3_REQUIRE(x > 0, ConfigError, source, ": ", f.name, ": ", v.dump(), " is not a positive rate (", f.what,
-                  ")");
+    ZERO3_REQUIRE(x > 0, ConfigError, source, ": ", f.name, ": ", v.dump(), " is not a positive rate (", f.what, ")");
   }
   return x;
 }

@@ -39,8 +39,6 @@ double forward_flops_per_token(const ModelDesc& model, const LlamaDims& d, int64
 
 }  // namespace
 
-const char* to_string(DataFlow flow) { return flow == DataFlow::zero3 ? "zero3" : "DeepSpeed ZeRO-3"; }
-
 StepTime model_step_time(const ModelDesc& model, const LlamaDims& dims, const Config& config,
                          const ClusterDesc& cluster, const StepTimeOptions& options) {
   ZERO3_REQUIRE(options.seq_len >= 1, InvalidArgument, "model_step_time: seq_len ", options.seq_len,
@@ -75,7 +73,8 @@ StepTime model_step_time(const ModelDesc& model, const LlamaDims& dims, const Co
   t.flow = options.flow;
   t.layout = layout.describe();
   if (options.quantized_weights) t.layout += " + qwZ";
-  if (options.quantized_gradient_bits != 0) t.layout += " + qgZ (int" + std::to_string(options.quantized_gradient_bits) + ")";
+  if (options.quantized_gradient_bits != 0)
+    t.layout += " + qgZ (int" + std::to_string(options.quantized_gradient_bits) + ")";
   t.grad_accum = static_cast<int>(ga);
   t.tokens_per_gpu = micro_batch * options.seq_len * ga;
   const double micro_flops = 3 * forward_flops_per_token(model, dims, options.seq_len) *
@@ -148,8 +147,8 @@ StepTime model_step_time(const ModelDesc& model, const LlamaDims& dims, const Co
   t.micro_step_s = busiest->first;
   t.bound = busiest->second;
 
-  t.boundary_comm_s = std::max(static_cast<double>(node_boundary_inter) / inter_bw,
-                               static_cast<double>(max_boundary_intra) / pcie_bw);
+  t.boundary_comm_s =
+      std::max(static_cast<double>(node_boundary_inter) / inter_bw, static_cast<double>(max_boundary_intra) / pcie_bw);
   const double node_owned = static_cast<double>(owned) * per_node;
   t.optimizer_s = optimizer_off ? node_owned * kAdamBytesPerParam / (cluster.cpu_memory_gb_s * 1e9)
                                 : static_cast<double>(owned) * kAdamBytesPerParam / (cluster.gpu_memory_gb_s * 1e9);

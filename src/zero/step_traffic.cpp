@@ -75,7 +75,8 @@ StepTraffic plan_step_traffic(const ModelDesc& model, const Config& config, cons
   ZERO3_REQUIRE(options.grad_accum >= 1, InvalidArgument, "plan_step_traffic: grad_accum ", options.grad_accum,
                 " must be >= 1");
   ZERO3_REQUIRE(options.weights.bits == 0 || options.weights.bits == 8, InvalidArgument,
-                "plan_step_traffic: quantized weights have ", options.weights.bits, " bits; qwZ sends int8 (8) or 0 (off)");
+                "plan_step_traffic: quantized weights have ", options.weights.bits,
+                " bits; qwZ sends int8 (8) or 0 (off)");
   ZERO3_REQUIRE(options.gradients.bits == 0 || options.gradients.bits == 4 || options.gradients.bits == 8,
                 InvalidArgument, "plan_step_traffic: quantized gradients have ", options.gradients.bits,
                 " bits; qgZ sends int4 (4) or int8 (8), or 0 (off)");
@@ -117,10 +118,11 @@ StepTraffic plan_step_traffic(const ModelDesc& model, const Config& config, cons
     const int64_t es = options.weights.bits == 0 ? c : 1;
     const int64_t count = options.weights.bits == 0 ? s : n;
     if (layout.hierarchical) {
-      count_collective(t, link_of(layout.shard_inter_node_group(rank), nodes, rank), CollectiveKind::all_gather,
-                       count, es);
+      count_collective(t, link_of(layout.shard_inter_node_group(rank), nodes, rank), CollectiveKind::all_gather, count,
+                       es);
       const GroupLink intra = link_of(layout.shard_intra_node_group(rank), nodes, rank);
-      for (int j = 0; j < G / nodes.ranks_per_node; ++j) count_collective(t, intra, CollectiveKind::all_gather, count, es);
+      for (int j = 0; j < G / nodes.ranks_per_node; ++j)
+        count_collective(t, intra, CollectiveKind::all_gather, count, es);
     } else {
       count_collective(t, shard, CollectiveKind::all_gather, count, es);
     }
@@ -166,8 +168,7 @@ StepTraffic plan_step_traffic(const ModelDesc& model, const Config& config, cons
       for (auto it = slices.rbegin(); it != slices.rend(); ++it) {
         const int64_t s = *it;
         if (per_node > 1) {
-          count_all_to_all(out.reductions, intra, nodes, rank,
-                           wire_bytes(s * group_nodes, g, options.gradients));
+          count_all_to_all(out.reductions, intra, nodes, rank, wire_bytes(s * group_nodes, g, options.gradients));
         }
         if (group_nodes > 1) {
           count_all_to_all(out.reductions, layout.shard_inter_node_group(rank), nodes, rank,

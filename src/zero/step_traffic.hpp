@@ -40,7 +40,7 @@ namespace zero3::detail {
 
 // ZeRO++'s block quantization on the wire.
 struct WireQuant {
-  int bits = 0;         // 0: not quantized; else 8 or 4
+  int bits = 0;          // 0: not quantized; else 8 or 4
   int64_t block = 2048;  // elements per fp32 scale
 };
 

@@ -81,6 +81,8 @@ TEST(ClusterDesc, NamesTheFieldOfEveryBadFigure) {
   EXPECT_NE(cluster_error(with("nodes", "2.5")).find("nodes: 2.5 is not a positive whole number"), std::string::npos);
   EXPECT_NE(cluster_error(with("gpus_per_node", "0")).find("gpus_per_node: 0 is not a positive whole number"),
             std::string::npos);
+  EXPECT_NE(cluster_error(with("nodes", "10000000000")).find("nodes: 10000000000 is not a positive whole number"),
+            std::string::npos);
   EXPECT_NE(cluster_error(with("gpu_bf16_tflops", "\"fast\"")).find("gpu_bf16_tflops: expected a number"),
             std::string::npos);
   EXPECT_NE(cluster_error(with("nic_gbit", "100")).find("unknown field \"nic_gbit\"; did you mean \"nic_gbit_s\"?"),
@@ -270,8 +272,9 @@ TEST(StepTimeModel, PlanCommandReproducesTheSeedRuns) {
   const char* bin = std::getenv("ZERO3_BIN_DIR");
   const char* src = std::getenv("ZERO3_SOURCE_DIR");
   if (!bin || !src) GTEST_SKIP() << "ZERO3_BIN_DIR / ZERO3_SOURCE_DIR are not set (run through ctest)";
-  const std::string base = std::string(bin) + "/zero3 plan --model " + src + "/configs/models/llama-3-8b.json --config " +
-                           src + "/configs/llama-3-8b-stage3.json --seq-len 512 --micro-batch 4 --grad-accum 4 --steps 50";
+  const std::string base = std::string(bin) + "/zero3 plan --model " + src +
+                           "/configs/models/llama-3-8b.json --config " + src +
+                           "/configs/llama-3-8b-stage3.json --seq-len 512 --micro-batch 4 --grad-accum 4 --steps 50";
   const std::pair<const char*, double> runs[] = {{"efa", 2441.04}, {"tcp", 5408.85}};
   for (const auto& [name, measured] : runs) {
     int status = 0;

@@ -46,7 +46,7 @@ StepTraffic plan(const Config& c, const ShardLayout& l, int rank, int ga = 2, St
 }
 
 TEST(WireBytes, CodesPaddedToFourBytesPlusAScalePerBlock) {
-  EXPECT_EQ(wire_bytes(10, 2, {}), 20);                   // not quantized: 10 bf16 elements
+  EXPECT_EQ(wire_bytes(10, 2, {}), 20);                     // not quantized: 10 bf16 elements
   EXPECT_EQ(wire_bytes(4096, 2, {8, 2048}), 4096 + 2 * 4);  // int8: a byte each, two fp32 scales
   EXPECT_EQ(wire_bytes(4096, 4, {4, 2048}), 2048 + 2 * 4);  // int4: two per byte
   EXPECT_EQ(wire_bytes(5, 2, {4, 2048}), 4 + 4);            // 3 code bytes padded to 4, one block
