@@ -178,7 +178,7 @@ struct Config {
   std::optional<double> gradient_clipping = 0.0;  // 0: off; nullopt while "auto"
   bool prescale_gradients = false;
   double gradient_predivide_factor = 1.0;
-  std::optional<DType> communication_data_type;  // default: the compute dtype (fp32 for grads, see docs)
+  std::optional<DType> communication_data_type;  // default: communication_dtype()
   std::optional<DType> grad_accum_dtype;         // data_types.grad_accum_dtype; default f32
   int64_t steps_per_print = 10;
   bool wall_clock_breakdown = false;
@@ -204,6 +204,9 @@ struct Config {
 
   // The compute dtype the config selects: bf16, f16 or f32.
   DType compute_dtype() const { return bf16.enabled ? DType::bf16 : fp16.enabled ? DType::f16 : DType::f32; }
+  // The dtype gradients are reduced in: communication_data_type, else DeepSpeed's default, the compute dtype (bf16
+  // under bf16, fp16 under fp16, fp32 otherwise: DeepSpeedEngine.communication_data_type).
+  DType communication_dtype() const { return communication_data_type.value_or(compute_dtype()); }
 };
 
 // Facts from the training program that resolve "auto". Unset fields resolve nothing.

@@ -15,8 +15,8 @@
 //   - grads: the accumulator in data_types.grad_accum_dtype (g bytes), full at stages 0-1, the slice at
 //     stages 2-3; plus the buffer of one open backward scope, the largest unit's Pp_u elements in g bytes.
 //   - optimizer_state: Adam's m and v, fp32, over the owned range.
-//   - buffers: the reducer's two alternating buckets in communication_data_type (default: the grad
-//     accumulation dtype): stages 2-3 reduce-scatter, each bucket C*W in + C out elements with
+//   - buffers: the reducer's two alternating buckets in communication_data_type (default: the compute
+//     dtype, as DeepSpeed's): stages 2-3 reduce-scatter, each bucket C*W in + C out elements with
 //     C = min(reduce_bucket_size / W, sum of S_u); stages 0-1 all-reduce, each C = min(reduce_bucket_size,
 //     sum of P_u) elements. With a 16-bit accumulator, an fp32 tile of min(sub_group_size, largest owned
 //     range) elements for the optimizer step. NVMe tiers add their staging buffers (below).

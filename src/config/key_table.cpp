@@ -588,8 +588,12 @@ std::vector<KeyEntry> build_table() {
       {.path = "communication_data_type",
        .type = "string",
        .default_json = "null",
-       .doc = "Data type of gradient reductions: \"fp32\", \"fp16\" or \"bf16\". null: fp32 (see "
-              "data_types.grad_accum_dtype).",
+       .doc = "Data type gradients are reduced in, on the wire and in the reduction buckets: \"fp32\", \"fp16\" "
+              "or \"bf16\". null: as DeepSpeed, the compute precision (bf16 under bf16.enabled, fp16 under "
+              "fp16.enabled, else fp32). A gradient element costs 2 bytes in bf16/fp16 and 4 in fp32 per hop: a "
+              "reduce-scatter over W ranks sends (W-1)/W x 2 (or 4) bytes per element of the model per rank and "
+              "micro-step. 16-bit partial sums are rounded to 16 bits at each hop (as NCCL does); \"fp32\" sums "
+              "exactly. Local accumulation stays in data_types.grad_accum_dtype (fp32 by default).",
        .apply = [](ReadContext& ctx, const Value& v) { ctx.config.communication_data_type = v.as_dtype(); },
        .emit = [](const Config& c) -> Emitted { return optional_dtype(c.communication_data_type); }},
       IGNORED("seq_parallel_communication_data_type", "string", "\"fp32\"", not_default,

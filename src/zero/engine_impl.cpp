@@ -117,7 +117,7 @@ EngineImpl::EngineImpl(const Config& config, std::shared_ptr<Communicator> comm,
   policy_.shard_params = z.stage >= 3;
   compute_dtype_ = config_.compute_dtype();
   acc_dtype_ = config_.grad_accum_dtype.value_or(DType::f32);
-  comm_dtype_ = config_.communication_data_type.value_or(acc_dtype_);
+  comm_dtype_ = config_.communication_dtype();
   gas_ = gradient_accumulation(config_, world_);
   overlap_ = z.overlap_comm_set ? z.overlap_comm : z.stage == 3;
   reduce_bucket_numel_ = require_set(z.reduce_bucket_size, "zero_optimization.reduce_bucket_size");

@@ -380,7 +380,7 @@ MemoryPlan plan_memory(const ModelDesc& model, const Config& config, const Memor
   const int64_t c = static_cast<int64_t>(dtype_size(plan.compute_dtype));
   const DType accum = config.grad_accum_dtype.value_or(DType::f32);
   const int64_t g = static_cast<int64_t>(dtype_size(accum));
-  const DType comm = config.communication_data_type.value_or(accum);
+  const DType comm = config.communication_dtype();
   const bool mixed = plan.compute_dtype != DType::f32;
 
   std::vector<LiveUnit> units;

@@ -98,7 +98,12 @@ const Variant kVariants[] = {
     {"stage1", 1, nullptr, 1e-5},
     {"stage2", 2, nullptr, 1e-5},
     {"stage3", 3, nullptr, 1e-5},
-    {"stage3_bf16", 3, [](Config& c) { c.bf16.enabled = true; }, 5e-3},
+    {"stage3_bf16", 3,
+     [](Config& c) {
+       c.bf16.enabled = true;
+       c.communication_data_type = DType::f32;
+     },
+     5e-3},
 };
 
 INSTANTIATE_TEST_SUITE_P(Engine, StreamPath, ::testing::ValuesIn(kVariants),

@@ -91,6 +91,7 @@ zero3::Config train_config(const Variant& v) {
   c.bf16.enabled = v.half == Half::bf16;
   c.fp16.enabled = v.half == Half::fp16;
   c.fp16.initial_scale_power = 8;  // dynamic loss scaling from 256: no overflow in this model
+  c.communication_data_type = zero3::DType::f32;  // exact sums, as the reference's: the 16-bit bounds below
   c.train_micro_batch_size_per_gpu = kBatch;
   c.gradient_accumulation_steps = kGas;
   c.gradient_clipping = 0.5;
