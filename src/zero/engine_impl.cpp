@@ -64,8 +64,6 @@ EngineImpl::EngineImpl(const Config& config, std::shared_ptr<Communicator> comm,
   ZERO3_REQUIRE(!(config_.fp16.enabled && config_.bf16.enabled), ConfigError,
                 "fp16.enabled and bf16.enabled: both are true; choose one compute precision");
   detect_nodes();
-  ZERO3_REQUIRE(layout_.kind == LayoutKind::plain, Unsupported, "Engine: the layout ", layout_.describe(),
-                " is not built yet");
   // On the cpu device everything already lives in host memory, which is what offload to "cpu" asks for:
   // the optimizer step then runs the SIMD CPU Adam (cpu_adam_step) tile by tile, and the parameters need no
   // moving (an honest no-op). Optimizer offload to nvme swaps the fp32 master weights and Adam moments to a
@@ -111,6 +109,13 @@ EngineImpl::EngineImpl(const Config& config, std::shared_ptr<Communicator> comm,
     }
   }
   if (optimizer_on_host_ || slices_on_host_) host_device_ = make_cpu_device();
+  // hpZ's secondary partition lives on the device; for parameters that live in host memory or on NVMe it is not
+  // built (DeepSpeed keeps it in host memory then).
+  ZERO3_REQUIRE(layout_.kind != LayoutKind::hpz || !(slices_on_host_ || z.offload_param.device == OffloadDevice::nvme),
+                Unsupported, "zero_optimization.zero_hpz_partition_size: ", z.hpz_partition_size,
+                " with offload_param.device = ", z.offload_param.device == OffloadDevice::nvme ? "nvme" : "cpu",
+                " on ", device.name(), ": a secondary partition of offloaded parameters is not built yet; use hpZ or "
+                "parameter offload");
   policy_.stage = z.stage;
   policy_.shard_optimizer = z.stage >= 1;
   policy_.shard_grads = z.stage >= 2;
@@ -202,6 +207,8 @@ void EngineImpl::detect_nodes() {
   }
   if (from_launcher) {
     const int l = launch.local_world_size;
+    launch_node_ = launch.node_rank;
+    launch_local_size_ = l;
     nodes_source_ = log::concat("the launcher (", launch.launcher, ") puts rank ", rank_, " on node ",
                                 launch.node_rank, " with ", l, " rank", l == 1 ? "" : "s", " as local rank ",
                                 launch.local_rank);
@@ -211,6 +218,11 @@ void EngineImpl::detect_nodes() {
   }
   nodes_ = make_node_layout(world_, per_node, nodes_source_);
   layout_ = make_shard_layout(z, nodes_);
+  if (z.stage == 3 && z.hpz_partition_size >= world_ && world_ > 1) {
+    log::info_rank0("zero_optimization.zero_hpz_partition_size ", z.hpz_partition_size, " covers the whole world of ",
+                    world_, " ranks: a secondary partition over every rank would gather like the primary one, so hpZ "
+                    "is off (DeepSpeed takes min(", z.hpz_partition_size, ", ", world_, "))");
+  }
 }
 
 // Collective: every rank must see the same ranks per node, else the groups would differ between ranks.
@@ -221,25 +233,26 @@ void EngineImpl::agree_on_nodes() {
       launch_consistent_) {
     return;
   }
-  auto all = gather_from_ranks(*queue_, *comm_, {nodes_.ranks_per_node, launch_consistent_ ? 1 : 0},
-                               "materialize: exchanging the ranks per node", &device_);
-  std::map<int64_t, std::vector<int>> by_count;
+  auto all = gather_from_ranks(*queue_, *comm_, {launch_node_, launch_local_size_},
+                               "materialize: exchanging the nodes", &device_);
+  std::map<std::pair<int64_t, int64_t>, std::vector<int>> by_node;
   for (int r = 0; r < world_; ++r) {
     const auto& v = all[static_cast<size_t>(r)];
-    by_count[v[1] == 1 ? v[0] : -1].push_back(r);
+    by_node[{v[0], v[1]}].push_back(r);
   }
   std::string detail;
-  for (const auto& [count, ranks] : by_count) {
+  for (const auto& [node, ranks] : by_node) {
     detail += log::concat(detail.empty() ? "" : "; ", ranks.size() == 1 ? "rank " : "ranks ", rank_list(ranks),
-                          count < 0 ? ": node and local rank inconsistent" : log::concat(": ", count, " per node"));
+                          " on node ", node.first, " of ", node.second, node.second == 1 ? " rank" : " ranks");
   }
   const std::string text = log::concat("the launcher's nodes are uneven (world of ", world_, " ranks: ", detail, ")");
   const ZeroConfig& z = config_.zero;
-  if (z.stage == 3 && (z.hpz_partition_size > 1 || z.mics_shard_size > 0)) {
-    throw ConfigError(log::concat(z.mics_shard_size > 0 ? "zero_optimization.mics_shard_size: "
-                                                        : "zero_optimization.zero_hpz_partition_size: ",
-                                  z.mics_shard_size > 0 ? z.mics_shard_size : z.hpz_partition_size,
-                                  " needs every node to run the same number of ranks, numbered node by node, but ",
+  if (layout_.kind != LayoutKind::plain) {
+    const bool mics = layout_.kind == LayoutKind::mics;
+    throw ConfigError(log::concat(mics ? "zero_optimization.mics_shard_size: "
+                                       : "zero_optimization.zero_hpz_partition_size: ",
+                                  mics ? z.mics_shard_size : z.hpz_partition_size,
+                                  " needs every node to run the same number of ranks, numbered node by node; ",
                                   text));
   }
   log::warn_rank0(text, "; the engine counts every rank as one node (ScheduleStats' inter-node traffic is then 0)");
@@ -440,9 +453,11 @@ void EngineImpl::materialize() {
   std::vector<int64_t> numels;
   std::vector<bool> persistent;
   int64_t total_slice = 0, total_numel = 0;
+  // Slices of the partition: over every rank, or under MiCS over the shard group (replicated across the groups).
+  const int partition = partition_size();
   for (UnitState& u : units_) {
-    u.info.slice_numel = slice_numel(u.info.numel, world_);
-    u.info.padded_numel = u.info.slice_numel * world_;
+    u.info.slice_numel = slice_numel(u.info.numel, partition);
+    u.info.padded_numel = u.info.slice_numel * partition;
     u.flat_shape = {u.info.numel};
     bool keep = policy_.shard_params && u.info.numel <= persistence_threshold_ &&
                 persistent_total + u.info.numel <= config_.zero.model_persistence_threshold;
@@ -475,7 +490,17 @@ void EngineImpl::materialize() {
     ro.post_scale = static_cast<float>(f / world_);
   }
   ro.stream = reduce_stream_ ? reduce_stream_->get() : nullptr;
-  reducer_ = std::make_unique<Reducer>(ro, device_, counters_, *comm_, *queue_);
+  ro.link = groups_.shard.link;
+  ro.traffic = &stats_.reduce_traffic;
+  reducer_ = std::make_unique<Reducer>(ro, device_, counters_, *groups_.shard.comm, *queue_);
+  if (groups_.replica) {
+    // MiCS: at the boundary the shard groups' sums (already scaled by 1/W) are summed across the replicas.
+    ReducerOptions rr = ro;
+    rr.mode = ReduceMode::all_reduce;
+    rr.pre_scale = rr.post_scale = 1.0f;
+    rr.link = groups_.replica.link;
+    replica_reducer_ = std::make_unique<Reducer>(rr, device_, counters_, *groups_.replica.comm, *queue_);
+  }
 
   // The swap files come first (preflight: IoError/ConfigError naming nvme_path, before anything is
   // allocated); then each unit is allocated, initialised, given its compute copies and, with NVMe, spilled,
@@ -523,7 +548,7 @@ void EngineImpl::materialize() {
 
 void EngineImpl::set_owned_range(UnitState& u) {
   if (policy_.shard_optimizer) {
-    u.owned_begin = static_cast<int64_t>(rank_) * u.info.slice_numel;
+    u.owned_begin = static_cast<int64_t>(layout_.shard_rank(rank_)) * u.info.slice_numel;
     u.owned_len = u.info.slice_numel;
   } else {
     u.owned_begin = 0;
@@ -586,6 +611,9 @@ void EngineImpl::allocate_and_init(UnitState& u) {
     u.exp_avg_sq = u.exp_avg_sq_buf.as<float>();
     device_.fill_zero(u.exp_avg, owned_bytes);
     device_.fill_zero(u.exp_avg_sq, owned_bytes);
+  }
+  if (groups_.hpz && !u.info.persistent) {
+    u.secondary = DeviceBuffer(device_, counters_, MemoryCategory::params, P / layout_.hpz_size * dtype_size(ct));
   }
   int64_t acc_numel = policy_.shard_grads ? S : P;
   u.grad_acc = DeviceBuffer(device_, counters_, MemoryCategory::grads, acc_numel * dtype_size(acc_dtype_));
@@ -872,11 +900,16 @@ void EngineImpl::prefetch_param_reads() {
   }
 }
 
+// One unit's all-gather: over the partition's group (every rank, or the MiCS shard group), in two stages for MiCS's
+// hierarchical gather (between the nodes into gather_scratch, then within each node), or under hpZ from the
+// secondary partition within the hpZ group once the first gather after the optimizer step has filled it.
 void EngineImpl::issue_gather(UnitState& u, bool prefetch) {
   const DType ct = u.info.dtype;
-  const int64_t S = u.info.slice_numel;
-  const void* swapped_slice = slice_swapped(u) ? claim_param_slice(u) : nullptr;
-  u.full = DeviceBuffer(device_, counters_, MemoryCategory::params, u.info.padded_numel * dtype_size(ct));
+  const size_t es = dtype_size(ct);
+  const int64_t S = u.info.slice_numel, P = u.info.padded_numel;
+  const bool from_secondary = u.secondary.allocated() && u.secondary_valid;
+  const void* swapped_slice = !from_secondary && slice_swapped(u) ? claim_param_slice(u) : nullptr;
+  u.full = DeviceBuffer(device_, counters_, MemoryCategory::params, P * es);
   gathered_bytes_ += static_cast<int64_t>(u.full.bytes());
   peak_gathered_bytes_ = std::max(peak_gathered_bytes_, gathered_bytes_);
   if (!u.info.persistent) {
@@ -886,7 +919,7 @@ void EngineImpl::issue_gather(UnitState& u, bool prefetch) {
     stats_.persistent_numel += u.info.numel;
   }
   stats_.all_gathers++;
-  stats_.gathered_elements += u.info.padded_numel;
+  stats_.gathered_elements += P;
   stats_.gather_order.push_back(u.info.id);
   if (prefetch) {
     stats_.prefetches++;
@@ -896,9 +929,9 @@ void EngineImpl::issue_gather(UnitState& u, bool prefetch) {
   const void* in = master_is_param(u) ? static_cast<const void*>(u.master) : u.compute_slice.data();
   if (swapped_slice != nullptr) in = swapped_slice;
   void* out = u.full.data();
-  std::string what = log::concat("all_gather of unit '", u.info.name, "' (", u.info.padded_numel, " elements, ",
-                                 dtype_name(ct), prefetch ? ", prefetch" : "", ")");
-  Communicator* comm = comm_.get();
+  const char* source = from_secondary ? ", hpZ secondary partition" : layout_.hierarchical ? ", hierarchical" : "";
+  std::string what = log::concat("all_gather of unit '", u.info.name, "' (", P, " elements, ", dtype_name(ct),
+                                 source, prefetch ? ", prefetch" : "", ")");
   int rank = rank_;
   Stream s = nullptr;
   DeviceEvent* gathered = nullptr;
@@ -914,25 +947,70 @@ void EngineImpl::issue_gather(UnitState& u, bool prefetch) {
     u.gather_ready->record(compute_);
     u.gather_ready->wait_on(s);
     gathered = u.gathered.get();
-    if (slices_on_host_) {
+    if (slices_on_host_ && !from_secondary) {
       // Parameter offload: the slice comes up into the rank's own place in `full`; the all-gather runs in place.
-      void* own = element_ptr(out, ct, static_cast<int64_t>(rank_) * S);
+      void* own = element_ptr(out, ct, static_cast<int64_t>(layout_.shard_rank(rank_)) * S);
       const void* host = swapped_slice != nullptr ? swapped_slice : u.host_slice.data();
-      device_.copy(own, host, static_cast<size_t>(S) * dtype_size(ct), s);
+      device_.copy(own, host, static_cast<size_t>(S) * es, s);
       if (!u.slice_read) u.slice_read = device_.make_event();
       u.slice_read->record(s);
       in = own;
     }
   }
-  u.gather_ticket = queue_->submit(what, [comm, out, in, S, ct, what, rank, s, gathered, queue] {
+
+  // The collectives, in order, and their traffic.
+  struct Part {
+    Communicator* comm;
+    void* out;
+    const void* in;
+    int64_t count;
+  };
+  std::vector<Part> parts;
+  auto add = [&](const ProcessGroup& g, void* o, const void* i, int64_t count) {
+    parts.push_back({g.comm.get(), o, i, count});
+    count_collective(stats_.gather_traffic, g.link, CollectiveKind::all_gather, count, static_cast<int64_t>(es));
+  };
+  struct Copy {
+    void* dst = nullptr;
+    const void* src = nullptr;
+    size_t bytes = 0;
+  } fill;
+  if (from_secondary) {
+    add(groups_.hpz, out, u.secondary.data(), P / layout_.hpz_size);
+  } else if (layout_.hierarchical) {
+    // Between the nodes: the slices of the shard group's ranks with this local rank (shard ranks i, L+i, 2L+i, ...);
+    // then node chunk j of the full buffer gathers, within each node, slice j*L+i from local rank i.
+    const int nodes = static_cast<int>(groups_.shard_inter_node.ranks.size());
+    const int per_node = layout_.nodes.ranks_per_node;
+    u.gather_scratch = DeviceBuffer(device_, counters_, MemoryCategory::buffers, static_cast<size_t>(nodes * S) * es);
+    add(groups_.shard_inter_node, u.gather_scratch.data(), in, S);
+    for (int j = 0; j < nodes; ++j) {
+      add(groups_.shard_intra_node, element_ptr(out, ct, static_cast<int64_t>(j) * per_node * S),
+          element_ptr(u.gather_scratch.data(), ct, j * S), S);
+    }
+  } else {
+    add(groups_.shard, out, in, S);
+    if (u.secondary.allocated()) {
+      // hpZ: keep this rank's chunk of the secondary partition for the gathers until the next optimizer step.
+      const int64_t chunk = P / layout_.hpz_size;
+      fill = {u.secondary.data(), element_ptr(out, ct, (rank_ % layout_.hpz_size) * chunk),
+              static_cast<size_t>(chunk) * es};
+      u.secondary_valid = true;
+    }
+  }
+  Device* device = &device_;
+  u.gather_ticket = queue_->submit(what, [parts = std::move(parts), fill, device, ct, what, rank, s, gathered, queue] {
     try {
-      WorkPtr work = comm->all_gather_into(out, in, static_cast<size_t>(S), ct, s);
-      if (s == nullptr) {
-        work->wait();
-      } else {
-        gathered->record(s);
-        queue->track(log::concat(what, " on rank ", rank), std::move(work));
+      for (const Part& p : parts) {
+        WorkPtr work = p.comm->all_gather_into(p.out, p.in, static_cast<size_t>(p.count), ct, s);
+        if (s == nullptr) {
+          work->wait();
+        } else {
+          queue->track(log::concat(what, " on rank ", rank), std::move(work));
+        }
       }
+      if (fill.bytes > 0) device->copy(fill.dst, fill.src, fill.bytes, s);
+      if (s != nullptr) gathered->record(s);
     } catch (const TimeoutError& e) {
       throw TimeoutError(log::concat(what, " on rank ", rank, " failed: ", e.what()));
     } catch (const CommError& e) {
@@ -951,6 +1029,7 @@ void EngineImpl::wait_gather(UnitState& u) {
   // cuda: the compute stream (not the host) waits for the gather to land.
   if (u.gathered) u.gathered->wait_on(compute_);
   u.gather = GatherState::gathered;
+  u.gather_scratch.reset();  // freed after the compute stream, which now waits for the gather
   if (slice_swapped(u)) {
     if (slices_on_host_) {
       u.host_slice.reset_after(*gather_stream_);  // once its copy up has run: the host does not wait

@@ -7,6 +7,8 @@
 #include <sstream>
 
 #include "core/check.hpp"
+#include "zero/gather_simulation.hpp"
+#include "zero/topology.hpp"
 #include "zero3/error.hpp"
 
 namespace zero3 {
@@ -244,105 +246,6 @@ MemoryTier tier_of(OffloadDevice device) {
 
 const char* dtype_label(DType t) { return t == DType::f32 ? "fp32" : t == DType::bf16 ? "bf16" : "fp16"; }
 
-struct LiveUnit {
-  int64_t numel = 0;
-  int64_t padded = 0;
-  bool persistent = false;
-};
-
-struct LivePeak {
-  int64_t numel = 0;
-  int64_t padded = 0;
-};
-
-// Replays the engine's stage-3 gather rules over one steady-state micro-step (forward scopes in order,
-// then backward scopes in reverse) and returns the most elements of non-persistent units gathered or in
-// flight at once. Caps and distances count unpadded elements, as the engine does; buffers are padded.
-LivePeak simulate_gathers(const std::vector<LiveUnit>& units, int64_t prefetch_bucket, int64_t max_live,
-                          int64_t max_reuse_distance) {
-  const int64_t n = static_cast<int64_t>(units.size());
-  std::vector<int64_t> trace;
-  for (int64_t i = 0; i < n; ++i) trace.push_back(i);
-  for (int64_t i = n - 1; i >= 0; --i) trace.push_back(i);
-  const int64_t len = static_cast<int64_t>(trace.size());
-  std::vector<int64_t> prefix(static_cast<size_t>(len) + 1, 0);
-  for (int64_t i = 0; i < len; ++i) prefix[i + 1] = prefix[i] + units[trace[i]].numel;
-  auto next_use = [&](int64_t unit, int64_t after) {  // first position >= after, or -1
-    for (int64_t j = after; j < len; ++j) {
-      if (trace[j] == unit) return j;
-    }
-    return int64_t{-1};
-  };
-
-  std::vector<bool> gathered(units.size(), false), kept(units.size(), false), ahead(units.size(), false);
-  int64_t live = 0, live_padded = 0, ahead_numel = 0;
-  LivePeak peak;
-  auto gather = [&](int64_t u) {
-    gathered[u] = true;
-    live += units[u].numel;
-    live_padded += units[u].padded;
-    peak.numel = std::max(peak.numel, live);
-    peak.padded = std::max(peak.padded, live_padded);
-  };
-  auto release = [&](int64_t u) {
-    if (!gathered[u]) return;
-    gathered[u] = kept[u] = false;
-    live -= units[u].numel;
-    live_padded -= units[u].padded;
-    if (ahead[u]) ahead_numel -= units[u].numel;
-    ahead[u] = false;
-  };
-
-  for (int64_t pos = 0; pos < len; ++pos) {
-    const int64_t u = trace[pos];
-    const bool persistent = units[u].persistent;  // gathered for good; never counted as live
-    if (!persistent) {
-      if (ahead[u]) {
-        ahead[u] = false;
-        ahead_numel -= units[u].numel;
-      }
-      kept[u] = false;
-      if (!gathered[u]) {
-        // Make room: evict kept units, the one used last first; the entered unit is gathered regardless.
-        while (live + units[u].numel > max_live) {
-          int64_t victim = -1, victim_next = 0;
-          for (int64_t o = 0; o < n; ++o) {
-            if (!kept[o]) continue;
-            int64_t next = next_use(o, pos + 1);
-            int64_t key = next < 0 ? INT64_MAX : next;
-            if (victim < 0 || key > victim_next) {
-              victim = o;
-              victim_next = key;
-            }
-          }
-          if (victim < 0) break;
-          release(victim);
-        }
-        gather(u);
-      }
-    }
-    // Prefetch along the order (after any entry, persistent units' included).
-    for (int64_t j = pos + 1; j < len; ++j) {
-      const int64_t v = trace[j];
-      if (units[v].persistent || gathered[v]) continue;
-      if (ahead_numel + units[v].numel > prefetch_bucket || live + units[v].numel > max_live) break;
-      gather(v);
-      ahead[v] = true;
-      ahead_numel += units[v].numel;
-    }
-    if (persistent) continue;
-    // Scope exit: keep for a near reuse, else release.
-    int64_t next = next_use(u, pos + 1);
-    bool keep = next >= 0 && prefix[next] - prefix[pos + 1] <= max_reuse_distance && live <= max_live;
-    if (keep) {
-      kept[u] = true;
-    } else {
-      release(u);
-    }
-  }
-  return peak;
-}
-
 }  // namespace
 
 MemoryPlan plan_memory(const ModelDesc& model, const Config& config, const MemoryPlanOptions& options) {
@@ -376,14 +279,18 @@ MemoryPlan plan_memory(const ModelDesc& model, const Config& config, const Memor
   plan.nodes = (options.world_size + options.ranks_per_node - 1) / options.ranks_per_node;
   plan.device_is_host = config.zero3.device == "cpu";
 
-  const int64_t w = options.world_size;
+  // The partition: every rank, or MiCS's shard group (whose replicas hold the same slices).
+  const detail::ShardLayout layout = detail::plan_layout(z, options.world_size, options.ranks_per_node);
+  plan.partition_size = layout.shard_size;
+  plan.layout = layout.describe();
+  const int64_t w = layout.shard_size;
   const int64_t c = static_cast<int64_t>(dtype_size(plan.compute_dtype));
   const DType accum = config.grad_accum_dtype.value_or(DType::f32);
   const int64_t g = static_cast<int64_t>(dtype_size(accum));
   const DType comm = config.communication_dtype();
   const bool mixed = plan.compute_dtype != DType::f32;
 
-  std::vector<LiveUnit> units;
+  std::vector<detail::SimulatedUnit> units;
   int64_t largest_slice = 0, largest_numel = 0;
   for (const auto& u : model.units) {
     int64_t p = u.numel();
@@ -435,9 +342,10 @@ MemoryPlan plan_memory(const ModelDesc& model, const Config& config, const Memor
         plan.persistent_params += u.padded;
       }
     }
-    LivePeak peak = simulate_gathers(units, *z.prefetch_bucket_size, z.max_live_parameters, z.max_reuse_distance);
-    plan.live_params = peak.padded;
-    plan.live_numel = peak.numel;
+    const detail::SimulatedGathers sim =
+        detail::simulate_gathers(units, *z.prefetch_bucket_size, z.max_live_parameters, z.max_reuse_distance);
+    plan.live_params = sim.peak_padded;
+    plan.live_numel = sim.peak_numel;
     const MemoryTier slice_tier = tier_of(z.offload_param.device);
     if (separate_master) {
       add(MemoryCategory::params, slice_tier, plan.shard_params * c, "parameter slices (" + cl + ")");
@@ -448,6 +356,19 @@ MemoryPlan plan_memory(const ModelDesc& model, const Config& config, const Memor
     add(MemoryCategory::params, MemoryTier::device, plan.persistent_params * c,
         "persistent units, kept gathered (" + cl + ")");
     add(MemoryCategory::params, MemoryTier::device, plan.live_params * c, "gathered units, worst case (" + cl + ")");
+    if (layout.kind == detail::LayoutKind::hpz) {
+      int64_t secondary = 0;
+      for (const auto& u : units) secondary += u.persistent ? 0 : u.padded / layout.hpz_size;
+      add(MemoryCategory::params, MemoryTier::device, secondary * c,
+          "hpZ secondary partition, 1/" + std::to_string(layout.hpz_size) + " of each unit (" + cl + ")");
+    }
+    if (layout.hierarchical) {
+      // The inter-node stage's slices of a unit in flight (one per node the shard group spans), at most the gathered
+      // units' share.
+      const int64_t span = layout.shard_size / layout.nodes.ranks_per_node;
+      add(MemoryCategory::buffers, MemoryTier::device, (plan.live_params + plan.persistent_params) / w * span * c,
+          "hierarchical gather staging, worst case (" + cl + ")");
+    }
   }
 
   // Gradients: the accumulator, and one open backward scope's buffer.
@@ -471,6 +392,11 @@ MemoryPlan plan_memory(const ModelDesc& model, const Config& config, const Memor
     int64_t chunk = std::max<int64_t>(1, std::min(std::max<int64_t>(1, *z.reduce_bucket_size / w), plan.shard_params));
     add(MemoryCategory::buffers, MemoryTier::device, 2 * (chunk * w + chunk) * cb,
         "reduce-scatter buckets, 2 x " + std::to_string(chunk * w) + " (" + comm_label + ")");
+    if (layout.replicas() > 1) {
+      int64_t across = std::max<int64_t>(1, std::min(*z.reduce_bucket_size, plan.shard_params));
+      add(MemoryCategory::buffers, MemoryTier::device, 2 * across * cb,
+          "all-reduce buckets across the replicas, 2 x " + std::to_string(across) + " (" + comm_label + ")");
+    }
   } else {
     int64_t chunk = std::max<int64_t>(1, std::min(*z.reduce_bucket_size, plan.total_params));
     add(MemoryCategory::buffers, MemoryTier::device, 2 * chunk * cb,
@@ -547,6 +473,7 @@ std::string format_memory_plan(const MemoryPlan& p) {
   os << "zero3 memory plan: ZeRO stage " << p.stage << ", " << dtype_label(p.compute_dtype) << ", world size "
      << p.world_size << " (" << p.nodes << (p.nodes == 1 ? " node" : " nodes") << " x " << p.ranks_per_node
      << " ranks)\n";
+  if (p.stage == 3) os << "layout: " << p.layout << "\n";
   os << "parameters: " << with_commas(p.total_params) << " (padded " << with_commas(p.padded_params) << ", "
      << with_commas(p.shard_params) << " owned per rank)";
   if (p.stage == 3) {

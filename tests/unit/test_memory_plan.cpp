@@ -258,6 +258,36 @@ TEST(MemoryPlan, SixteenBitAccumulation) {
   EXPECT_EQ(plan_memory(crafted(), c, four_ranks()).rank_bytes(MemoryCategory::buffers), 2 * (40 + 10) * 4 + 26 * 4);
 }
 
+// hpZ holds a secondary partition of every non-persistent unit (a, c, d: padded 32, 28, 104) over its group of 2;
+// MiCS cuts the slices for its shard group of 2 (15, 4, 14, 51 elements) and adds the buckets of the all-reduce
+// across the replicas.
+TEST(MemoryPlan, Layouts) {
+  Config c = bf16_config(3);
+  c.zero.hpz_partition_size = 2;
+  MemoryPlan p = plan_memory(crafted(), c, four_ranks());
+  EXPECT_EQ(p.layout, "hpZ: primary partition over 4 ranks, secondary within groups of 2 ranks (one node)");
+  EXPECT_EQ(p.partition_size, 4);
+  EXPECT_EQ(p.shard_params, 43);
+  int64_t secondary = 0;
+  for (const auto& e : p.entries) secondary += e.what.find("hpZ secondary") != std::string::npos ? e.bytes : 0;
+  EXPECT_EQ(secondary, (32 + 28 + 104) / 2 * 2);
+  EXPECT_NE(format_memory_plan(p).find("hpZ secondary partition, 1/2 of each unit (bf16)"), std::string::npos);
+
+  c.zero.hpz_partition_size = 1;
+  c.zero.mics_shard_size = 2;
+  p = plan_memory(crafted(), c, four_ranks());
+  EXPECT_EQ(p.partition_size, 2);
+  EXPECT_EQ(p.shard_params, 15 + 4 + 14 + 51);
+  EXPECT_EQ(p.padded_params, 2 * 84);
+  // Reduce-scatter over 2: C = min(40 / 2, 84) = 20; across the 2 replicas: min(40, 84) = 40.
+  EXPECT_EQ(bytes(p, MemoryCategory::buffers, MemoryTier::device), 2 * (20 * 2 + 20) * 2 + 2 * 40 * 2);
+  EXPECT_NE(format_memory_plan(p).find("layout: MiCS: shard groups of 2 ranks (one node: HSDP) x 2 replicas"),
+            std::string::npos);
+
+  c.zero.mics_shard_size = 3;
+  EXPECT_THROW(plan_memory(crafted(), c, four_ranks()), ConfigError);
+}
+
 TEST(MemoryPlan, RefusesWhatCannotRun) {
   Config c = bf16_config(2);
   c.zero.offload_param.device = OffloadDevice::cpu;
@@ -399,6 +429,8 @@ TEST(MemoryPlan, PlanCommand) {
   // reduce_bucket_size "auto" = 4096^2: two buckets of 16,777,216 in + 1,048,576 out bf16 elements (DeepSpeed's
   // communication dtype under bf16).
   EXPECT_NE(out.find("71,303,168"), std::string::npos) << out;
+  // And the traffic per optimizer step of each node.
+  EXPECT_NE(out.find("zero3 traffic plan: ZeRO-3 over 16 ranks"), std::string::npos) << out;
   std::string bad = std::string(bin) + "/zero3 plan --model " + src + "/configs/models/llama-3-8b.json 2>/dev/null";
   FILE* g = popen(bad.c_str(), "r");
   ASSERT_NE(g, nullptr);
