@@ -6,6 +6,7 @@
 #include <map>
 #include <string_view>
 
+#include "config/config_checks.hpp"
 #include "core/check.hpp"
 #include "device/device_kernels.hpp"
 #include "kernels/philox_init.hpp"
@@ -63,6 +64,7 @@ EngineImpl::EngineImpl(const Config& config, std::shared_ptr<Communicator> comm,
                 " is not a ZeRO stage (0, 1, 2 or 3)");
   ZERO3_REQUIRE(!(config_.fp16.enabled && config_.bf16.enabled), ConfigError,
                 "fp16.enabled and bf16.enabled: both are true; choose one compute precision");
+  config_detail::check_layouts(config_);
   detect_nodes();
   // On the cpu device everything already lives in host memory, which is what offload to "cpu" asks for:
   // the optimizer step then runs the SIMD CPU Adam (cpu_adam_step) tile by tile, and the parameters need no

@@ -8,6 +8,7 @@
 
 #include "core/check.hpp"
 #include "zero/gather_simulation.hpp"
+#include "zero/plan_format.hpp"
 #include "zero/topology.hpp"
 #include "zero3/error.hpp"
 
@@ -440,14 +441,7 @@ MemoryPlan plan_memory(const ModelDesc& model, const Config& config, const Memor
 
 namespace {
 
-std::string with_commas(int64_t v) {
-  std::string digits = std::to_string(v < 0 ? -v : v), out;
-  for (size_t i = 0; i < digits.size(); ++i) {
-    if (i > 0 && (digits.size() - i) % 3 == 0) out += ',';
-    out += digits[i];
-  }
-  return v < 0 ? "-" + out : out;
-}
+using detail::with_commas;
 
 // "0 B", "512 B", "2.50 KiB", "1.87 GiB"
 std::string human(int64_t bytes) {

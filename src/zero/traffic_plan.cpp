@@ -7,6 +7,7 @@
 
 #include "core/check.hpp"
 #include "zero/gather_simulation.hpp"
+#include "zero/plan_format.hpp"
 #include "zero/topology.hpp"
 #include "zero3/error.hpp"
 
@@ -16,6 +17,7 @@ namespace {
 using detail::CollectiveKind;
 using detail::count_collective;
 using detail::GroupLink;
+using detail::with_commas;
 
 // `total` elements through a reducer whose buckets hold `chunk`: full buckets, then the rest (as Reducer packs them).
 void count_buckets(CollectiveTraffic& t, const GroupLink& link, CollectiveKind kind, int64_t total, int64_t chunk,
@@ -30,15 +32,6 @@ int64_t accumulation_steps(const Config& c, int64_t world) {
     return *c.train_batch_size / (*c.train_micro_batch_size_per_gpu * world);
   }
   return 1;
-}
-
-std::string with_commas(int64_t v) {
-  std::string digits = std::to_string(v < 0 ? -v : v), out;
-  for (size_t i = 0; i < digits.size(); ++i) {
-    if (i > 0 && (digits.size() - i) % 3 == 0) out += ',';
-    out += digits[i];
-  }
-  return v < 0 ? "-" + out : out;
 }
 
 }  // namespace
@@ -112,8 +105,7 @@ TrafficPlan plan_traffic(const ModelDesc& model, const Config& config, const Tra
   for (int rank = 0; rank < nodes.world; ++rank) {
     RankTraffic t;
     const GroupLink world = detail::link_of(layout.world_group(), nodes, rank);
-    const GroupLink shard = detail::link_of(
-        layout.kind == detail::LayoutKind::mics ? layout.shard_group(rank) : layout.world_group(), nodes, rank);
+    const GroupLink shard = detail::link_of(layout.shard_group(rank), nodes, rank);
     // One gather of unit u from its partition (primary).
     auto partition_gather = [&](int64_t padded) {
       const int64_t slice = padded / w;

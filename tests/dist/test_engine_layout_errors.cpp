@@ -49,6 +49,17 @@ TEST(LayoutErrors, AGroupThatDoesNotFitTheNodes) {
       << e;
 }
 
+// A config built in code gets the checks of one read from a file.
+TEST(LayoutErrors, BelowStage3OrTogether) {
+  Config c = equivalence_config(2);
+  c.zero.hpz_partition_size = 2;
+  EXPECT_THROW(Engine(c, engine_world(), cpu_device()), ConfigError);
+  c = equivalence_config(3);
+  c.zero.hpz_partition_size = 2;
+  c.zero.mics_shard_size = 2;
+  EXPECT_THROW(Engine(c, engine_world(), cpu_device()), ConfigError);
+}
+
 // Nodes of 2, 1 and 1 ranks, as an uneven Slurm allocation reports them: the launcher's variables are set by hand
 // before the engine reads them.
 class UnevenNodes : public ::testing::Test {
