@@ -29,8 +29,9 @@
 // that dies at any moment leaves the previous checkpoint and DIR/latest complete and valid. A load checks the
 // manifest, the model (unit and parameter names, shapes, dtypes) and the size and CRC-32C of every file it
 // needs before it changes any engine state, and reports what is wrong as a CheckpointError naming the file.
-// A checkpoint loads on any world size and any ZeRO stage: each rank reads the byte ranges of the saved
-// files that cover its new slice (no conversion step). Master weights, Adam moments, step counters and the
+// A checkpoint loads on any world size, any ZeRO stage and any layout (plain, hpZ, MiCS): each rank reads the byte
+// ranges of the saved files that cover its new slice (no conversion step). Under MiCS the first shard group's ranks
+// save (every group holds the whole model). Master weights, Adam moments, step counters and the
 // loss scaler come back exactly; the learning-rate schedule follows from the step count, so training
 // continues as if it had not stopped (bit for bit on the same world size).
 //
@@ -83,8 +84,8 @@ struct LoadedCheckpoint {
   std::string tag;             // the resolved tag ("latest" replaced by the tag it named)
   int saved_world_size = 0;
   int saved_stage = 0;
-  // The saved slices differ from the engine's: another world size, or stage 0 (whole units on every rank)
-  // against a sharded stage.
+  // The saved slices differ from the engine's: another world size, another partition (MiCS's shard size), or
+  // stage 0 (whole units on every rank) against a sharded stage.
   bool resharded = false;
   TrainingState training_state;  // as restored into the engine
   CheckpointExtras extras;       // as given to save_checkpoint

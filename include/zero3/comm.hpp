@@ -32,8 +32,10 @@
 // checks_collectives() says which kind a communicator is (the engine checks the calls itself where it is not).
 //
 // Gloo runs each communicator's operations on a worker thread of its own; the calling thread only queues
-// them. bf16/f16 reductions are done in f32 (one rounding at the end). A count of 0 completes at once, with no
-// communication and no comparison.
+// them. bf16/f16 reductions travel in their dtype on every backend: each addition is done in f32 and each partial
+// sum rounded to the dtype before it is passed on (NCCL's rule), so a 16-bit reduction sends half the bytes of an
+// f32 one and may differ from the f32-accumulated sum by one rounding per hop. A count of 0 completes at once,
+// with no communication and no comparison.
 //
 // Thread-safety: one thread issues operations on a communicator at a time; Work may be waited on from
 // any thread.
@@ -97,11 +99,11 @@ class Communicator {
   virtual WorkPtr all_gather_into(void* out, const void* in, size_t count, DType dtype, Stream stream = nullptr) = 0;
 
   // out = op over ranks of in[rank()*count .. (rank()+1)*count). `in` holds size()*count elements, `out`
-  // count elements; `out` may be in + rank()*count. op is sum or avg. bf16/f16 accumulate in f32.
+  // count elements; `out` may be in + rank()*count. op is sum or avg. bf16/f16 partial sums are rounded to the dtype (above).
   virtual WorkPtr reduce_scatter(void* out, const void* in, size_t count, DType dtype, ReduceOp op,
                                  Stream stream = nullptr) = 0;
 
-  // buf = op over ranks of buf (count elements, any count). bf16/f16 accumulate in f32.
+  // buf = op over ranks of buf (count elements, any count). bf16/f16 partial sums are rounded to the dtype (above).
   virtual WorkPtr all_reduce(void* buf, size_t count, DType dtype, ReduceOp op, Stream stream = nullptr) = 0;
 
   // buf = root's buf.

@@ -40,6 +40,12 @@
 //   3  + parameters sharded: a unit's full parameters exist only while gathered (scope, prefetch, or
 //        persistence), all-gathered straight into the unit's flat buffer.
 //
+// Layouts for slow links between nodes (stage 3; docs/architecture.md, "Process groups and layouts"): ZeRO++ hpZ
+// (zero_hpz_partition_size: gathers after the first of each optimizer step read a secondary partition within a group
+// of ranks) and MiCS (mics_shard_size: the state sharded within a shard group, replicated across the groups, whose
+// gradients are all-reduced once per optimizer step; a group of one node is FSDP2's HSDP). materialize() splits the
+// communicator into the groups; the nodes come from the launcher's variables (docs/launch.md).
+//
 // Gradients. The gradient a backward scope exposes is the gradient of this rank's micro-batch loss (as
 // a loss.backward() in PyTorch would produce it; with fp16, of the loss multiplied by loss_scale()).
 // Every backward scope starts from zeros; what the code writes there is added to the unit's gradient when
@@ -105,6 +111,7 @@
 #include "zero3/config.hpp"
 #include "zero3/device.hpp"
 #include "zero3/tensor_view.hpp"
+#include "zero3/traffic_plan.hpp"
 #include "zero3/unit.hpp"
 
 namespace zero3 {
@@ -175,6 +182,11 @@ struct ScheduleStats {
   int64_t param_reads = 0;
   int64_t param_reads_ahead = 0;
   double param_read_wait_seconds = 0;
+  // What this rank sent, split by the node of the receiving rank (traffic_plan.hpp's ring model): the parameter
+  // all-gathers of training (scopes, persistent units, stage 1-2's refresh), and the gradient reductions
+  // (reduce-scatters, all-reduces, MiCS's all-reduce across replicas). plan_traffic() predicts them per step.
+  CollectiveTraffic gather_traffic;
+  CollectiveTraffic reduce_traffic;
 };
 
 // Optimizer offload to nvme: what the swap of the fp32 master weights and Adam moments did since the last
@@ -405,7 +417,10 @@ class Engine {
   // The parameter `local_name` of `unit`; InvalidArgument when it has none.
   ParamId param_id(UnitId unit, std::string_view local_name) const;
 
-  // Rank `rank`'s slice of `unit`, and the parameter ranges in it.
+  // The ranks one copy of the parameters, gradients and optimizer state is partitioned over: the world, or under
+  // MiCS (zero_optimization.mics_shard_size) a shard group of consecutive ranks, the groups holding replicas.
+  int partition_size() const;
+  // Rank `rank`'s slice of `unit` (the slice of index rank % partition_size()), and the parameter ranges in it.
   SliceInfo slice(UnitId unit, int rank) const;
   std::vector<ParamSlice> slice_params(UnitId unit, int rank) const;
 

@@ -2,7 +2,8 @@
 // per category and per tier, computed from shapes alone, before anything is allocated. `zero3 plan` prints
 // it; the engine's byte counters report the same categories, so a run can be checked against its plan.
 //
-// What it counts is what the engine allocates (all counts in elements; W = world size, P_u the elements of
+// What it counts is what the engine allocates (all counts in elements; W = the ranks a unit is partitioned over:
+// the world size, or mics_shard_size under MiCS, whose shard groups each hold a replica; P_u the elements of
 // unit u):
 //   - Unit u is one flat buffer padded to Pp_u = W * S_u, S_u = ceil(P_u / W); each rank owns one slice of
 //     S_u elements (stage >= 1) or the whole buffer (stage 0). Padding is counted.
@@ -15,8 +16,8 @@
 //   - grads: the accumulator in data_types.grad_accum_dtype (g bytes), full at stages 0-1, the slice at
 //     stages 2-3; plus the buffer of one open backward scope, the largest unit's Pp_u elements in g bytes.
 //   - optimizer_state: Adam's m and v, fp32, over the owned range.
-//   - buffers: the reducer's two alternating buckets in communication_data_type (default: the grad
-//     accumulation dtype): stages 2-3 reduce-scatter, each bucket C*W in + C out elements with
+//   - buffers: the reducer's two alternating buckets in communication_data_type (default: the compute
+//     dtype, as DeepSpeed's): stages 2-3 reduce-scatter, each bucket C*W in + C out elements with
 //     C = min(reduce_bucket_size / W, sum of S_u); stages 0-1 all-reduce, each C = min(reduce_bucket_size,
 //     sum of P_u) elements; reduce_bucket_size 0 counts as the largest unit (W * max S_u, or max P_u).
 //     With a 16-bit accumulator, an fp32 tile of min(sub_group_size, largest owned
@@ -36,6 +37,11 @@
 //     parameters; with a 16-bit accumulator the fp32 step tile is on the host. Parameter offload without
 //     optimizer offload adds a device tile of T compute-dtype parameters for the step. With fp32 compute on a
 //     GPU, any offload keeps the fp32 master apart from the parameters (where the optimizer lives).
+//   - hpZ (zero_hpz_partition_size H): the secondary partition, Pp_u / H compute-dtype elements of every
+//     non-persistent unit. MiCS with replicas: two all-reduce buckets of min(reduce_bucket_size, sum of S_u)
+//     elements in communication_data_type for the sum across the replicas; with mics_hierarchical_params_gather
+//     the inter-node stage's slices of the units in flight, at most (gathered units' worst case + persistent
+//     units) x (nodes the shard group spans) / W elements.
 //   - activations: the caller's estimate, on the device.
 // When zero3.device is "cpu" the device tier is host memory; per-node host totals then include it.
 #pragma once
@@ -116,6 +122,8 @@ struct MemoryPlan {
   int64_t ranks_per_node = 1;
   int64_t nodes = 1;            // ceil(world_size / ranks_per_node)
   bool device_is_host = false;  // zero3.device == "cpu"
+  int64_t partition_size = 1;   // ranks the slices are cut for: world_size, or MiCS's mics_shard_size
+  std::string layout;           // "ZeRO-3 over 16 ranks", "hpZ: ...", "MiCS: ..." (src/zero/topology.hpp)
 
   int64_t total_params = 0;       // elements, unpadded
   int64_t padded_params = 0;      // sum of Pp_u

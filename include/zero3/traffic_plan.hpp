@@ -1,4 +1,6 @@
-// The bytes the engine's collectives send, per rank, split by whether they stay on the node or cross to another.
+// The bytes the engine's collectives send, per rank, split by whether they stay on the node or cross to another:
+// counted by the engine as it runs (ScheduleStats), and predicted per optimizer step from shapes and the config by
+// plan_traffic(), which `zero3 plan` prints, so that a run, a benchmark and a performance model count alike.
 //
 // The model of a collective is a ring, as NCCL's and Gloo's are: over a group of g ranks, in the group's rank
 // order, each rank sends only to the next rank of the group, and per collective it sends
@@ -14,6 +16,11 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
+#include <vector>
+
+#include "zero3/config.hpp"
+#include "zero3/memory_plan.hpp"
 
 namespace zero3 {
 
@@ -39,5 +46,53 @@ struct CollectiveTraffic {
   }
   friend bool operator==(const CollectiveTraffic&, const CollectiveTraffic&) = default;
 };
+
+// One rank's traffic in one optimizer step.
+struct RankTraffic {
+  CollectiveTraffic gathers;     // parameter all-gathers (ScheduleStats::gather_traffic)
+  CollectiveTraffic reductions;  // gradient reductions (ScheduleStats::reduce_traffic)
+};
+
+struct TrafficPlanOptions {
+  int64_t world_size = 1;
+  int64_t ranks_per_node = 1;  // must divide world_size
+};
+
+// What the engine sends in one optimizer step of the steady state (the order of units recorded, as from the second
+// micro-step on; the first micro-step of a run gathers every unit on demand, and the first step after materialize()
+// has no persistent units to re-gather). The micro-step is the memory plan's: every unit's forward scope in
+// declaration order, then its backward scopes in reverse, with the config's prefetch, reuse and live-parameter rules
+// deciding how often each unit is gathered (include/zero3/memory_plan.hpp). Per optimizer step, with a =
+// gradient_accumulation_steps, W the partition's ranks (the world, or mics_shard_size), S_u = ceil(P_u / W):
+//   stage 3, every non-persistent unit, each of its gathers: an all_gather of S_u compute-dtype elements per rank
+//     over the partition's group; MiCS's hierarchical gather: one over the shard group's nodes (S_u) and then one
+//     per such node within the node (S_u each); hpZ: the first gather of the step over every rank (S_u), the
+//     others within the hpZ group from the secondary partition (Pp_u / H); persistent units: one gather after the step;
+//   stage 2-3: every micro-step, reduce_scatter of the gradient slices over the partition's group, in buckets of
+//     min(reduce_bucket_size / W, sum of S_u) elements in communication_data_type; MiCS with replicas: at the
+//     boundary, all_reduce of the slices across the replicas in buckets of min(reduce_bucket_size, sum of S_u);
+//   stage 0-1: at the boundary, all_reduce of the gradients in buckets of min(reduce_bucket_size, sum of P_u);
+//   stage 1-2: after the step, an all_gather of every unit's slices.
+struct TrafficPlan {
+  std::string layout;  // "ZeRO-3 over 8 ranks", "MiCS: shard groups of 2 ranks (one node: HSDP) x 4 replicas", ...
+  int64_t world_size = 1;
+  int64_t ranks_per_node = 1;
+  int64_t nodes = 1;
+  int64_t gradient_accumulation_steps = 1;
+  std::vector<RankTraffic> ranks;  // by rank
+
+  // The bytes node `node`'s ranks send to other nodes: what its link carries out, per optimizer step.
+  int64_t node_inter_node_bytes(int64_t node) const;
+  // The most any node sends to other nodes.
+  int64_t max_node_inter_node_bytes() const;
+};
+
+// Plans `model` under a resolved `config` (ConfigError for "auto" left in the fields used, or groups that do not fit
+// the nodes; InvalidArgument for a world or node size < 1, nodes that do not divide the world, or an empty model).
+TrafficPlan plan_traffic(const ModelDesc& model, const Config& config, const TrafficPlanOptions& options);
+
+// A table: per node, the bytes its ranks send within the node and to other nodes per optimizer step, for gathers and
+// reductions, and the collectives that cross nodes.
+std::string format_traffic_plan(const TrafficPlan& plan);
 
 }  // namespace zero3

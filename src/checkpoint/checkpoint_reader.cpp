@@ -319,8 +319,11 @@ LoadedCheckpoint load_checkpoint(Engine& engine, const fs::path& dir, const std:
   result.saved_stage = info.stage;
   result.training_state = engine.training_state();
   result.extras = info.extras;
-  // Stages 1-3 partition alike; stage 0 holds whole units on every rank.
+  // Stages 1-3 partition alike; stage 0 holds whole units on every rank; MiCS partitions over a shard group.
   result.resharded = info.world_size != engine.world_size() || ((info.stage == 0) != (engine.stage() == 0));
+  for (size_t i = 0; i < engine.num_units(); ++i) {
+    result.resharded |= info.units[i].slice_numel != engine.unit(UnitId{static_cast<int32_t>(i)}).slice_numel;
+  }
   result.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
   log::info_rank0("loaded checkpoint ", result.path.string(), " (global step ", state.global_steps, ", saved by ",
                   info.world_size, " ranks at stage ", info.stage, ", loaded by ", engine.world_size(),

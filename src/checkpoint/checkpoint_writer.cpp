@@ -58,7 +58,8 @@ std::string utc_time(std::time_t t) {
 }
 
 // The elements of a unit one rank saves: its slice's valid part, or, for a unit every rank holds whole
-// (stage 0), the whole unit on rank 0 only.
+// (stage 0), the whole unit on rank 0 only. Under MiCS every shard group holds the whole model: the first group's
+// ranks (0 .. partition_size - 1) save it, the replicas write nothing.
 struct Piece {
   UnitId unit;
   int64_t begin = 0;
@@ -77,6 +78,7 @@ std::vector<Piece> pieces_of_rank(Engine& engine, int rank) {
       if (rank == 0) out.push_back({id, 0, u.numel});
       continue;
     }
+    if (rank >= engine.partition_size()) continue;
     const SliceInfo s = engine.slice(id, rank);
     if (s.valid > 0) out.push_back({id, s.offset, s.valid});
   }
@@ -293,6 +295,13 @@ SavedCheckpoint save_checkpoint_on_node(Engine& engine, const fs::path& dir, con
   check_extras(extras);
   const int rank = engine.rank();
   const int world = engine.world_size();
+  if (engine.config().checkpoint.use_node_local_storage && engine.partition_size() < world) {
+    throw InvalidArgument("save_checkpoint: checkpoint.use_node_local_storage with MiCS (zero_optimization."
+                          "mics_shard_size " +
+                          std::to_string(engine.partition_size()) + " of " + std::to_string(world) +
+                          " ranks): only the first shard group's ranks save the model, so the other nodes' directories "
+                          "would hold no files to load; save to a file system every rank sees");
+  }
 
   // 1. Rank 0 prepares DIR and the temp directory; every rank learns rank 0's tag, the nonce, rank 0's clock
   // (the manifest's creation time, the same on every node) and which ranks share a node.

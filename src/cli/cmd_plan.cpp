@@ -10,6 +10,7 @@
 #include "zero3/error.hpp"
 #include "zero3/memory_plan.hpp"
 #include "zero3/step_time_model.hpp"
+#include "zero3/traffic_plan.hpp"
 
 namespace zero3::cli {
 namespace {
@@ -20,8 +21,10 @@ constexpr const char* kUsage =
     "                  [--precision bf16|fp16|fp32] [--lr X]\n"
     "\n"
     "Prints the bytes each rank and each node will hold for parameters, fp32 master weights, gradients,\n"
-    "Adam state and staging buffers, and where each lives (device, host, nvme), for the ZeRO stage and\n"
-    "offload settings of the config. MODEL.json is a Hugging Face Llama config.json or a unit list\n"
+    "Adam state and staging buffers, and where each lives (device, host, nvme), for the ZeRO stage,\n"
+    "offload settings and layout (hpZ, MiCS) of the config; then the bytes each node sends per optimizer\n"
+    "step, within the node and to other nodes (with --ranks-per-node dividing --world-size). MODEL.json\n"
+    "is a Hugging Face Llama config.json or a unit list\n"
     "{\"units\": [{\"name\": \"layer.0\", \"params\": [[4096, 4096], [4096]]}, ...]}.\n"
     "--ranks-per-node defaults to --world-size (one node). --hidden-size resolves the config's \"auto\"\n"
     "bucket sizes (taken from a Llama config.json when not given). --activation-bytes (K, M, G, T suffixes,\n"
@@ -276,6 +279,12 @@ int run_plan(const Args& args) {
   std::printf("model %s (%s), config %s\n", model.name.empty() ? "-" : model.name.c_str(), model_path.c_str(),
               config_path.c_str());
   std::printf("%s", format_memory_plan(plan).c_str());
+  if (options.world_size % options.ranks_per_node == 0) {
+    TrafficPlanOptions t;
+    t.world_size = options.world_size;
+    t.ranks_per_node = options.ranks_per_node;
+    std::printf("\n%s", format_traffic_plan(plan_traffic(model, config, t)).c_str());
+  }
   return 0;
 }
 

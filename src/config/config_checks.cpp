@@ -16,32 +16,9 @@ const char* device_text(OffloadDevice d) {
 
 }  // namespace
 
-void check_static(const Config& c) {
-  if (c.fp16.enabled && c.bf16.enabled) {
-    fail(c, "bf16.enabled",
-         "got true together with fp16.enabled true, expected at most one of them: the compute type is either bf16 "
-         "or fp16");
-  }
-  const ZeroConfig& z = c.zero;
-  if (z.offload_param.device != OffloadDevice::none && z.stage != 3) {
-    fail(c, "zero_optimization.offload_param.device",
-         std::string("got ") + device_text(z.offload_param.device) + " with zero_optimization.stage " +
-             std::to_string(z.stage) +
-             ", expected zero_optimization.stage 3: only stage 3 partitions parameters, so only it can offload "
-             "them (or set device \"none\")");
-  }
-  if (z.offload_optimizer.device != OffloadDevice::none && z.stage == 0) {
-    fail(c, "zero_optimization.offload_optimizer.device",
-         std::string("got ") + device_text(z.offload_optimizer.device) +
-             " with zero_optimization.stage 0, expected zero_optimization.stage 1, 2 or 3: optimizer offload moves "
-             "each rank's partition of the optimizer state, and stage 0 does not partition it");
-  }
-  if (z.offload_optimizer.device != OffloadDevice::none && z.offload_optimizer.ratio < 1.0 && z.stage != 3) {
-    fail(c, "zero_optimization.offload_optimizer.ratio",
-         "got " + show(z.offload_optimizer.ratio) + " with zero_optimization.stage " + std::to_string(z.stage) +
-             ", expected 1.0: a partial optimizer offload needs stage 3 (as in DeepSpeed)");
-  }
+void check_layouts(const Config& c) {
   // Layouts for slow links between nodes: stage 3 only (they decide how parameters are gathered), one at a time.
+  const ZeroConfig& z = c.zero;
   const bool hpz = z.hpz_partition_size > 1, mics = z.mics_shard_size > 0;
   if (hpz && z.stage != 3) {
     fail(c, "zero_optimization.zero_hpz_partition_size",
@@ -69,6 +46,34 @@ void check_static(const Config& c) {
              ", expected a positive mics_shard_size: the hierarchical gather is MiCS's way of gathering a shard group "
              "that spans nodes");
   }
+}
+
+void check_static(const Config& c) {
+  if (c.fp16.enabled && c.bf16.enabled) {
+    fail(c, "bf16.enabled",
+         "got true together with fp16.enabled true, expected at most one of them: the compute type is either bf16 "
+         "or fp16");
+  }
+  const ZeroConfig& z = c.zero;
+  if (z.offload_param.device != OffloadDevice::none && z.stage != 3) {
+    fail(c, "zero_optimization.offload_param.device",
+         std::string("got ") + device_text(z.offload_param.device) + " with zero_optimization.stage " +
+             std::to_string(z.stage) +
+             ", expected zero_optimization.stage 3: only stage 3 partitions parameters, so only it can offload "
+             "them (or set device \"none\")");
+  }
+  if (z.offload_optimizer.device != OffloadDevice::none && z.stage == 0) {
+    fail(c, "zero_optimization.offload_optimizer.device",
+         std::string("got ") + device_text(z.offload_optimizer.device) +
+             " with zero_optimization.stage 0, expected zero_optimization.stage 1, 2 or 3: optimizer offload moves "
+             "each rank's partition of the optimizer state, and stage 0 does not partition it");
+  }
+  if (z.offload_optimizer.device != OffloadDevice::none && z.offload_optimizer.ratio < 1.0 && z.stage != 3) {
+    fail(c, "zero_optimization.offload_optimizer.ratio",
+         "got " + show(z.offload_optimizer.ratio) + " with zero_optimization.stage " + std::to_string(z.stage) +
+             ", expected 1.0: a partial optimizer offload needs stage 3 (as in DeepSpeed)");
+  }
+  check_layouts(c);
   const Zero3Section& s = c.zero3;
   if (s.comm_backend == "nccl" && s.device == "cpu") {
     fail(c, "zero3.comm_backend",

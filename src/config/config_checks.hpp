@@ -9,4 +9,8 @@ namespace zero3::config_detail {
 // Throws ConfigError "<key path>: got <value> with <other key> <value>, expected ... (in <source>)".
 void check_static(const Config& c);
 
+// The part of check_static about hpZ and MiCS (stage 3 only, one of the two, the hierarchical gather with MiCS);
+// the engine runs it too, for configs built in code.
+void check_layouts(const Config& c);
+
 }  // namespace zero3::config_detail

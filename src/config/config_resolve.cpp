@@ -33,6 +33,7 @@ class Resolver {
     scheduler();
     batch();
     nvme_paths();
+    layout_groups();
     config_detail::check_static(c_);
     c_.resolved = true;
     for (const std::string& n : notes_) log::info_rank0(c_.source, ": ", n);
@@ -49,6 +50,23 @@ class Resolver {
 
   void note(std::string_view path, const std::string& value, const std::string& why) {
     notes_.push_back(std::string(path) + ": \"auto\" -> " + value + " (" + why + ")");
+  }
+
+  // ----- MiCS and hpZ groups: they must tile the world (the engine also checks them against the nodes) -----
+  void layout_groups() {
+    const ZeroConfig& z = c_.zero;
+    if (z.stage != 3) return;  // check_static refuses them below stage 3
+    auto check = [&](const char* path, int64_t size) {
+      if (size > world_ || world_ % size != 0) {
+        fail(path, "got " + std::to_string(size) + " with a world size of " + std::to_string(world_) +
+                       ", expected a divisor of the world size: the groups of consecutive ranks must tile the world");
+      }
+    };
+    if (z.mics_shard_size > 0) check("zero_optimization.mics_shard_size", z.mics_shard_size);
+    // hpZ over the whole world or more has no effect (DeepSpeed takes the minimum).
+    if (z.hpz_partition_size > 1 && z.hpz_partition_size < world_) {
+      check("zero_optimization.zero_hpz_partition_size", z.hpz_partition_size);
+    }
   }
 
   // ----- bf16 / fp16 -----

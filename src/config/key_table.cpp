@@ -589,8 +589,12 @@ std::vector<KeyEntry> build_table() {
       {.path = "communication_data_type",
        .type = "string",
        .default_json = "null",
-       .doc = "Data type of gradient reductions: \"fp32\", \"fp16\" or \"bf16\". null: fp32 (see "
-              "data_types.grad_accum_dtype).",
+       .doc = "Data type gradients are reduced in, on the wire and in the reduction buckets: \"fp32\", \"fp16\" "
+              "or \"bf16\". null: as DeepSpeed, the compute precision (bf16 under bf16.enabled, fp16 under "
+              "fp16.enabled, else fp32). A gradient element costs 2 bytes in bf16/fp16 and 4 in fp32 per hop: a "
+              "reduce-scatter over W ranks sends (W-1)/W x 2 (or 4) bytes per element of the model per rank and "
+              "micro-step. 16-bit partial sums are rounded to 16 bits at each hop (as NCCL does); \"fp32\" sums "
+              "exactly. Local accumulation stays in data_types.grad_accum_dtype (fp32 by default).",
        .apply = [](ReadContext& ctx, const Value& v) { ctx.config.communication_data_type = v.as_dtype(); },
        .emit = [](const Config& c) -> Emitted { return optional_dtype(c.communication_data_type); }},
       IGNORED("seq_parallel_communication_data_type", "string", "\"fp32\"", not_default,
@@ -887,8 +891,15 @@ std::vector<KeyEntry> build_table() {
                "Read; no effect: gradients of CPU runs are already in host memory."),
       IGNORED("zero_optimization.grad_hooks", "boolean", "true", not_default,
               "Old stage 1 switch; zero3 reduces gradients as their unit's backward ends."),
-      REFUSED("zero_optimization.zero_hpz_partition_size", "integer", "1", above_one,
-              "ZeRO++ hierarchical partitioning (a secondary copy of the weights per node) is not implemented."),
+      KEY_INT("zero_optimization.zero_hpz_partition_size", c.zero.hpz_partition_size, "1", 0,
+              "ZeRO++ hpZ (stage 3): groups of this many consecutive ranks (usually the ranks per node) keep a "
+              "secondary partition of the 16-bit weights. The first all-gather of a unit after each optimizer step "
+              "reads the primary partition over every rank and keeps this rank's 1/N of the unit; every later "
+              "gather until the next step (backward, and the forward of later micro-steps) reads the secondary "
+              "copies within the group. 0 or 1: off; above the world size: the world (no effect, as DeepSpeed's "
+              "min). Must divide the world size, and divide or be a multiple of the ranks per node (from the "
+              "launcher, docs/launch.md). Not with mics_shard_size, nor with parameter offload to nvme (or to cpu on "
+              "a GPU). docs/architecture.md has the data flow and bytes."),
       REFUSED("zero_optimization.zero_quantized_weights", "boolean", "false", not_default,
               "ZeRO++ quantized weight gathers change the values each rank computes with."),
       REFUSED("zero_optimization.zero_quantized_nontrainable_weights", "boolean", "false", not_default,
@@ -897,10 +908,17 @@ std::vector<KeyEntry> build_table() {
               "ZeRO++ quantized gradient reduction changes the gradients."),
       REFUSED("zero_optimization.zeropp_loco_param", "object", "null", present,
               "LoCo error feedback belongs to quantized gradients, which zero3 does not implement."),
-      REFUSED("zero_optimization.mics_shard_size", "integer", "-1", not_default,
-              "MiCS (partitioning within groups of ranks) is not implemented; zero3 partitions over all ranks."),
-      REFUSED("zero_optimization.mics_hierarchical_params_gather", "boolean", "false", not_default,
-              "Belongs to MiCS, which zero3 does not implement."),
+      KEY_INT("zero_optimization.mics_shard_size", c.zero.mics_shard_size, "-1", -1,
+              "MiCS (stage 3): parameters, gradients and optimizer state are sharded within groups of this many "
+              "consecutive ranks and replicated across the groups; gradients are reduce-scattered within the group "
+              "every micro-step and all-reduced across the groups once per optimizer step. The ranks per node "
+              "gives PyTorch FSDP2's HSDP. -1 or 0: off (shard over every rank). Must divide the world size, and "
+              "divide or be a multiple of the ranks per node (from the launcher, docs/launch.md). Checkpoints are "
+              "written by the first shard group. docs/architecture.md has the data flow and bytes."),
+      KEY_BOOL("zero_optimization.mics_hierarchical_params_gather", c.zero.mics_hierarchical_params_gather, "false",
+               "MiCS: all-gather a shard group that spans several nodes in two steps, first between the nodes "
+               "(ranks with the same local rank) and then within each node, as DeepSpeed's hierarchical gather. "
+               "Needs mics_shard_size a multiple of the ranks per node, at least two nodes' worth."),
       IGNORED("zero_optimization.memory_efficient_linear", "boolean", "true", not_default,
               "A PyTorch autograd detail of DeepSpeed's stage 3."),
       IGNORED("zero_optimization.pipeline_loading_checkpoint", "boolean", "false", not_default,

@@ -190,11 +190,16 @@ ParamId Engine::param_id(UnitId unit, std::string_view local_name) const {
   return impl_->find_param_in_unit(unit, local_name);
 }
 
+int Engine::partition_size() const { return impl_->partition_size(); }
+
 SliceInfo Engine::slice(UnitId unit, int rank) const {
   const detail::UnitState& u = impl_->unit_state(unit, "slice");
   ZERO3_REQUIRE(rank >= 0 && rank < impl_->world_, InvalidArgument, "Engine::slice: rank ", rank,
                 " is not in a world of ", impl_->world_);
-  return detail::slice_of(u.info.numel, impl_->world_, rank);
+  const int g = impl_->partition_size();
+  SliceInfo s = detail::slice_of(u.info.numel, g, rank % g);
+  s.rank = rank;
+  return s;
 }
 
 std::vector<ParamSlice> Engine::slice_params(UnitId unit, int rank) const {

@@ -7,6 +7,7 @@
 #include <map>
 #include <string_view>
 
+#include "config/config_checks.hpp"
 #include "core/check.hpp"
 #include "device/device_kernels.hpp"
 #include "kernels/philox_init.hpp"
@@ -52,9 +53,8 @@ EngineImpl::EngineImpl(const Config& config, std::shared_ptr<Communicator> comm,
                 " is not a ZeRO stage (0, 1, 2 or 3)");
   ZERO3_REQUIRE(!(config_.fp16.enabled && config_.bf16.enabled), ConfigError,
                 "fp16.enabled and bf16.enabled: both are true; choose one compute precision");
+  config_detail::check_layouts(config_);
   detect_nodes();
-  ZERO3_REQUIRE(layout_.kind == LayoutKind::plain, Unsupported, "Engine: the layout ", layout_.describe(),
-                " is not built yet");
   // On the cpu device everything already lives in host memory, which is what offload to "cpu" asks for:
   // the optimizer step then runs the SIMD CPU Adam (cpu_adam_step) tile by tile, and the parameters need no
   // moving (an honest no-op). Optimizer offload to nvme swaps the fp32 master weights and Adam moments to a
@@ -100,13 +100,20 @@ EngineImpl::EngineImpl(const Config& config, std::shared_ptr<Communicator> comm,
     }
   }
   if (optimizer_on_host_ || slices_on_host_) host_device_ = make_cpu_device();
+  // hpZ's secondary partition lives on the device; for parameters that live in host memory or on NVMe it is not
+  // built (DeepSpeed keeps it in host memory then).
+  ZERO3_REQUIRE(layout_.kind != LayoutKind::hpz || !(slices_on_host_ || z.offload_param.device == OffloadDevice::nvme),
+                Unsupported, "zero_optimization.zero_hpz_partition_size: ", z.hpz_partition_size,
+                " with offload_param.device = ", z.offload_param.device == OffloadDevice::nvme ? "nvme" : "cpu",
+                " on ", device.name(), ": a secondary partition of offloaded parameters is not built yet; use hpZ or "
+                "parameter offload");
   policy_.stage = z.stage;
   policy_.shard_optimizer = z.stage >= 1;
   policy_.shard_grads = z.stage >= 2;
   policy_.shard_params = z.stage >= 3;
   compute_dtype_ = config_.compute_dtype();
   acc_dtype_ = config_.grad_accum_dtype.value_or(DType::f32);
-  comm_dtype_ = config_.communication_data_type.value_or(acc_dtype_);
+  comm_dtype_ = config_.communication_dtype();
   gas_ = *config_.gradient_accumulation_steps;  // resolved: set and consistent with the world size
   overlap_ = z.overlap_comm_set ? z.overlap_comm : z.stage == 3;
   reduce_bucket_numel_ = require_set(z.reduce_bucket_size, "zero_optimization.reduce_bucket_size");
@@ -194,6 +201,8 @@ void EngineImpl::detect_nodes() {
   }
   if (from_launcher) {
     const int l = launch.local_world_size;
+    launch_node_ = launch.node_rank;
+    launch_local_size_ = l;
     nodes_source_ = log::concat("the launcher (", launch.launcher, ") puts rank ", rank_, " on node ",
                                 launch.node_rank, " with ", l, " rank", l == 1 ? "" : "s", " as local rank ",
                                 launch.local_rank);
@@ -203,6 +212,11 @@ void EngineImpl::detect_nodes() {
   }
   nodes_ = make_node_layout(world_, per_node, nodes_source_);
   layout_ = make_shard_layout(z, nodes_);
+  if (z.stage == 3 && z.hpz_partition_size >= world_ && world_ > 1) {
+    log::info_rank0("zero_optimization.zero_hpz_partition_size ", z.hpz_partition_size, " covers the whole world of ",
+                    world_, " ranks: a secondary partition over every rank would gather like the primary one, so hpZ "
+                    "is off (DeepSpeed takes min(", z.hpz_partition_size, ", ", world_, "))");
+  }
 }
 
 // Collective: every rank must see the same ranks per node, else the groups would differ between ranks.
@@ -213,25 +227,26 @@ void EngineImpl::agree_on_nodes() {
       launch_consistent_) {
     return;
   }
-  auto all = gather_from_ranks(*queue_, *comm_, {nodes_.ranks_per_node, launch_consistent_ ? 1 : 0},
-                               "materialize: exchanging the ranks per node", &device_);
-  std::map<int64_t, std::vector<int>> by_count;
+  auto all = gather_from_ranks(*queue_, *comm_, {launch_node_, launch_local_size_},
+                               "materialize: exchanging the nodes", &device_);
+  std::map<std::pair<int64_t, int64_t>, std::vector<int>> by_node;
   for (int r = 0; r < world_; ++r) {
     const auto& v = all[static_cast<size_t>(r)];
-    by_count[v[1] == 1 ? v[0] : -1].push_back(r);
+    by_node[{v[0], v[1]}].push_back(r);
   }
   std::string detail;
-  for (const auto& [count, ranks] : by_count) {
+  for (const auto& [node, ranks] : by_node) {
     detail += log::concat(detail.empty() ? "" : "; ", ranks.size() == 1 ? "rank " : "ranks ", rank_list(ranks),
-                          count < 0 ? ": node and local rank inconsistent" : log::concat(": ", count, " per node"));
+                          " on node ", node.first, " of ", node.second, node.second == 1 ? " rank" : " ranks");
   }
   const std::string text = log::concat("the launcher's nodes are uneven (world of ", world_, " ranks: ", detail, ")");
   const ZeroConfig& z = config_.zero;
-  if (z.stage == 3 && (z.hpz_partition_size > 1 || z.mics_shard_size > 0)) {
-    throw ConfigError(log::concat(z.mics_shard_size > 0 ? "zero_optimization.mics_shard_size: "
-                                                        : "zero_optimization.zero_hpz_partition_size: ",
-                                  z.mics_shard_size > 0 ? z.mics_shard_size : z.hpz_partition_size,
-                                  " needs every node to run the same number of ranks, numbered node by node, but ",
+  if (layout_.kind != LayoutKind::plain) {
+    const bool mics = layout_.kind == LayoutKind::mics;
+    throw ConfigError(log::concat(mics ? "zero_optimization.mics_shard_size: "
+                                       : "zero_optimization.zero_hpz_partition_size: ",
+                                  mics ? z.mics_shard_size : z.hpz_partition_size,
+                                  " needs every node to run the same number of ranks, numbered node by node; ",
                                   text));
   }
   log::warn_rank0(text, "; the engine counts every rank as one node (ScheduleStats' inter-node traffic is then 0)");
@@ -433,11 +448,13 @@ void EngineImpl::materialize() {
   std::vector<int64_t> numels;
   std::vector<bool> persistent;
   int64_t total_slice = 0, total_numel = 0, largest_slice = 0, largest_numel = 0;
+  // Slices of the partition: over every rank, or under MiCS over the shard group (replicated across the groups).
+  const int partition = partition_size();
   for (UnitState& u : units_) {
-    u.info.slice_numel = slice_numel(u.info.numel, world_);
+    u.info.slice_numel = slice_numel(u.info.numel, partition);
     largest_slice = std::max(largest_slice, u.info.slice_numel);
     largest_numel = std::max(largest_numel, u.info.numel);
-    u.info.padded_numel = u.info.slice_numel * world_;
+    u.info.padded_numel = u.info.slice_numel * partition;
     u.flat_shape = {u.info.numel};
     bool keep = policy_.shard_params && u.info.numel <= persistence_threshold_ &&
                 persistent_total + u.info.numel <= config_.zero.model_persistence_threshold;
@@ -461,7 +478,7 @@ void EngineImpl::materialize() {
   // reduce_bucket_size 0: DeepSpeed reduces each parameter's gradient on its own; here a bucket holds the
   // largest unit.
   ro.bucket_numel = reduce_bucket_numel_ > 0 ? reduce_bucket_numel_
-                    : policy_.shard_grads    ? largest_slice * world_
+                    : policy_.shard_grads    ? largest_slice * partition_size()
                                              : largest_numel;
   ro.max_useful_numel = policy_.shard_grads ? total_slice : total_numel;
   // DeepSpeed's averaging: each micro-step's gradient counts 1/gradient_accumulation_steps; over ranks,
@@ -477,7 +494,17 @@ void EngineImpl::materialize() {
     ro.post_scale = static_cast<float>(f / world_);
   }
   ro.stream = reduce_stream_ ? reduce_stream_->get() : nullptr;
-  reducer_ = std::make_unique<Reducer>(ro, device_, counters_, *comm_, *queue_);
+  ro.link = groups_.shard.link;
+  ro.traffic = &stats_.reduce_traffic;
+  reducer_ = std::make_unique<Reducer>(ro, device_, counters_, *groups_.shard.comm, *queue_);
+  if (groups_.replica) {
+    // MiCS: at the boundary the shard groups' sums (already scaled by 1/W) are summed across the replicas.
+    ReducerOptions rr = ro;
+    rr.mode = ReduceMode::all_reduce;
+    rr.pre_scale = rr.post_scale = 1.0f;
+    rr.link = groups_.replica.link;
+    replica_reducer_ = std::make_unique<Reducer>(rr, device_, counters_, *groups_.replica.comm, *queue_);
+  }
 
   // The swap files come first (preflight: IoError/ConfigError naming nvme_path, before anything is
   // allocated); then each unit is allocated, initialised, given its compute copies and, with NVMe, spilled,
@@ -525,7 +552,7 @@ void EngineImpl::materialize() {
 
 void EngineImpl::set_owned_range(UnitState& u) {
   if (policy_.shard_optimizer) {
-    u.owned_begin = static_cast<int64_t>(rank_) * u.info.slice_numel;
+    u.owned_begin = static_cast<int64_t>(layout_.shard_rank(rank_)) * u.info.slice_numel;
     u.owned_len = u.info.slice_numel;
   } else {
     u.owned_begin = 0;
@@ -588,6 +615,9 @@ void EngineImpl::allocate_and_init(UnitState& u) {
     u.exp_avg_sq = u.exp_avg_sq_buf.as<float>();
     device_.fill_zero(u.exp_avg, owned_bytes);
     device_.fill_zero(u.exp_avg_sq, owned_bytes);
+  }
+  if (groups_.hpz && !u.info.persistent) {
+    u.secondary = DeviceBuffer(device_, counters_, MemoryCategory::params, P / layout_.hpz_size * dtype_size(ct));
   }
   int64_t acc_numel = policy_.shard_grads ? S : P;
   u.grad_acc = DeviceBuffer(device_, counters_, MemoryCategory::grads, acc_numel * dtype_size(acc_dtype_));
@@ -950,11 +980,16 @@ void EngineImpl::prefetch_param_reads() {
   }
 }
 
+// One unit's all-gather: over the partition's group (every rank, or the MiCS shard group), in two stages for MiCS's
+// hierarchical gather (between the nodes into gather_scratch, then within each node), or under hpZ from the
+// secondary partition within the hpZ group once the first gather after the optimizer step has filled it.
 void EngineImpl::issue_gather(UnitState& u, bool prefetch) {
   const DType ct = u.info.dtype;
-  const int64_t S = u.info.slice_numel;
-  const void* swapped_slice = slice_swapped(u) ? claim_param_slice(u) : nullptr;
-  u.full = DeviceBuffer(device_, counters_, MemoryCategory::params, u.info.padded_numel * dtype_size(ct));
+  const size_t es = dtype_size(ct);
+  const int64_t S = u.info.slice_numel, P = u.info.padded_numel;
+  const bool from_secondary = u.secondary.allocated() && u.secondary_valid;
+  const void* swapped_slice = !from_secondary && slice_swapped(u) ? claim_param_slice(u) : nullptr;
+  u.full = DeviceBuffer(device_, counters_, MemoryCategory::params, P * es);
   gathered_bytes_ += static_cast<int64_t>(u.full.bytes());
   peak_gathered_bytes_ = std::max(peak_gathered_bytes_, gathered_bytes_);
   if (!u.info.persistent) {
@@ -964,7 +999,7 @@ void EngineImpl::issue_gather(UnitState& u, bool prefetch) {
     stats_.persistent_numel += u.info.numel;
   }
   stats_.all_gathers++;
-  stats_.gathered_elements += u.info.padded_numel;
+  stats_.gathered_elements += P;
   stats_.gather_order.push_back(u.info.id);
   if (prefetch) {
     stats_.prefetches++;
@@ -974,9 +1009,9 @@ void EngineImpl::issue_gather(UnitState& u, bool prefetch) {
   const void* in = master_is_param(u) ? static_cast<const void*>(u.master) : u.compute_slice.data();
   if (swapped_slice != nullptr) in = swapped_slice;
   void* out = u.full.data();
-  std::string what = log::concat("all_gather of unit '", u.info.name, "' (", u.info.padded_numel, " elements, ",
-                                 dtype_name(ct), prefetch ? ", prefetch" : "", ")");
-  Communicator* comm = comm_.get();
+  const char* source = from_secondary ? ", hpZ secondary partition" : layout_.hierarchical ? ", hierarchical" : "";
+  std::string what = log::concat("all_gather of unit '", u.info.name, "' (", P, " elements, ", dtype_name(ct),
+                                 source, prefetch ? ", prefetch" : "", ")");
   int rank = rank_;
   Stream s = nullptr;
   DeviceEvent* gathered = nullptr;
@@ -992,25 +1027,70 @@ void EngineImpl::issue_gather(UnitState& u, bool prefetch) {
     u.gather_ready->record(compute_);
     u.gather_ready->wait_on(s);
     gathered = u.gathered.get();
-    if (slices_on_host_) {
+    if (slices_on_host_ && !from_secondary) {
       // Parameter offload: the slice comes up into the rank's own place in `full`; the all-gather runs in place.
-      void* own = element_ptr(out, ct, static_cast<int64_t>(rank_) * S);
+      void* own = element_ptr(out, ct, static_cast<int64_t>(layout_.shard_rank(rank_)) * S);
       const void* host = swapped_slice != nullptr ? swapped_slice : u.host_slice.data();
-      device_.copy(own, host, static_cast<size_t>(S) * dtype_size(ct), s);
+      device_.copy(own, host, static_cast<size_t>(S) * es, s);
       if (!u.slice_read) u.slice_read = device_.make_event();
       u.slice_read->record(s);
       in = own;
     }
   }
-  u.gather_ticket = queue_->submit(what, [comm, out, in, S, ct, what, rank, s, gathered, queue] {
+
+  // The collectives, in order, and their traffic.
+  struct Part {
+    Communicator* comm;
+    void* out;
+    const void* in;
+    int64_t count;
+  };
+  std::vector<Part> parts;
+  auto add = [&](const ProcessGroup& g, void* o, const void* i, int64_t count) {
+    parts.push_back({g.comm.get(), o, i, count});
+    count_collective(stats_.gather_traffic, g.link, CollectiveKind::all_gather, count, static_cast<int64_t>(es));
+  };
+  struct Copy {
+    void* dst = nullptr;
+    const void* src = nullptr;
+    size_t bytes = 0;
+  } fill;
+  if (from_secondary) {
+    add(groups_.hpz, out, u.secondary.data(), P / layout_.hpz_size);
+  } else if (layout_.hierarchical) {
+    // Between the nodes: the slices of the shard group's ranks with this local rank (shard ranks i, L+i, 2L+i, ...);
+    // then node chunk j of the full buffer gathers, within each node, slice j*L+i from local rank i.
+    const int nodes = static_cast<int>(groups_.shard_inter_node.ranks.size());
+    const int per_node = layout_.nodes.ranks_per_node;
+    u.gather_scratch = DeviceBuffer(device_, counters_, MemoryCategory::buffers, static_cast<size_t>(nodes * S) * es);
+    add(groups_.shard_inter_node, u.gather_scratch.data(), in, S);
+    for (int j = 0; j < nodes; ++j) {
+      add(groups_.shard_intra_node, element_ptr(out, ct, static_cast<int64_t>(j) * per_node * S),
+          element_ptr(u.gather_scratch.data(), ct, j * S), S);
+    }
+  } else {
+    add(groups_.shard, out, in, S);
+    if (u.secondary.allocated()) {
+      // hpZ: keep this rank's chunk of the secondary partition for the gathers until the next optimizer step.
+      const int64_t chunk = P / layout_.hpz_size;
+      fill = {u.secondary.data(), element_ptr(out, ct, (rank_ % layout_.hpz_size) * chunk),
+              static_cast<size_t>(chunk) * es};
+      u.secondary_valid = true;
+    }
+  }
+  Device* device = &device_;
+  u.gather_ticket = queue_->submit(what, [parts = std::move(parts), fill, device, ct, what, rank, s, gathered, queue] {
     try {
-      WorkPtr work = comm->all_gather_into(out, in, static_cast<size_t>(S), ct, s);
-      if (s == nullptr) {
-        work->wait();
-      } else {
-        gathered->record(s);
-        queue->track(log::concat(what, " on rank ", rank), std::move(work));
+      for (const Part& p : parts) {
+        WorkPtr work = p.comm->all_gather_into(p.out, p.in, static_cast<size_t>(p.count), ct, s);
+        if (s == nullptr) {
+          work->wait();
+        } else {
+          queue->track(log::concat(what, " on rank ", rank), std::move(work));
+        }
       }
+      if (fill.bytes > 0) device->copy(fill.dst, fill.src, fill.bytes, s);
+      if (s != nullptr) gathered->record(s);
     } catch (const CommError&) {
       rethrow_comm_error(log::concat(what, " on rank ", rank, " failed: "));
     }
@@ -1027,6 +1107,7 @@ void EngineImpl::wait_gather(UnitState& u) {
   // cuda: the compute stream (not the host) waits for the gather to land.
   if (u.gathered) u.gathered->wait_on(compute_);
   u.gather = GatherState::gathered;
+  u.gather_scratch.reset();  // freed after the compute stream, which now waits for the gather
   if (slice_swapped(u)) {
     if (slices_on_host_) {
       u.host_slice.reset_after(*gather_stream_);  // once its copy up has run: the host does not wait

@@ -73,6 +73,12 @@ struct UnitState {
   DeviceBuffer compute_slice;
   HostBuffer host_slice;
   std::unique_ptr<DeviceEvent> slice_read;  // gather stream: the last copy out of host_slice (made on first use)
+  // hpZ (non-persistent units): this rank's chunk of the secondary partition, padded_numel / hpz elements of the
+  // compute dtype (chunk rank % hpz of the full buffer). The first all-gather after an optimizer step reads the
+  // primary partition over every rank and fills it; later gathers read the secondary partition within the group.
+  DeviceBuffer secondary;
+  bool secondary_valid = false;
+  DeviceBuffer gather_scratch;  // MiCS's hierarchical gather: the slices of the inter-node stage, while in flight
   DeviceBuffer grad_acc;                    // grad_accum_dtype: padded_numel at stage 0-1, slice_numel at 2-3
 
   // Stage-3 schedule state.
@@ -151,6 +157,7 @@ class EngineImpl {
   NodeLayout nodes_;
   std::string nodes_source_;       // where the ranks per node came from, for messages
   bool launch_consistent_ = true;  // the launcher's node and local rank of this rank are those of nodes_
+  int launch_node_ = 0, launch_local_size_ = 1;  // what the launcher said (for the message of uneven nodes)
   ShardLayout layout_;
   ProcessGroups groups_;
   int partition_size() const { return layout_.shard_size; }
@@ -180,6 +187,7 @@ class EngineImpl {
   bool evaluating_ = false;
   int64_t eval_batches_ = 0;  // evaluation batches ended by this engine object (the first one checks the order)
   std::unique_ptr<Reducer> reducer_;
+  std::unique_ptr<Reducer> replica_reducer_;  // MiCS: the all-reduce across the replicas at the boundary
   std::unique_ptr<LrScheduler> lr_scheduler_;
   LossScaler loss_scaler_;
   AdamHyper adam_;

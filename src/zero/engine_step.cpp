@@ -48,7 +48,9 @@ void EngineImpl::publish_params(UnitState& u) {
   const int64_t S = u.info.slice_numel;
   void* out = u.full.data();
   const void* in = element_ptr(u.full.data(), ct, u.owned_begin);
-  Communicator* comm = comm_.get();
+  Communicator* comm = groups_.shard.comm.get();
+  count_collective(stats_.gather_traffic, groups_.shard.link, CollectiveKind::all_gather, S,
+                   static_cast<int64_t>(dtype_size(ct)));
   run_collective(log::concat("all_gather of the parameters of unit '", u.info.name, "' (", u.info.padded_numel,
                              " elements, ", dtype_name(ct), ")"),
                  [=] { comm->all_gather_into(out, in, static_cast<size_t>(S), ct)->wait(); });
@@ -68,6 +70,14 @@ void EngineImpl::reduce_at_boundary() {
   reducer_->flush();
   queue_->drain();
   reducer_->join();  // cuda: the compute stream reads the accumulators after the reduce stream wrote them
+  if (replica_reducer_) {
+    // MiCS: each shard group summed its ranks' gradients every micro-step; now, once per optimizer step, the
+    // groups' sums are summed across the replicas (the ranks holding the same slices).
+    for (UnitState& u : units_) replica_reducer_->add_all_reduce(u.info.name, u.grad_acc.data(), u.info.slice_numel);
+    replica_reducer_->flush();
+    queue_->drain();
+    replica_reducer_->join();
+  }
 }
 
 void EngineImpl::run_optimizer(const AdamStepConsts& consts, float grad_factor) {
@@ -293,8 +303,9 @@ StepResult EngineImpl::step() {
     }
     float agreed[2] = {static_cast<float>(local[0]), static_cast<float>(local[1])};
     if (!std::isfinite(agreed[1])) agreed[0] = std::max(agreed[0], 1.0f);
+    // Over the partition's group: under MiCS every shard group holds the same (all-reduced) gradients.
     ReduceOp op = policy_.shard_optimizer ? ReduceOp::sum : ReduceOp::max;
-    Communicator* comm = comm_.get();
+    Communicator* comm = groups_.shard.comm.get();
     DeviceMirror dagreed(&device_, agreed, 2);
     run_collective("all_reduce of the gradient statistics (Inf/NaN count, squared norm)",
                    [&] { comm->all_reduce(dagreed.get(), 2, DType::f32, op)->wait(); });
@@ -323,6 +334,7 @@ StepResult EngineImpl::step() {
     ++applied_steps_;
     AdamStepConsts consts = adam_step_consts(hyper, applied_steps_);
     run_optimizer(consts, static_cast<float>(coef / scale));
+    for (UnitState& u : units_) u.secondary_valid = false;  // hpZ: the next gathers read the new primary slices
     if (param_swap_) {
       // Units of which this rank owns only padding had no tile: their (zero) slices are rewritten too.
       for (UnitState& u : units_) {
@@ -395,11 +407,11 @@ void EngineImpl::gather_master_params(UnitId unit, float* out) {
   int64_t S = u.info.slice_numel;
   if (optimizer_on_host_) {
     // The master is in host memory: it goes to the rank's place in `all`, and the all-gather runs in place.
-    float* own = all.as<float>() + static_cast<int64_t>(rank_) * S;
+    float* own = all.as<float>() + static_cast<int64_t>(layout_.shard_rank(rank_)) * S;
     device_.copy(own, master, static_cast<size_t>(S) * sizeof(float));
     in = own;
   }
-  Communicator* comm = comm_.get();
+  Communicator* comm = groups_.shard.comm.get();
   try {
     run_collective(log::concat("all_gather of the fp32 master parameters of unit '", u.info.name, "'"),
                    [&] { comm->all_gather_into(all.data(), in, static_cast<size_t>(S), DType::f32)->wait(); });
@@ -440,6 +452,7 @@ void EngineImpl::refresh_params() {
     for (size_t i = 0; i < units_.size(); ++i) {
       UnitState& u = units_[i];
       if (policy_.shard_params) release_gather(u);
+      u.secondary_valid = false;
       const float* master = nullptr;
       if (opt_swap_) {
         // NVMe: what local_shard() staged (and the caller may have changed) goes back to the swap file;

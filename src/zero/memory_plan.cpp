@@ -7,7 +7,9 @@
 #include <sstream>
 
 #include "core/check.hpp"
-#include "zero/gather_replay.hpp"
+#include "zero/gather_simulation.hpp"
+#include "zero/plan_format.hpp"
+#include "zero/topology.hpp"
 #include "zero3/error.hpp"
 
 namespace zero3 {
@@ -281,14 +283,18 @@ MemoryPlan plan_memory(const ModelDesc& model, const Config& config, const Memor
   plan.nodes = (options.world_size + options.ranks_per_node - 1) / options.ranks_per_node;
   plan.device_is_host = config.zero3.device == "cpu";
 
-  const int64_t w = options.world_size;
+  // The partition: every rank, or MiCS's shard group (whose replicas hold the same slices).
+  const detail::ShardLayout layout = detail::plan_layout(z, options.world_size, options.ranks_per_node);
+  plan.partition_size = layout.shard_size;
+  plan.layout = layout.describe();
+  const int64_t w = layout.shard_size;
   const int64_t c = static_cast<int64_t>(dtype_size(plan.compute_dtype));
   const DType accum = config.grad_accum_dtype.value_or(DType::f32);
   const int64_t g = static_cast<int64_t>(dtype_size(accum));
-  const DType comm = config.communication_data_type.value_or(accum);
+  const DType comm = config.communication_dtype();
   const bool mixed = plan.compute_dtype != DType::f32;
 
-  std::vector<detail::ReplayUnit> units;
+  std::vector<detail::SimulatedUnit> units;
   int64_t largest_slice = 0, largest_numel = 0;
   for (const auto& u : model.units) {
     int64_t p = u.numel();
@@ -339,10 +345,10 @@ MemoryPlan plan_memory(const ModelDesc& model, const Config& config, const Memor
       plan.persistent_numel += u.numel;
       plan.persistent_params += u.padded;
     }
-    detail::GatherReplay peak =
-        detail::replay_micro_step(units, *z.prefetch_bucket_size, z.max_live_parameters, z.max_reuse_distance);
-    plan.live_params = peak.peak_live_padded;
-    plan.live_numel = peak.peak_live_numel;
+    const detail::SimulatedGathers sim =
+        detail::simulate_gathers(units, *z.prefetch_bucket_size, z.max_live_parameters, z.max_reuse_distance);
+    plan.live_params = sim.peak_padded;
+    plan.live_numel = sim.peak_numel;
     const MemoryTier slice_tier = tier_of(z.offload_param.device);
     if (separate_master) {
       add(MemoryCategory::params, slice_tier, plan.shard_params * c, "parameter slices (" + cl + ")");
@@ -353,6 +359,19 @@ MemoryPlan plan_memory(const ModelDesc& model, const Config& config, const Memor
     add(MemoryCategory::params, MemoryTier::device, plan.persistent_params * c,
         "persistent units, kept gathered (" + cl + ")");
     add(MemoryCategory::params, MemoryTier::device, plan.live_params * c, "gathered units, worst case (" + cl + ")");
+    if (layout.kind == detail::LayoutKind::hpz) {
+      int64_t secondary = 0;
+      for (const auto& u : units) secondary += u.persistent ? 0 : u.padded / layout.hpz_size;
+      add(MemoryCategory::params, MemoryTier::device, secondary * c,
+          "hpZ secondary partition, 1/" + std::to_string(layout.hpz_size) + " of each unit (" + cl + ")");
+    }
+    if (layout.hierarchical) {
+      // The inter-node stage's slices of a unit in flight (one per node the shard group spans), at most the gathered
+      // units' share.
+      const int64_t span = layout.shard_size / layout.nodes.ranks_per_node;
+      add(MemoryCategory::buffers, MemoryTier::device, (plan.live_params + plan.persistent_params) / w * span * c,
+          "hierarchical gather staging, worst case (" + cl + ")");
+    }
   }
 
   // Gradients: the accumulator, and one open backward scope's buffer.
@@ -380,6 +399,11 @@ MemoryPlan plan_memory(const ModelDesc& model, const Config& config, const Memor
     int64_t chunk = std::max<int64_t>(1, std::min(std::max<int64_t>(1, bucket / w), plan.shard_params));
     add(MemoryCategory::buffers, MemoryTier::device, 2 * (chunk * w + chunk) * cb,
         "reduce-scatter buckets, 2 x " + std::to_string(chunk * w) + " (" + comm_label + ")");
+    if (layout.replicas() > 1) {
+      int64_t across = std::max<int64_t>(1, std::min(*z.reduce_bucket_size, plan.shard_params));
+      add(MemoryCategory::buffers, MemoryTier::device, 2 * across * cb,
+          "all-reduce buckets across the replicas, 2 x " + std::to_string(across) + " (" + comm_label + ")");
+    }
   } else {
     int64_t chunk = std::max<int64_t>(1, std::min(bucket, plan.total_params));
     add(MemoryCategory::buffers, MemoryTier::device, 2 * chunk * cb,
@@ -423,14 +447,7 @@ MemoryPlan plan_memory(const ModelDesc& model, const Config& config, const Memor
 
 namespace {
 
-std::string with_commas(int64_t v) {
-  std::string digits = std::to_string(v < 0 ? -v : v), out;
-  for (size_t i = 0; i < digits.size(); ++i) {
-    if (i > 0 && (digits.size() - i) % 3 == 0) out += ',';
-    out += digits[i];
-  }
-  return v < 0 ? "-" + out : out;
-}
+using detail::with_commas;
 
 // "0 B", "512 B", "2.50 KiB", "1.87 GiB"
 std::string human(int64_t bytes) {
@@ -461,6 +478,7 @@ std::string format_memory_plan(const MemoryPlan& p) {
   os << "zero3 memory plan: ZeRO stage " << p.stage << ", " << dtype_label(p.compute_dtype) << ", world size "
      << p.world_size << " (" << p.nodes << (p.nodes == 1 ? " node" : " nodes") << " x " << p.ranks_per_node
      << " ranks)\n";
+  if (p.stage == 3) os << "layout: " << p.layout << "\n";
   os << "parameters: " << with_commas(p.total_params) << " (padded " << with_commas(p.padded_params) << ", "
      << with_commas(p.shard_params) << " owned per rank)";
   os << "\ncheckpoint: " << with_commas(p.checkpoint_bytes) << " bytes (" << human(p.checkpoint_bytes)

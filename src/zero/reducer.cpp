@@ -140,6 +140,10 @@ void Reducer::launch() {
     b.filled->wait_on(s);
     reduced = b.reduced.get();
   }
+  if (opt_.traffic != nullptr) {
+    count_collective(*opt_.traffic, opt_.link, scatter ? CollectiveKind::reduce_scatter : CollectiveKind::all_reduce,
+                     fill, static_cast<int64_t>(es));
+  }
   b.ticket = queue_.submit(what, [this, what, pieces = std::move(pieces), in, out, fill, scatter, s, reduced] {
     WorkPtr work;
     try {

@@ -12,8 +12,9 @@
 // all_reduce (stage 0 and 1): buckets are contiguous pieces of the full accumulators, reduced in place.
 //
 // The copy into the bucket applies the pre-scale and converts to communication_data_type; adding into the
-// accumulator applies the post-scale and converts to grad_accum_dtype. Two buckets alternate: one fills on
-// the training thread while the other is reduced by the communication queue.
+// accumulator applies the post-scale and converts to grad_accum_dtype. The communicator is the group the
+// gradients are reduced over: every rank, or MiCS's shard group (reduce-scatter) and replica group (all-reduce).
+// Two buckets alternate: one fills on the training thread while the other is reduced by the communication queue.
 //
 // With a reduce stream (cuda), a bucket is filled on the device's default stream (the compute stream), the
 // reduce stream waits for it through an event, runs the collective and the adds into the accumulators, and
@@ -29,6 +30,7 @@
 
 #include "zero/comm_queue.hpp"
 #include "zero/device_buffer.hpp"
+#include "zero/topology.hpp"
 #include "zero3/comm.hpp"
 #include "zero3/device.hpp"
 
@@ -45,6 +47,9 @@ struct ReducerOptions {
   float pre_scale = 1.0f;        // applied before the collective
   float post_scale = 1.0f;       // applied after it
   Stream stream = nullptr;       // the reduce stream (cuda); null: each collective is waited for in its task
+  // Where the collectives' bytes are counted (traffic_plan.hpp), seen from this rank's place in the group.
+  GroupLink link;
+  CollectiveTraffic* traffic = nullptr;
 };
 
 class Reducer {

@@ -166,6 +166,17 @@ ShardLayout make_shard_layout(const ZeroConfig& z, const NodeLayout& nodes) {
   return layout;
 }
 
+ShardLayout plan_layout(const ZeroConfig& z, int64_t world, int64_t ranks_per_node) {
+  if (z.stage == 3 && (z.hpz_partition_size > 1 || z.mics_shard_size > 0)) {
+    return make_shard_layout(
+        z, make_node_layout(static_cast<int>(world), static_cast<int>(ranks_per_node), "ranks per node"));
+  }
+  ShardLayout plain;
+  plain.nodes = NodeLayout{static_cast<int>(world), static_cast<int>(ranks_per_node)};
+  plain.shard_size = static_cast<int>(world);
+  return plain;
+}
+
 int64_t ring_bytes_sent(CollectiveKind kind, int group_size, int64_t count, int64_t element_bytes) {
   const int64_t g = group_size;
   switch (kind) {

@@ -95,6 +95,10 @@ struct ShardLayout {
 // secondary partition gathers like the primary one: hpZ is then off.
 ShardLayout make_shard_layout(const ZeroConfig& zero, const NodeLayout& nodes);
 
+// The layout the memory and traffic plans count with: make_shard_layout on `ranks_per_node` ranks per node when the
+// config asks for hpZ or MiCS (ConfigError for nodes or groups that do not fit), else plain ZeRO-3 over the world.
+ShardLayout plan_layout(const ZeroConfig& zero, int64_t world, int64_t ranks_per_node);
+
 // ---- The traffic model (traffic_plan.hpp): a collective is a ring over its group, in the group's order ----
 
 enum class CollectiveKind : uint8_t { all_gather, reduce_scatter, all_reduce };

@@ -167,16 +167,41 @@ TEST_F(Collectives, AllReduceSumAvgMax) {
   }
 }
 
-TEST_F(Collectives, SixteenBitSumsAccumulateInF32) {
-  // 256 + 1 + 1 + ...: in bf16, 256 + 1 rounds back to 256 at every step; in f32 the ones add up first.
+TEST_F(Collectives, SixteenBitSumsTravelInTheirDtype) {
+  // 256 + 1 + 1 + ...: in bf16, 256 + 1 rounds back to 256 (ties to even), so each partial sum rounded to bf16 on
+  // its way through the ring (as NCCL rounds them) loses the ones added after the big value, and keeps those added
+  // before it: the result lies between the big value and the exact sum rounded up, and is a value of the dtype.
   for (DType dtype : {DType::bf16, DType::f16}) {
     const double big = dtype == DType::bf16 ? 256.0 : 2048.0;  // where the spacing of the type becomes 2
     auto buf = make(dtype, 3, [&](size_t) { return rank_ == 0 ? big : 1.0; });
     comm_->all_reduce(buf.data(), 3, dtype, ReduceOp::sum)->wait();
-    float exact = static_cast<float>(big + size_ - 1);
-    double want = dtype == DType::bf16 ? bf16_to_f32(f32_to_bf16(exact)) : f16_to_f32(f32_to_f16(exact));
-    expect_values(
-        buf, dtype, 3, [&](size_t) { return want; }, label("f32 accumulation", dtype, 3));
+    auto rs_in = make(dtype, 3 * static_cast<size_t>(size_), [&](size_t) { return rank_ == 0 ? big : 1.0; });
+    std::vector<uint8_t> rs_out(3 * dtype_size(dtype));
+    comm_->reduce_scatter(rs_out.data(), rs_in.data(), 3, dtype, ReduceOp::sum)->wait();
+    for (const auto* got : {&buf, &rs_out}) {
+      for (size_t i = 0; i < 3; ++i) {
+        const double v = at(*got, dtype, i);
+        EXPECT_GE(v, big) << dtype_name(dtype);
+        EXPECT_LE(v, big + size_) << dtype_name(dtype);  // a rounding up by at most the spacing, 2
+        EXPECT_EQ(v, dtype == DType::bf16 ? bf16_to_f32(f32_to_bf16(static_cast<float>(v)))
+                                          : f16_to_f32(f32_to_f16(static_cast<float>(v))));
+      }
+    }
+  }
+  // The ring's own order in the reduce-scatter: rank r's chunk is summed starting after it (r+1, r+2, ...) and ends
+  // with rank r's own value, so the chunk of the last rank adds rank 0's big value first and loses every one after
+  // it, while rank 0's own chunk adds the ones first and the big value last. (Gloo's ring; NCCL picks its own.)
+  if (size_ >= 3 && std::string(test_backend()) == "gloo") {
+    const DType dtype = DType::bf16;
+    auto in = make(dtype, static_cast<size_t>(size_), [&](size_t) { return rank_ == 0 ? 256.0 : 1.0; });
+    std::vector<uint8_t> out(2);
+    comm_->reduce_scatter(out.data(), in.data(), 1, dtype, ReduceOp::sum)->wait();
+    const double got = at(out, dtype, 0);
+    if (rank_ == 0) {
+      EXPECT_EQ(got, bf16_to_f32(f32_to_bf16(static_cast<float>(256 + size_ - 1))));
+    } else if (rank_ == size_ - 1) {
+      EXPECT_EQ(got, 256.0) << "each one added after 256 rounds away";
+    }
   }
 }
 

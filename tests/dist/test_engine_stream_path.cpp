@@ -9,8 +9,11 @@
 // The device also checks the ordering rules the GPU relies on: no stream or host waits on an event that was
 // never recorded (CUDA would silently not wait), events are recorded on real streams only, no memory is freed
 // while queued work uses it, kernels and collectives run on device memory, the compute stream waits for every
-// stage-3 gather, and gathers and reductions are issued on the engine's own streams.
+// stage-3 gather, and gathers and reductions are issued on the engine's own streams. On simulated nodes
+// (`zero3 launch --simulate-nodes`) the same checks cover the layouts for slow links: HSDP, MiCS's hierarchical gather
+// and hpZ, whose groups are split from the test communicator.
 // zero3-test-ranks: 1 2 3
+// zero3-test-nodes: 2x2
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -39,13 +42,22 @@ struct Variant {
   int stage;
   std::function<void(Config&)> change;
   double tolerance;
+  bool layout = false;  // needs simulated nodes (and runs only there)
 };
+
+bool simulated_nodes() {
+  const LaunchInfo launch = detect_launch();
+  return launch.local_world_size < launch.world_size;
+}
 
 class StreamPath : public ::testing::TestWithParam<Variant> {};
 
 void check_against_reference(const Variant& v, StreamSchedule schedule);
 
 TEST_P(StreamPath, SameNumbersAsTheReferenceAndOrderedByEvents) {
+  if (GetParam().layout != simulated_nodes()) {
+    GTEST_SKIP() << (GetParam().layout ? "layouts run on simulated nodes" : "plain ZeRO runs on one node");
+  }
   for (StreamSchedule schedule : {StreamSchedule::lazy, StreamSchedule::eager_side_streams}) {
     SCOPED_TRACE(schedule == StreamSchedule::lazy ? "side streams run when waited for" : "side streams run at once");
     check_against_reference(GetParam(), schedule);
@@ -100,7 +112,28 @@ const Variant kVariants[] = {
     {"stage1", 1, nullptr, 1e-5},
     {"stage2", 2, nullptr, 1e-5},
     {"stage3", 3, nullptr, 1e-5},
-    {"stage3_bf16", 3, [](Config& c) { c.bf16.enabled = true; }, 5e-3},
+    {"stage3_bf16", 3,
+     [](Config& c) {
+       c.bf16.enabled = true;
+       c.communication_data_type = DType::f32;
+     },
+     5e-3},
+    {"hsdp", 3, [](Config& c) { c.zero.mics_shard_size = detect_launch().local_world_size; }, 1e-5, true},
+    {"mics_hierarchical", 3,
+     [](Config& c) {
+       c.zero.mics_shard_size = detect_launch().world_size;
+       c.zero.mics_hierarchical_params_gather = true;
+       c.zero.param_persistence_threshold = 0;
+     },
+     1e-5, true},
+    {"hpz_bf16", 3,
+     [](Config& c) {
+       c.zero.hpz_partition_size = detect_launch().local_world_size;
+       c.zero.max_reuse_distance = 0;  // backward gathers again, from the secondary partition
+       c.bf16.enabled = true;
+       c.communication_data_type = DType::f32;
+     },
+     5e-3, true},
 };
 
 INSTANTIATE_TEST_SUITE_P(Engine, StreamPath, ::testing::ValuesIn(kVariants),

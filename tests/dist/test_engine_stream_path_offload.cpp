@@ -77,6 +77,7 @@ void apply_offload(Config& c, const Variant& v, const std::string& dir) {
 Config base_config(const Variant& v) {
   Config c = equivalence_config(v.stage);
   c.bf16.enabled = v.bf16;
+  c.communication_data_type = DType::f32;  // the reference's exact sums: the bf16 bound
   c.zero.sub_group_size = v.sub_group_size;
   if (v.accum_bf16) c.grad_accum_dtype = DType::bf16;
   return c;

@@ -1,8 +1,14 @@
 // The memory plan against the engine it describes: the same model and config, planned from shapes and then
 // trained for a few steps on 1-3 ranks, must give the engine's measured bytes per category and its measured
-// peak of gathered elements (stage 3) exactly.
+// peak of gathered elements (stage 3) exactly; also under the layouts for slow links (hpZ's secondary partition,
+// MiCS's buckets across the replicas, the hierarchical gather's staging) on simulated nodes.
 // zero3-test-ranks: 1 2 3
+// zero3-test-nodes: 2x2 3x2
 #include <gtest/gtest.h>
+
+#include <functional>
+#include <utility>
+#include <vector>
 
 #include "support/engine_world.hpp"
 #include "support/mlp_trainer.hpp"
@@ -54,12 +60,15 @@ int64_t planned(const MemoryPlan& p, MemoryCategory cat, const std::string& leav
   return total;
 }
 
-void check(int stage, bool bf16, int64_t reuse) {
-  SCOPED_TRACE("stage " + std::to_string(stage) + (bf16 ? " bf16" : " fp32") + " reuse " + std::to_string(reuse));
+void check(int stage, bool bf16, int64_t reuse, const std::function<void(Config&)>& layout = nullptr) {
+  SCOPED_TRACE("stage " + std::to_string(stage) + (bf16 ? " bf16" : " fp32") + " reuse " + std::to_string(reuse) +
+               (layout ? " with a layout" : ""));
   auto comm = engine_world();
   Config config = plan_config(stage, bf16, reuse);
+  if (layout) layout(config);
   MemoryPlanOptions o;
   o.world_size = comm->size();
+  o.ranks_per_node = detect_launch().local_world_size;
   MemoryPlan plan = plan_memory(describe(), config, o);
 
   Engine e(resolved_for(config, *comm), comm, cpu_device());
@@ -86,7 +95,7 @@ void check(int stage, bool bf16, int64_t reuse) {
   EXPECT_EQ(m.master, planned(plan, MemoryCategory::master));
   EXPECT_EQ(m.grads, planned(plan, MemoryCategory::grads, "backward scope"));
   EXPECT_EQ(m.optimizer_state, planned(plan, MemoryCategory::optimizer_state));
-  EXPECT_EQ(m.buffers, planned(plan, MemoryCategory::buffers));
+  EXPECT_EQ(m.buffers, planned(plan, MemoryCategory::buffers, "worst case"));
   if (stage == 3) {
     ScheduleStats s = e.schedule_stats();
     EXPECT_EQ(s.persistent_numel, plan.persistent_numel);
@@ -99,6 +108,26 @@ TEST(MemoryPlanEngine, EveryStage) {
   for (int stage = 0; stage <= 3; ++stage) {
     check(stage, /*bf16=*/true, 1'000'000'000);
     check(stage, /*bf16=*/false, 1'000'000'000);
+  }
+}
+
+TEST(MemoryPlanEngine, Layouts) {
+  const LaunchInfo launch = detect_launch();
+  const int per_node = launch.local_world_size, nodes = launch.world_size / per_node;
+  if (nodes < 2) GTEST_SKIP() << "the layouts are checked on simulated nodes";
+  const std::vector<std::pair<const char*, std::function<void(Config&)>>> layouts = {
+      {"hsdp", [&](Config& c) { c.zero.mics_shard_size = per_node; }},
+      {"mics_hierarchical",
+       [&](Config& c) {
+         c.zero.mics_shard_size = launch.world_size;
+         c.zero.mics_hierarchical_params_gather = true;
+       }},
+      {"hpz", [&](Config& c) { c.zero.hpz_partition_size = per_node; }},
+  };
+  for (const auto& [name, layout] : layouts) {
+    SCOPED_TRACE(name);
+    check(3, true, 1'000'000'000, layout);
+    check(3, false, 0, layout);
   }
 }
 

@@ -92,7 +92,7 @@ class SharedTempDir {
 };
 
 // The whole of one state array (exp_avg, exp_avg_sq or master) of a unit, assembled from every rank's slice
-// (collective over the engine's communicator; host memory).
+// (collective over the engine's communicator; host memory). Under MiCS the first shard group's slices make it.
 inline std::vector<float> gather_state(Engine& engine, UnitId unit, int part /* 0 master, 1 exp_avg, 2 exp_avg_sq */) {
   const UnitInfo& u = engine.unit(unit);
   const ShardView v = engine.local_shard(unit);
@@ -100,7 +100,7 @@ inline std::vector<float> gather_state(Engine& engine, UnitId unit, int part /* 
   if (v.length >= u.padded_numel && engine.world_size() > 1) {  // replicated (stage 0)
     return std::vector<float>(src, src + u.numel);
   }
-  std::vector<float> all(static_cast<size_t>(u.padded_numel));
+  std::vector<float> all(static_cast<size_t>(u.slice_numel) * static_cast<size_t>(engine.world_size()));
   engine.communicator().all_gather_into(all.data(), src, static_cast<size_t>(u.slice_numel), DType::f32)->wait();
   all.resize(static_cast<size_t>(u.numel));
   return all;

@@ -1,14 +1,17 @@
 #include "support/stream_path_comm.hpp"
 
-#include "zero3/error.hpp"
 
 namespace zero3::testing {
 
 StreamPathComm::StreamPathComm(std::shared_ptr<Communicator> inner, StreamPathDevice& device)
-    : inner_(std::move(inner)), device_(device) {}
+    : StreamPathComm(std::move(inner), device, std::make_shared<Counts>()) {}
+
+StreamPathComm::StreamPathComm(std::shared_ptr<Communicator> inner, StreamPathDevice& device,
+                               std::shared_ptr<Counts> counts)
+    : inner_(std::move(inner)), device_(device), counts_(std::move(counts)) {}
 
 void StreamPathComm::note_buffers(const void* a, const void* b) {
-  if (!device_.is_device_memory(a) || !device_.is_device_memory(b)) host_memory_collectives_++;
+  if (!device_.is_device_memory(a) || !device_.is_device_memory(b)) counts_->host_memory_collectives++;
 }
 
 void StreamPathComm::note_stream(Stream stream) {
@@ -23,7 +26,7 @@ std::set<Stream> StreamPathComm::collective_streams() const {
 
 WorkPtr StreamPathComm::all_gather_into(void* out, const void* in, size_t count, DType dtype, Stream stream) {
   note_stream(stream);
-  if (!device_.is_compute(stream)) side_stream_gathers_++;
+  if (!device_.is_compute(stream)) counts_->side_stream_gathers++;
   if (count > 0) note_buffers(out, in);
   auto inner = inner_;
   const size_t bytes = count * dtype_size(dtype);
@@ -35,7 +38,7 @@ WorkPtr StreamPathComm::all_gather_into(void* out, const void* in, size_t count,
 WorkPtr StreamPathComm::reduce_scatter(void* out, const void* in, size_t count, DType dtype, ReduceOp op,
                                        Stream stream) {
   note_stream(stream);
-  if (!device_.is_compute(stream)) side_stream_reductions_++;
+  if (!device_.is_compute(stream)) counts_->side_stream_reductions++;
   if (count > 0) note_buffers(out, in);
   auto inner = inner_;
   const size_t bytes = count * dtype_size(dtype);
@@ -46,7 +49,7 @@ WorkPtr StreamPathComm::reduce_scatter(void* out, const void* in, size_t count, 
 
 WorkPtr StreamPathComm::all_reduce(void* buf, size_t count, DType dtype, ReduceOp op, Stream stream) {
   note_stream(stream);
-  if (!device_.is_compute(stream)) side_stream_reductions_++;
+  if (!device_.is_compute(stream)) counts_->side_stream_reductions++;
   if (count > 0) note_buffers(buf, buf);
   auto inner = inner_;
   const size_t bytes = count * dtype_size(dtype);
@@ -65,8 +68,10 @@ WorkPtr StreamPathComm::broadcast(void* buf, size_t count, DType dtype, int root
       nullptr, 0);
 }
 
-std::unique_ptr<Communicator> StreamPathComm::split(int, int) {
-  throw Unsupported("stream-path test communicator does not support split");
+std::unique_ptr<Communicator> StreamPathComm::split(int color, int key) {
+  std::unique_ptr<Communicator> part = inner_->split(color, key);
+  if (!part) return nullptr;
+  return std::unique_ptr<Communicator>(new StreamPathComm(std::move(part), device_, counts_));
 }
 
 }  // namespace zero3::testing

@@ -7,6 +7,7 @@
 // Every rank runs the same program, so every rank runs its collectives in the same order.
 // It counts the collectives issued on streams other than the compute stream, and those given memory that is not
 // the device's (NCCL reads and writes device memory only: host memory there is an illegal access or a refusal).
+// split() splits the inner communicator; the parts count into their parent's counters.
 #pragma once
 
 #include <atomic>
@@ -36,18 +37,23 @@ class StreamPathComm final : public Communicator {
   void barrier() override { inner_->barrier(); }
   std::unique_ptr<Communicator> split(int color, int key) override;
 
-  int64_t side_stream_gathers() const { return side_stream_gathers_.load(); }
-  int64_t side_stream_reductions() const { return side_stream_reductions_.load(); }
-  int64_t host_memory_collectives() const { return host_memory_collectives_.load(); }
+  int64_t side_stream_gathers() const { return counts_->side_stream_gathers.load(); }
+  int64_t side_stream_reductions() const { return counts_->side_stream_reductions.load(); }
+  int64_t host_memory_collectives() const { return counts_->host_memory_collectives.load(); }
   // The streams collectives were queued on (the gather and reduce streams, and the engine's collective check).
   std::set<Stream> collective_streams() const;
 
  private:
+  struct Counts {
+    std::atomic<int64_t> side_stream_gathers{0};
+    std::atomic<int64_t> side_stream_reductions{0};
+    std::atomic<int64_t> host_memory_collectives{0};
+  };
+  StreamPathComm(std::shared_ptr<Communicator> inner, StreamPathDevice& device, std::shared_ptr<Counts> counts);
+
   std::shared_ptr<Communicator> inner_;
   StreamPathDevice& device_;
-  std::atomic<int64_t> side_stream_gathers_{0};
-  std::atomic<int64_t> side_stream_reductions_{0};
-  std::atomic<int64_t> host_memory_collectives_{0};
+  std::shared_ptr<Counts> counts_;
   mutable std::mutex mu_;
   std::set<Stream> collective_streams_;
 

@@ -212,6 +212,27 @@ TEST(ConfigCli, HuggingFaceAutoConfig) {
   EXPECT_EQ(j["train_batch_size"], 256);
 }
 
+// ZeRO++'s hpZ as public configs ask for it (InternVL's zero_stage3_config_100b.json with zero_hpz_partition_size 8:
+// one secondary partition per node of 8 GPUs), on 2 such nodes.
+TEST(ConfigCli, AcceptsInternVlStyleHpzConfigs) {
+  std::string f = src("tests/data/configs/internvl-zero3-hpz.json");
+  CliResult r = run_zero3("config check " + f +
+                          " --world-size 16 --hidden-size 4096 --micro-batch 1 --grad-accum 4 --precision bf16 "
+                          "--lr 2e-5 --weight-decay 0.05 --max-grad-norm 1.0");
+  ASSERT_EQ(r.status, 0) << r.err;
+  json j = json::parse(r.out);
+  EXPECT_EQ(j["zero_optimization"]["zero_hpz_partition_size"], 8);
+  EXPECT_EQ(j["zero_optimization"]["mics_shard_size"], -1);
+  EXPECT_EQ(j["bf16"]["enabled"], true);
+  // Its groups must tile the world.
+  r = run_zero3("config check " + f +
+                " --world-size 12 --hidden-size 4096 --micro-batch 1 --grad-accum 4 --precision bf16 --lr 2e-5 "
+                "--weight-decay 0.05 --max-grad-norm 1.0");
+  EXPECT_EQ(r.status, 1);
+  EXPECT_NE(r.err.find("zero_optimization.zero_hpz_partition_size: got 8 with a world size of 12"), std::string::npos)
+      << r.err;
+}
+
 TEST(ConfigCli, WarningsGoToStderr) {
   CliResult r = run_zero3("config check " + src("tests/data/configs/commented-legacy.json") + " --world-size 2");
   ASSERT_EQ(r.status, 0) << r.err;

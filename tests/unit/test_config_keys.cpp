@@ -52,6 +52,7 @@ const json* get_path(const json& root, std::string_view path) {
 json base_for(const KeyEntry& e) {
   json root = {{"zero_optimization", {{"stage", 3}}}, {"optimizer", {{"type", "AdamW"}}}};
   if (e.path == "optimizer.params.adam_w_mode") root["optimizer"]["type"] = "Adam";  // AdamW forces it on
+  if (e.path == "zero_optimization.mics_hierarchical_params_gather") root["zero_optimization"]["mics_shard_size"] = 8;
   if (e.path.rfind("scheduler.", 0) == 0) {
     std::string type(e.only_for.empty() ? "WarmupDecayLR" : e.only_for.substr(0, e.only_for.find(' ')));
     root["scheduler"] = {{"type", type}, {"params", json::object()}};

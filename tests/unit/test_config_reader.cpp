@@ -565,13 +565,47 @@ TEST(ConfigReader, IgnoredAndRefusedSections) {
   error_of(R"({"compression_training": {"weight_quantization": {}}})", {"compression_training", "not supported"});
   error_of(R"({"zero_optimization": {"zero_quantized_weights": true}})",
            {"zero_optimization.zero_quantized_weights", "got true", "not supported", "ZeRO++"});
+  // hpZ and MiCS lay out stage 3's partitions: below it they are errors.
   error_of(R"({"zero_optimization": {"zero_hpz_partition_size": 8}})",
-           {"zero_optimization.zero_hpz_partition_size", "got 8", "not supported"});
-  error_of(R"({"zero_optimization": {"mics_shard_size": 8}})", {"zero_optimization.mics_shard_size", "MiCS"});
+           {"zero_optimization.zero_hpz_partition_size", "got 8 with zero_optimization.stage 0", "stage 3"});
+  error_of(R"({"zero_optimization": {"mics_shard_size": 8}})",
+           {"zero_optimization.mics_shard_size", "got 8 with zero_optimization.stage 0", "stage 3"});
   // Their "off" values pass silently.
   c = parse(R"({"zero_optimization": {"zero_quantized_weights": false, "zero_hpz_partition_size": 1,
                 "mics_shard_size": -1, "zero_quantized_gradients": false}})");
   EXPECT_TRUE(c.warnings.empty());
+}
+
+TEST(ConfigReader, LayoutKeys) {
+  Config c = parse(R"({"zero_optimization": {"stage": 3, "zero_hpz_partition_size": 8}})");
+  EXPECT_EQ(c.zero.hpz_partition_size, 8);
+  EXPECT_EQ(c.zero.mics_shard_size, -1);
+  c = parse(R"({"zero_optimization": {"stage": 3, "mics_shard_size": 4, "mics_hierarchical_params_gather": true}})");
+  EXPECT_EQ(c.zero.mics_shard_size, 4);
+  EXPECT_TRUE(c.zero.mics_hierarchical_params_gather);
+  EXPECT_TRUE(c.warnings.empty());
+  error_of(R"({"zero_optimization": {"stage": 3, "zero_hpz_partition_size": 4, "mics_shard_size": 4}})",
+           {"zero_optimization.zero_hpz_partition_size", "with zero_optimization.mics_shard_size 4", "one of the two"});
+  error_of(R"({"zero_optimization": {"stage": 3, "mics_hierarchical_params_gather": true}})",
+           {"zero_optimization.mics_hierarchical_params_gather", "positive mics_shard_size"});
+  error_of(R"({"zero_optimization": {"stage": 3, "zero_hpz_partition_size": -2}})",
+           {"zero_optimization.zero_hpz_partition_size"});
+  // The world must be tiled by the groups (resolve knows the world size; the engine checks the nodes too).
+  ResolveInputs six;
+  six.world_size = 6;
+  Config r = parse(R"({"train_batch_size": 6, "zero_optimization": {"stage": 3, "mics_shard_size": 4}})");
+  try {
+    resolve(r, six);
+    FAIL() << "no error";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("zero_optimization.mics_shard_size: got 4 with a world size of 6"),
+              std::string::npos)
+        << e.what();
+  }
+  Config h = parse(R"({"train_batch_size": 4, "zero_optimization": {"stage": 3, "zero_hpz_partition_size": 8}})");
+  ResolveInputs four;
+  four.world_size = 4;
+  resolve(h, four);  // hpZ over more than the world: no effect, as DeepSpeed's min()
 }
 
 TEST(ConfigReader, LoadConfigReadsFiles) {

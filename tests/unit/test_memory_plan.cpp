@@ -48,9 +48,10 @@ MemoryPlanOptions four_ranks() {
 
 // Every stage has one open backward scope's fp32 buffer for the largest unit (d: 104 padded elements).
 constexpr int64_t kScope = 104 * 4;
-// Reducer buckets, fp32: all-reduce 2 x min(40, 166); reduce-scatter 2 x (C * 4 + C), C = min(40 / 4, 43).
-constexpr int64_t kAllReduce = 2 * 40 * 4;
-constexpr int64_t kScatter = 2 * (10 * 4 + 10) * 4;
+// Reducer buckets in bf16 (communication_data_type follows the compute dtype, as DeepSpeed's): all-reduce
+// 2 x min(40, 166); reduce-scatter 2 x (C * 4 + C), C = min(40 / 4, 43).
+constexpr int64_t kAllReduce = 2 * 40 * 2;
+constexpr int64_t kScatter = 2 * (10 * 4 + 10) * 2;
 
 TEST(MemoryPlan, Padding) {
   MemoryPlan p = plan_memory(crafted(), bf16_config(0), four_ranks());
@@ -68,9 +69,9 @@ TEST(MemoryPlan, Stage0) {
   EXPECT_EQ(bytes(p, MemoryCategory::grads, MemoryTier::device), kScope + 172 * 4);
   EXPECT_EQ(bytes(p, MemoryCategory::optimizer_state, MemoryTier::device), 172 * 8);
   EXPECT_EQ(bytes(p, MemoryCategory::buffers, MemoryTier::device), kAllReduce);
-  EXPECT_EQ(p.rank_bytes(MemoryTier::device), 3832);
+  EXPECT_EQ(p.rank_bytes(MemoryTier::device), 3672);
   EXPECT_EQ(p.rank_bytes(MemoryTier::host), 0);
-  EXPECT_EQ(p.node_bytes(MemoryTier::device), 2 * 3832);
+  EXPECT_EQ(p.node_bytes(MemoryTier::device), 2 * 3672);
 }
 
 TEST(MemoryPlan, Stage1) {
@@ -89,7 +90,7 @@ TEST(MemoryPlan, Stage2) {
   EXPECT_EQ(bytes(p, MemoryCategory::grads, MemoryTier::device), kScope + 43 * 4);
   EXPECT_EQ(bytes(p, MemoryCategory::optimizer_state, MemoryTier::device), 344);
   EXPECT_EQ(bytes(p, MemoryCategory::buffers, MemoryTier::device), kScatter);
-  EXPECT_EQ(p.rank_bytes(), 1848);
+  EXPECT_EQ(p.rank_bytes(), 1648);
 }
 
 TEST(MemoryPlan, Stage3) {
@@ -251,11 +252,40 @@ TEST(MemoryPlan, SixteenBitAccumulation) {
   c.grad_accum_dtype = DType::bf16;
   MemoryPlan p = plan_memory(crafted(), c, four_ranks());
   EXPECT_EQ(p.rank_bytes(MemoryCategory::grads), 104 * 2 + 43 * 2);
-  // bf16 buckets (communication_data_type follows the accumulator), and the fp32 step tile of the largest
-  // slice (26 elements).
+  // bf16 buckets, and the fp32 step tile of the largest slice (26 elements).
   EXPECT_EQ(p.rank_bytes(MemoryCategory::buffers), 2 * (40 + 10) * 2 + 26 * 4);
   c.communication_data_type = DType::f32;
-  EXPECT_EQ(plan_memory(crafted(), c, four_ranks()).rank_bytes(MemoryCategory::buffers), kScatter + 26 * 4);
+  EXPECT_EQ(plan_memory(crafted(), c, four_ranks()).rank_bytes(MemoryCategory::buffers), 2 * (40 + 10) * 4 + 26 * 4);
+}
+
+// hpZ holds a secondary partition of every non-persistent unit (a, c, d: padded 32, 28, 104) over its group of 2;
+// MiCS cuts the slices for its shard group of 2 (15, 4, 14, 51 elements) and adds the buckets of the all-reduce
+// across the replicas.
+TEST(MemoryPlan, Layouts) {
+  Config c = bf16_config(3);
+  c.zero.hpz_partition_size = 2;
+  MemoryPlan p = plan_memory(crafted(), c, four_ranks());
+  EXPECT_EQ(p.layout, "hpZ: primary partition over 4 ranks, secondary within groups of 2 ranks (one node)");
+  EXPECT_EQ(p.partition_size, 4);
+  EXPECT_EQ(p.shard_params, 43);
+  int64_t secondary = 0;
+  for (const auto& e : p.entries) secondary += e.what.find("hpZ secondary") != std::string::npos ? e.bytes : 0;
+  EXPECT_EQ(secondary, (32 + 28 + 104) / 2 * 2);
+  EXPECT_NE(format_memory_plan(p).find("hpZ secondary partition, 1/2 of each unit (bf16)"), std::string::npos);
+
+  c.zero.hpz_partition_size = 1;
+  c.zero.mics_shard_size = 2;
+  p = plan_memory(crafted(), c, four_ranks());
+  EXPECT_EQ(p.partition_size, 2);
+  EXPECT_EQ(p.shard_params, 15 + 4 + 14 + 51);
+  EXPECT_EQ(p.padded_params, 2 * 84);
+  // Reduce-scatter over 2: C = min(40 / 2, 84) = 20; across the 2 replicas: min(40, 84) = 40.
+  EXPECT_EQ(bytes(p, MemoryCategory::buffers, MemoryTier::device), 2 * (20 * 2 + 20) * 2 + 2 * 40 * 2);
+  EXPECT_NE(format_memory_plan(p).find("layout: MiCS: shard groups of 2 ranks (one node: HSDP) x 2 replicas"),
+            std::string::npos);
+
+  c.zero.mics_shard_size = 3;
+  EXPECT_THROW(plan_memory(crafted(), c, four_ranks()), ConfigError);
 }
 
 TEST(MemoryPlan, RefusesWhatCannotRun) {
@@ -330,10 +360,10 @@ TEST(MemoryPlan, Llama3_8B) {
   EXPECT_EQ(p.rank_bytes(MemoryTier::host), 14LL * 501'891'328 + staging);
   EXPECT_EQ(p.node_bytes(MemoryTier::host), 4 * (14LL * 501'891'328 + staging));
   // Device per rank: the fp32 gradient slices, one backward scope's fp32 buffer and the gathered head (both
-  // of the largest unit) and the reduce-scatter buckets: under 6 GiB, leaving a 48 GB GPU to activations.
+  // of the largest unit) and the bf16 reduce-scatter buckets: under 6 GiB, leaving a 48 GB GPU to activations.
   const int64_t head = 128256LL * 4096 + 4096;
   EXPECT_EQ(p.rank_bytes(MemoryTier::device),
-            4LL * 501'891'328 + 4 * head + 2 * head + 2 * (16'777'216 + 16'777'216 / 16) * 4);
+            4LL * 501'891'328 + 4 * head + 2 * head + 2 * (16'777'216 + 16'777'216 / 16) * 2);
   EXPECT_LT(p.rank_bytes(MemoryTier::device), int64_t{6} << 30);
 }
 
@@ -399,8 +429,11 @@ TEST(MemoryPlan, PlanCommand) {
   // gradient tiles of 32,833,792 elements; per node, 4 ranks.
   EXPECT_NE(out.find("7,289,148,928"), std::string::npos) << out;
   EXPECT_NE(out.find("29,156,595,712"), std::string::npos) << out;
-  // reduce_bucket_size "auto" = 4096^2: two buckets of 16,777,216 in + 1,048,576 out fp32 elements.
-  EXPECT_NE(out.find("142,606,336"), std::string::npos) << out;
+  // reduce_bucket_size "auto" = 4096^2: two buckets of 16,777,216 in + 1,048,576 out bf16 elements (DeepSpeed's
+  // communication dtype under bf16).
+  EXPECT_NE(out.find("71,303,168"), std::string::npos) << out;
+  // And the traffic per optimizer step of each node.
+  EXPECT_NE(out.find("zero3 traffic plan: ZeRO-3 over 16 ranks"), std::string::npos) << out;
   std::string bad = std::string(bin) + "/zero3 plan --model " + src + "/configs/models/llama-3-8b.json 2>/dev/null";
   FILE* g = popen(bad.c_str(), "r");
   ASSERT_NE(g, nullptr);

@@ -209,6 +209,7 @@ zero3::Config one_step_config(bool bf16) {
   zero3::Config cfg;
   cfg.zero.stage = 3;
   cfg.bf16.enabled = bf16;
+  cfg.communication_data_type = zero3::DType::f32;  // the gradients reach exp_avg unrounded
   cfg.train_micro_batch_size_per_gpu = 2;
   cfg.gradient_accumulation_steps = 1;
   cfg.gradient_clipping = 0.0;

@@ -11,9 +11,9 @@
 // catch, and the process aborts. A difference is a CollectiveMismatchError on every rank; since nothing else was
 // sent, the communicator stays usable.
 //
-// 16-bit reductions convert to f32, reduce in f32 and convert back once. reduce_scatter is a ring over
-// gloo's unbound buffers that sends f32 partial sums: (N-1)/N of the input crosses each link, like NCCL's,
-// but in f32 for bf16/f16 inputs, so twice the bytes of the input type.
+// 16-bit reductions add in f32 and round every partial sum to the dtype before passing it on, as NCCL does, so
+// what crosses the links is 2 bytes per element. reduce_scatter is a ring over gloo's unbound buffers: (N-1)/N of
+// the input crosses each link, like NCCL's; all_reduce is gloo's own (a ring) with a 16-bit reduce function.
 #include <gloo/allgather.h>
 #include <gloo/allreduce.h>
 #include <gloo/barrier.h>
@@ -71,65 +71,46 @@ CollectiveCall decode_call(const uint64_t* in) {
 // 1 MiB of f32 per transfer in the reduce-scatter ring, like gloo's own segment size.
 constexpr size_t kSegmentElements = size_t{1} << 18;
 
-void to_f32(const void* src, DType dtype, float* dst, size_t n) {
+float load(const void* p, DType dtype, size_t i) {
   switch (dtype) {
     case DType::f32:
-      std::memcpy(dst, src, n * 4);
-      return;
-    case DType::bf16: {
-      auto* s = static_cast<const uint16_t*>(src);
-      for (size_t i = 0; i < n; ++i) dst[i] = bf16_to_f32(s[i]);
-      return;
-    }
-    case DType::f16: {
-      auto* s = static_cast<const uint16_t*>(src);
-      for (size_t i = 0; i < n; ++i) dst[i] = f16_to_f32(s[i]);
-      return;
-    }
+      return static_cast<const float*>(p)[i];
+    case DType::bf16:
+      return bf16_to_f32(static_cast<const uint16_t*>(p)[i]);
+    case DType::f16:
+      return f16_to_f32(static_cast<const uint16_t*>(p)[i]);
   }
+  return 0.0f;
 }
 
-void from_f32(const float* src, DType dtype, void* dst, size_t n) {
+void store(void* p, DType dtype, size_t i, float v) {
   switch (dtype) {
     case DType::f32:
-      std::memmove(dst, src, n * 4);
+      static_cast<float*>(p)[i] = v;
       return;
-    case DType::bf16: {
-      auto* d = static_cast<uint16_t*>(dst);
-      for (size_t i = 0; i < n; ++i) d[i] = f32_to_bf16(src[i]);
+    case DType::bf16:
+      static_cast<uint16_t*>(p)[i] = f32_to_bf16(v);
       return;
-    }
-    case DType::f16: {
-      auto* d = static_cast<uint16_t*>(dst);
-      for (size_t i = 0; i < n; ++i) d[i] = f32_to_f16(src[i]);
+    case DType::f16:
+      static_cast<uint16_t*>(p)[i] = f32_to_f16(v);
       return;
-    }
   }
 }
 
-// acc += src (converted to f32).
-void accumulate(float* acc, const void* src, DType dtype, size_t n) {
-  switch (dtype) {
-    case DType::f32: {
-      auto* s = static_cast<const float*>(src);
-      for (size_t i = 0; i < n; ++i) acc[i] += s[i];
-      return;
+// dst[i] = dtype(f32(a[i]) + f32(b[i])) / divisor: one addition in f32, one rounding. dst may be a or b.
+void add_into(void* dst, const void* a, const void* b, DType dtype, size_t n, float divisor = 1.0f) {
+  if (dtype == DType::f32) {
+    auto* d = static_cast<float*>(dst);
+    auto* x = static_cast<const float*>(a);
+    auto* y = static_cast<const float*>(b);
+    if (divisor == 1.0f) {
+      for (size_t i = 0; i < n; ++i) d[i] = x[i] + y[i];
+    } else {
+      for (size_t i = 0; i < n; ++i) d[i] = (x[i] + y[i]) / divisor;
     }
-    case DType::bf16: {
-      auto* s = static_cast<const uint16_t*>(src);
-      for (size_t i = 0; i < n; ++i) acc[i] += bf16_to_f32(s[i]);
-      return;
-    }
-    case DType::f16: {
-      auto* s = static_cast<const uint16_t*>(src);
-      for (size_t i = 0; i < n; ++i) acc[i] += f16_to_f32(s[i]);
-      return;
-    }
+    return;
   }
-}
-
-void scale(float* x, size_t n, float by) {
-  for (size_t i = 0; i < n; ++i) x[i] /= by;
+  for (size_t i = 0; i < n; ++i) store(dst, dtype, i, (load(a, dtype, i) + load(b, dtype, i)) / divisor);
 }
 
 std::string machine_hostname() {
@@ -257,24 +238,31 @@ class GlooCommunicator final : public Communicator {
     if (count == 0) return completed_work();
     return enqueue(what, {CollectiveKind::all_reduce, count, dtype, static_cast<int>(op)}, [=, this](uint32_t tag) {
       if (size_ == 1) return;
-      float* data = static_cast<float*>(buf);
-      if (dtype != DType::f32) {
-        if (scratch_[0].size() < count) scratch_[0].resize(count);
-        data = scratch_[0].data();
-        to_f32(buf, dtype, data, count);
-      }
       ::gloo::AllreduceOptions opts(context_);
-      opts.setOutput(data, count);
-      if (op == ReduceOp::max) {
-        opts.setReduceFunction(static_cast<void (*)(void*, const void*, const void*, size_t)>(&::gloo::max<float>));
+      if (dtype == DType::f32) {
+        opts.setOutput(static_cast<float*>(buf), count);
+        if (op == ReduceOp::max) {
+          opts.setReduceFunction(static_cast<void (*)(void*, const void*, const void*, size_t)>(&::gloo::max<float>));
+        } else {
+          opts.setReduceFunction(static_cast<void (*)(void*, const void*, const void*, size_t)>(&::gloo::sum<float>));
+        }
       } else {
-        opts.setReduceFunction(static_cast<void (*)(void*, const void*, const void*, size_t)>(&::gloo::sum<float>));
+        // 16-bit on the wire: each partial result of gloo's ring is computed in f32 and rounded to the dtype.
+        opts.setOutput(static_cast<uint16_t*>(buf), count);
+        opts.setReduceFunction([dtype, op](void* c, const void* a, const void* b, size_t n) {
+          if (op == ReduceOp::max) {
+            for (size_t i = 0; i < n; ++i) store(c, dtype, i, std::max(load(a, dtype, i), load(b, dtype, i)));
+          } else {
+            add_into(c, a, b, dtype, n);
+          }
+        });
       }
       opts.setTag(tag);
       opts.setTimeout(timeout_);
       ::gloo::allreduce(opts);
-      if (op == ReduceOp::avg) scale(data, count, static_cast<float>(size_));
-      if (dtype != DType::f32) from_f32(data, dtype, buf, count);
+      if (op == ReduceOp::avg) {
+        for (size_t i = 0; i < count; ++i) store(buf, dtype, i, load(buf, dtype, i) / static_cast<float>(size_));
+      }
     });
   }
 
@@ -427,9 +415,10 @@ class GlooCommunicator final : public Communicator {
 
   // Ring reduce-scatter. At step s rank r sends the partial sum of chunk (r-s-1) to its right neighbour and
   // receives the partial sum of chunk (r-s-2) from its left one, adding its own input; after size-1 steps it
-  // holds chunk r summed over all ranks. Two chunk-sized f32 buffers alternate between sending and receiving.
-  // Each step moves its chunk in segments, so adding one segment overlaps receiving the next. For f32 the
-  // first step sends straight from the input and the last one writes the output, saving two passes.
+  // holds chunk r summed over all ranks. Partial sums travel in the input's dtype (added in f32, rounded once per
+  // step, as NCCL does); two chunk-sized buffers alternate between sending and receiving, and the first step sends
+  // straight from the input. Each step moves its chunk in segments, so adding one segment overlaps receiving the
+  // next; the last step writes the output.
   void ring_reduce_scatter(void* out, const void* in, size_t count, DType dtype, ReduceOp op, uint32_t tag) {
     const int n = size_, r = rank_;
     const size_t esize = dtype_size(dtype);
@@ -438,59 +427,42 @@ class GlooCommunicator final : public Communicator {
       if (out != in) std::memmove(out, in, count * esize);
       return;
     }
-    const bool f32 = dtype == DType::f32;
     const float divisor = op == ReduceOp::avg ? static_cast<float>(n) : 1.0f;
     // Scratch kept across calls: fresh multi-megabyte buffers would cost a page fault per 4 KiB every time.
     for (auto& b : scratch_) {
-      if (b.size() < count) b.resize(count);
+      if (b.size() < count * esize) b.resize(count * esize);
     }
-    float* buf[2] = {scratch_[0].data(), scratch_[1].data()};
-    std::unique_ptr<::gloo::transport::UnboundBuffer> ub[2] = {
-        context_->createUnboundBuffer(buf[0], count * sizeof(float)),
-        context_->createUnboundBuffer(buf[1], count * sizeof(float))};
-    const int first_chunk = (r - 1 + n) % n;
-    std::unique_ptr<::gloo::transport::UnboundBuffer> input;
-    ::gloo::transport::UnboundBuffer* sending = ub[0].get();
-    if (f32) {
-      // gloo only reads a buffer it sends from.
-      input = context_->createUnboundBuffer(const_cast<char*>(chunk(first_chunk)), count * sizeof(float));
-      sending = input.get();
-    } else {
-      to_f32(chunk(first_chunk), dtype, buf[0], count);
-    }
+    char* buf[2] = {scratch_[0].data(), scratch_[1].data()};
+    std::unique_ptr<::gloo::transport::UnboundBuffer> ub[2] = {context_->createUnboundBuffer(buf[0], count * esize),
+                                                               context_->createUnboundBuffer(buf[1], count * esize)};
+    // gloo only reads a buffer it sends from.
+    std::unique_ptr<::gloo::transport::UnboundBuffer> input =
+        context_->createUnboundBuffer(const_cast<char*>(chunk((r - 1 + n) % n)), count * esize);
+    ::gloo::transport::UnboundBuffer* sending = input.get();
     const auto slot = ::gloo::Slot::build(kReduceScatterSlotPrefix, tag);
     const int right = (r + 1) % n, left = (r - 1 + n) % n;
     const size_t seg = kSegmentElements, segments = (count + seg - 1) / seg;
-    int receiving = 1;
+    int receiving = 0;
     for (int s = 0; s < n - 1; ++s) {
       const bool last = s == n - 2;
       // Transfers on one pair and slot complete in the order they were posted.
       for (size_t k = 0; k < segments; ++k) {
         size_t len = std::min(seg, count - k * seg);
-        ub[receiving]->recv(left, slot, k * seg * sizeof(float), len * sizeof(float));
-        sending->send(right, slot, k * seg * sizeof(float), len * sizeof(float));
+        ub[receiving]->recv(left, slot, k * seg * esize, len * esize);
+        sending->send(right, slot, k * seg * esize, len * esize);
       }
       const char* mine = chunk((r - s - 2 + 2 * n) % n);
-      float* acc = buf[receiving];
+      char* acc = buf[receiving];
       for (size_t k = 0; k < segments; ++k) {
-        const size_t off = k * seg, len = std::min(seg, count - off);
+        const size_t off = k * seg * esize, len = std::min(seg, count - k * seg);
         ub[receiving]->waitRecv(timeout_);
-        if (last && f32) {
-          const float* own = reinterpret_cast<const float*>(mine) + off;
-          float* dst = static_cast<float*>(out) + off;  // may be `own` itself (in place)
-          for (size_t i = 0; i < len; ++i) dst[i] = (acc[off + i] + own[i]) / divisor;
-        } else {
-          accumulate(acc + off, mine + off * esize, dtype, len);
-        }
+        // The last step writes the output, which may be `mine` itself (in place).
+        add_into(last ? static_cast<char*>(out) + off : acc + off, acc + off, mine + off, dtype, len,
+                 last ? divisor : 1.0f);
       }
       for (size_t k = 0; k < segments; ++k) sending->waitSend(timeout_);
       sending = ub[receiving].get();
       receiving = 1 - receiving;
-    }
-    if (!f32) {
-      float* result = buf[1 - receiving];
-      if (op == ReduceOp::avg) scale(result, count, divisor);
-      from_f32(result, dtype, out, count);
     }
   }
 
@@ -501,7 +473,7 @@ class GlooCommunicator final : public Communicator {
   std::chrono::milliseconds timeout_;
   std::shared_ptr<::gloo::rendezvous::Context> context_;
   int splits_ = 0;                 // issuing thread only
-  std::vector<float> scratch_[2];  // worker thread only
+  std::vector<char> scratch_[2];  // worker thread only
 
   std::mutex mu_;
   std::condition_variable cv_;

@@ -1,0 +1,31 @@
+// The engine's stage-3 gather rules replayed over one steady-state micro-step, from unit sizes alone: how many
+// elements are gathered at the worst moment (the memory plan) and how often each unit is gathered (the traffic
+// plan). The micro-step is every unit's forward scope in declaration order, then every backward scope in reverse (a
+// model without activation checkpointing), with the rules of schedule.hpp: prefetch along the order within
+// stage3_prefetch_bucket_size elements ahead and stage3_max_live_parameters gathered; a closing unit kept when its
+// next use is within stage3_max_reuse_distance elements; kept units evicted (farthest next use first) to make room
+// under stage3_max_live_parameters; the entered unit always gathered. Caps and distances count unpadded elements, as
+// the engine does; buffers are padded.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+namespace zero3::detail {
+
+struct SimulatedUnit {
+  int64_t numel = 0;
+  int64_t padded = 0;
+  bool persistent = false;  // gathered for good: never counted, never gathered in a micro-step
+};
+
+struct SimulatedGathers {
+  int64_t peak_numel = 0;        // most elements of non-persistent units gathered or in flight at once
+  int64_t peak_padded = 0;       // the same, padded
+  std::vector<int64_t> gathers;  // per unit: all-gathers issued in the micro-step (0 for persistent units)
+};
+
+SimulatedGathers simulate_gathers(const std::vector<SimulatedUnit>& units, int64_t prefetch_bucket, int64_t max_live,
+                                  int64_t max_reuse_distance);
+
+}  // namespace zero3::detail

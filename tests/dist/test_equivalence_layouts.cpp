@@ -1,0 +1,277 @@
+// The layouts for slow links between nodes train the equivalence model (support/reference_model.hpp) like plain
+// ZeRO-3: HSDP (MiCS with a shard group of one node), MiCS over every node with the hierarchical gather, and ZeRO++
+// hpZ with a secondary partition per node, on nodes simulated by `zero3 launch --simulate-nodes` (2 x 2 and 3 x 2
+// ranks) and on one node of 4 (groups within it). fp32 at the equivalence tolerance (1e-5: only the order of the
+// reductions differs); bf16 reduced in fp32 within the bf16 bound of test_equivalence.cpp (5e-3), and reduced in
+// bf16 (DeepSpeed's default) within that of bf16 reductions (3e-2). Then the traffic: the engine's counters equal
+// plan_traffic() step for step, HSDP sends nothing across nodes between accumulation boundaries, and hpZ's gathers
+// after the first of each unit stay inside the group.
+// zero3-test-ranks: 4
+// zero3-test-nodes: 2x2 3x2
+#include <gtest/gtest.h>
+
+#include <functional>
+#include <ostream>
+#include <string>
+
+#include "support/equivalence_check.hpp"
+#include "zero3/comm.hpp"
+#include "zero3/engine.hpp"
+#include "zero3/traffic_plan.hpp"
+
+using namespace zero3;
+using namespace zero3::testing;
+
+namespace {
+
+// The launcher's nodes: ranks per node and node count.
+struct Nodes {
+  int per_node = 1;
+  int count = 1;
+};
+
+Nodes launcher_nodes() {
+  const LaunchInfo launch = detect_launch();
+  return {launch.local_world_size, launch.world_size / launch.local_world_size};
+}
+
+// A group of one node, or on a single node half of it (so the layout still has two groups).
+int node_group() {
+  const Nodes n = launcher_nodes();
+  return n.count > 1 ? n.per_node : n.per_node / 2;
+}
+
+struct LayoutVariant {
+  std::string name;
+  // Sets the layout; false when the world cannot hold it (the test is then skipped).
+  std::function<bool(Config&)> layout;
+  std::function<void(Config&)> change;
+  double tolerance;
+};
+
+void PrintTo(const LayoutVariant& v, std::ostream* os) { *os << v.name; }
+
+bool hsdp(Config& c) {
+  c.zero.mics_shard_size = node_group();
+  return true;
+}
+
+bool mics_hierarchical(Config& c) {
+  const Nodes n = launcher_nodes();
+  if (n.count < 2) return false;
+  c.zero.mics_shard_size = n.per_node * n.count;
+  c.zero.mics_hierarchical_params_gather = true;
+  return true;
+}
+
+bool hpz(Config& c) {
+  c.zero.hpz_partition_size = node_group();
+  return true;
+}
+
+void bf16_fp32_sums(Config& c) {
+  c.bf16.enabled = true;
+  c.communication_data_type = DType::f32;
+}
+
+void bf16(Config& c) { c.bf16.enabled = true; }
+
+// Every unit released after use and gathered again (hpZ's backward then reads the secondary partition), small
+// reduce buckets (several per step).
+void tight_schedule(Config& c) {
+  c.zero.param_persistence_threshold = 0;
+  c.zero.max_reuse_distance = 0;
+  c.zero.prefetch_bucket_size = 500;
+  c.zero.reduce_bucket_size = 150;
+}
+
+const LayoutVariant kVariants[] = {
+    {"hsdp", hsdp, nullptr, 1e-5},
+    {"hsdp_tight_schedule", hsdp, tight_schedule, 1e-5},
+    {"hsdp_accum3", hsdp, [](Config& c) { c.gradient_accumulation_steps = 3; }, 1e-5},
+    {"hsdp_no_overlap", hsdp, [](Config& c) { c.zero.overlap_comm = false, c.zero.overlap_comm_set = true; }, 1e-5},
+    {"hsdp_bf16", hsdp, bf16_fp32_sums, 5e-3},
+    {"hsdp_bf16_reduced_in_bf16", hsdp, bf16, 3e-2},
+    {"mics_hierarchical", mics_hierarchical, nullptr, 1e-5},
+    {"mics_hierarchical_tight_schedule", mics_hierarchical, tight_schedule, 1e-5},
+    {"mics_hierarchical_bf16", mics_hierarchical, bf16_fp32_sums, 5e-3},
+    {"hpz", hpz, nullptr, 1e-5},
+    {"hpz_tight_schedule", hpz, tight_schedule, 1e-5},
+    {"hpz_accum3_tight", hpz,
+     [](Config& c) {
+       tight_schedule(c);
+       c.gradient_accumulation_steps = 3;
+     },
+     1e-5},
+    {"hpz_bf16", hpz,
+     [](Config& c) {
+       tight_schedule(c);
+       bf16_fp32_sums(c);
+     },
+     5e-3},
+    {"hpz_bf16_reduced_in_bf16", hpz,
+     [](Config& c) {
+       tight_schedule(c);
+       bf16(c);
+     },
+     3e-2},
+};
+
+class Layouts : public ::testing::TestWithParam<LayoutVariant> {};
+
+TEST_P(Layouts, SameLossesAndWeightsAsTheReference) {
+  const LayoutVariant& v = GetParam();
+  Config probe;
+  if (!v.layout(probe)) GTEST_SKIP() << v.name << " needs two or more nodes";
+  expect_equal_to_reference(Variant{v.name, 3,
+                                    [&](Config& c) {
+                                      v.layout(c);
+                                      if (v.change) v.change(c);
+                                    },
+                                    v.tolerance});
+}
+
+INSTANTIATE_TEST_SUITE_P(Engine, Layouts, ::testing::ValuesIn(kVariants),
+                         [](const ::testing::TestParamInfo<LayoutVariant>& info) { return info.param.name; });
+
+// ---- Traffic ----
+
+ModelDesc mlp_desc(const MlpDims& dims) {
+  ModelDesc m;
+  m.name = "mlp";
+  for (const std::string& unit : mlp_units()) {
+    UnitDesc u{unit, {}};
+    for (const MlpParamDesc& p : mlp_params(dims)) {
+      if (p.unit == unit) u.params.push_back(p.shape);
+    }
+    m.units.push_back(std::move(u));
+  }
+  return m;
+}
+
+// Trains one optimizer step (its micro-steps), calling `after` with the micro-step's index and the traffic it
+// caused.
+struct MicroTraffic {
+  CollectiveTraffic gathers, reductions;
+};
+void train_step(Engine& engine, const MlpUnits& units, const TrainPlan& plan, int64_t step,
+                const std::function<void(int64_t, const MicroTraffic&)>& after = nullptr) {
+  const int64_t gas = engine.gradient_accumulation_steps();
+  for (int64_t micro = 0; micro < gas; ++micro) {
+    const ScheduleStats before = engine.schedule_stats();
+    Batch b = make_batch(plan.dims, plan.data_seed, batch_index(step, micro, gas, engine.rank(), engine.world_size()),
+                         plan.micro_batch);
+    mlp_micro_step(engine, units, plan.dims, b);
+    engine.step();
+    const ScheduleStats now = engine.schedule_stats();
+    if (after) after(micro, {now.gather_traffic - before.gather_traffic, now.reduce_traffic - before.reduce_traffic});
+  }
+}
+
+TEST(LayoutTraffic, TheEngineCountsWhatThePlanPredicts) {
+  auto comm = engine_world();
+  const Nodes n = launcher_nodes();
+  TrainPlan plan;
+  plan.world = comm->size();
+  const std::vector<std::pair<std::string, std::function<bool(Config&)>>> layouts = {
+      {"plain", [](Config&) { return true; }}, {"hsdp", hsdp}, {"mics_hierarchical", mics_hierarchical}, {"hpz", hpz}};
+  for (const auto& [name, layout] : layouts) {
+    for (bool tight : {false, true}) {
+      Config c = equivalence_config(3);
+      c.gradient_accumulation_steps = 3;
+      c.bf16.enabled = true;
+      if (tight) tight_schedule(c);
+      if (!layout(c)) continue;
+      SCOPED_TRACE(name + (tight ? " (tight schedule)" : ""));
+      Engine engine(c, comm, cpu_device());
+      MlpUnits units = declare_mlp(engine, plan.dims);
+      engine.materialize();
+      train_step(engine, units, plan, 0);  // the first step records the order; the steady state follows
+      engine.reset_schedule_stats();
+      train_step(engine, units, plan, 1);
+      train_step(engine, units, plan, 2);
+      const ScheduleStats got = engine.schedule_stats();
+      TrafficPlanOptions o;
+      o.world_size = comm->size();
+      o.ranks_per_node = n.per_node;
+      const TrafficPlan want = plan_traffic(mlp_desc(plan.dims), c, o);
+      const RankTraffic& mine = want.ranks[static_cast<size_t>(comm->rank())];
+      CollectiveTraffic gathers = mine.gathers, reductions = mine.reductions;
+      gathers += mine.gathers;
+      reductions += mine.reductions;
+      EXPECT_EQ(got.gather_traffic, gathers)
+          << "gathers: collectives " << got.gather_traffic.collectives << " vs " << gathers.collectives
+          << ", inter-node bytes " << got.gather_traffic.inter_node_bytes << " vs " << gathers.inter_node_bytes;
+      EXPECT_EQ(got.reduce_traffic, reductions)
+          << "reductions: collectives " << got.reduce_traffic.collectives << " vs " << reductions.collectives
+          << ", inter-node bytes " << got.reduce_traffic.inter_node_bytes << " vs " << reductions.inter_node_bytes;
+      EXPECT_GT(got.gather_traffic.collectives, 0);
+    }
+  }
+}
+
+TEST(LayoutTraffic, HsdpSendsNothingAcrossNodesBetweenBoundaries) {
+  const Nodes n = launcher_nodes();
+  if (n.count < 2) GTEST_SKIP() << "needs two or more nodes";
+  auto comm = engine_world();
+  TrainPlan plan;
+  plan.world = comm->size();
+  Config c = equivalence_config(3);
+  c.gradient_accumulation_steps = 4;
+  hsdp(c);
+  Engine engine(c, comm, cpu_device());
+  MlpUnits units = declare_mlp(engine, plan.dims);
+  engine.materialize();
+  train_step(engine, units, plan, 0);
+  for (int64_t step = 1; step < 3; ++step) {
+    train_step(engine, units, plan, step, [&](int64_t micro, const MicroTraffic& t) {
+      SCOPED_TRACE("step " + std::to_string(step) + ", micro-step " + std::to_string(micro));
+      EXPECT_GT(t.gathers.collectives + t.reductions.collectives, 0);
+      EXPECT_GT(t.reductions.intra_node_bytes, 0) << "the reduce-scatter within the node";
+      EXPECT_EQ(t.gathers.inter_node_collectives, 0);
+      EXPECT_EQ(t.gathers.inter_node_bytes, 0);
+      if (micro + 1 < engine.gradient_accumulation_steps()) {
+        EXPECT_EQ(t.reductions.inter_node_collectives, 0);
+        EXPECT_EQ(t.reductions.inter_node_bytes, 0);
+      } else {
+        // The boundary: the all-reduce across the replicas, one rank per node, every rank sending across.
+        EXPECT_GT(t.reductions.inter_node_collectives, 0);
+        EXPECT_GT(t.reductions.inter_node_bytes, 0);
+      }
+    });
+  }
+}
+
+TEST(LayoutTraffic, HpzGathersAfterTheFirstStayInTheGroup) {
+  const Nodes n = launcher_nodes();
+  if (n.count < 2) GTEST_SKIP() << "needs two or more nodes";
+  auto comm = engine_world();
+  TrainPlan plan;
+  plan.world = comm->size();
+  Config c = equivalence_config(3);
+  c.gradient_accumulation_steps = 3;
+  tight_schedule(c);  // nothing persistent, every backward gathers again
+  hpz(c);
+  Engine engine(c, comm, cpu_device());
+  MlpUnits units = declare_mlp(engine, plan.dims);
+  engine.materialize();
+  train_step(engine, units, plan, 0);
+  const int64_t unit_count = static_cast<int64_t>(engine.num_units());
+  for (int64_t step = 1; step < 3; ++step) {
+    train_step(engine, units, plan, step, [&](int64_t micro, const MicroTraffic& t) {
+      SCOPED_TRACE("step " + std::to_string(step) + ", micro-step " + std::to_string(micro));
+      if (micro == 0) {
+        // Forward: each unit's first gather after the optimizer step, over every rank; backward: from the secondary
+        // partition, within the node.
+        EXPECT_EQ(t.gathers.inter_node_collectives, unit_count);
+        EXPECT_GT(t.gathers.collectives, unit_count) << "backward gathered too";
+      } else {
+        EXPECT_EQ(t.gathers.inter_node_collectives, 0);
+        EXPECT_EQ(t.gathers.inter_node_bytes, 0);
+        EXPECT_GE(t.gathers.collectives, unit_count);
+      }
+    });
+  }
+}
+
+}  // namespace
