@@ -339,11 +339,13 @@ MemoryPlan plan_memory(const ModelDesc& model, const Config& config, const Memor
     ZERO3_REQUIRE(z.param_persistence_threshold.has_value(), ConfigError,
                   "zero_optimization.stage3_param_persistence_threshold: still \"auto\"; pass --hidden-size to zero3 "
                   "plan (or hidden_size to resolve())");
-    detail::mark_persistent(units, *z.param_persistence_threshold, z.model_persistence_threshold);
-    for (const auto& u : units) {
-      if (!u.persistent) continue;
-      plan.persistent_numel += u.numel;
-      plan.persistent_params += u.padded;
+    for (auto& u : units) {
+      if (u.numel <= *z.param_persistence_threshold &&
+          plan.persistent_numel + u.numel <= z.model_persistence_threshold) {
+        u.persistent = true;
+        plan.persistent_numel += u.numel;
+        plan.persistent_params += u.padded;
+      }
     }
     const detail::SimulatedGathers sim =
         detail::simulate_gathers(units, *z.prefetch_bucket_size, z.max_live_parameters, z.max_reuse_distance);
