@@ -122,14 +122,25 @@ std::string span(int64_t begin, int64_t length) { return "[" + str(begin) + ", "
 // [r*S, min((r+1)*S, numel)) of every unit, S = ceil(numel / W), and writes one file holding exactly those ranges
 // (none when it owns only padding); at stage 0 with several ranks rank 0 alone writes every unit whole. So the
 // world size, the units' sizes and the files' ranges must agree, and a file's ranges cannot be another file's.
+//
+// Under MiCS the partition is a shard group of P ranks (P dividing W): the first group's ranks write its slices,
+// S = ceil(numel / P). P is read from the first unit (padded_numel / slice_numel) and must hold for every unit.
+int saved_partition(const CheckpointInfo& info) {
+  const int world = info.world_size;
+  if (info.stage == 0 || info.units.empty() || info.units[0].slice_numel <= 0) return world;
+  const int64_t p = info.units[0].padded_numel / info.units[0].slice_numel;
+  return p >= 1 && p <= world && world % p == 0 ? static_cast<int>(p) : world;
+}
+
 void check_layout(const Reader& r, const CheckpointInfo& info) {
   const int world = info.world_size;
+  const int partition = saved_partition(info);
   const bool replicated = info.stage == 0 && world > 1;
   std::vector<std::vector<CheckpointRange>> owned(static_cast<size_t>(world));
   for (size_t u = 0; u < info.units.size(); ++u) {
     const CheckpointUnit& unit = info.units[u];
-    const int64_t slice = (unit.numel + world - 1) / world;
-    for (int rank = 0; rank < world; ++rank) {
+    const int64_t slice = (unit.numel + partition - 1) / partition;
+    for (int rank = 0; rank < partition; ++rank) {
       const int64_t begin = replicated ? 0 : rank * slice;
       const int64_t length =
           replicated ? (rank == 0 ? unit.numel : 0) : std::clamp<int64_t>(unit.numel - begin, 0, slice);
@@ -148,12 +159,12 @@ void check_layout(const Reader& r, const CheckpointInfo& info) {
   }
   for (size_t u = 0; u < info.units.size(); ++u) {
     const CheckpointUnit& unit = info.units[u];
-    const int64_t slice = (unit.numel + world - 1) / world;
-    if (unit.slice_numel != slice || unit.padded_numel != slice * world) {
+    const int64_t slice = (unit.numel + partition - 1) / partition;
+    if (unit.slice_numel != slice || unit.padded_numel != slice * partition) {
       r.fail("units[" + str(static_cast<int64_t>(u)) + "] ('" + unit.name + "'): slice_numel " + str(unit.slice_numel) +
              " and padded_numel " + str(unit.padded_numel) + " do not follow from numel " + str(unit.numel) +
-             " and world_size " + str(world) + " (expected ceil(" + str(unit.numel) + " / " + str(world) +
-             ") = " + str(slice) + " and " + str(slice * world) + ")");
+             " and a partition over " + str(partition) + " of world_size " + str(world) + " ranks (expected ceil(" +
+             str(unit.numel) + " / " + str(partition) + ") = " + str(slice) + " and " + str(slice * partition) + ")");
     }
   }
   auto elements = [&](const CheckpointRange& x) {

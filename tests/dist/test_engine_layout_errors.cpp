@@ -19,9 +19,19 @@ using namespace zero3::testing;
 
 namespace {
 
+// The engine's own check (resolve() checks the group sizes against the world size too, without the nodes): the
+// config is resolved with the plain layout, then given the layout to check.
 std::string materialize_error(const Config& c) {
   try {
-    Engine engine(c, engine_world(), cpu_device());
+    Config plain = c;
+    plain.zero.mics_shard_size = -1;
+    plain.zero.mics_hierarchical_params_gather = false;
+    plain.zero.hpz_partition_size = 1;
+    Config resolved = resolved_for(plain, *engine_world());
+    resolved.zero.mics_shard_size = c.zero.mics_shard_size;
+    resolved.zero.mics_hierarchical_params_gather = c.zero.mics_hierarchical_params_gather;
+    resolved.zero.hpz_partition_size = c.zero.hpz_partition_size;
+    Engine engine(resolved, engine_world(), cpu_device());
     declare_mlp(engine, MlpDims{});
     engine.materialize();
   } catch (const ConfigError& e) {
@@ -53,11 +63,11 @@ TEST(LayoutErrors, AGroupThatDoesNotFitTheNodes) {
 TEST(LayoutErrors, BelowStage3OrTogether) {
   Config c = equivalence_config(2);
   c.zero.hpz_partition_size = 2;
-  EXPECT_THROW(Engine(c, engine_world(), cpu_device()), ConfigError);
+  EXPECT_THROW(Engine(resolved_for(c, *engine_world()), engine_world(), cpu_device()), ConfigError);
   c = equivalence_config(3);
   c.zero.hpz_partition_size = 2;
   c.zero.mics_shard_size = 2;
-  EXPECT_THROW(Engine(c, engine_world(), cpu_device()), ConfigError);
+  EXPECT_THROW(Engine(resolved_for(c, *engine_world()), engine_world(), cpu_device()), ConfigError);
 }
 
 // Nodes of 2, 1 and 1 ranks, as an uneven Slurm allocation reports them: the launcher's variables are set by hand
@@ -97,7 +107,7 @@ TEST_F(UnevenNodes, AreAnErrorForHpzAndMicsOnEveryRank) {
 }
 
 TEST_F(UnevenNodes, PlainZero3RunsOn) {
-  Engine engine(equivalence_config(3), engine_world(), cpu_device());
+  Engine engine(resolved_for(equivalence_config(3), *engine_world()), engine_world(), cpu_device());
   MlpUnits units = declare_mlp(engine, MlpDims{});
   engine.materialize();
   TrainPlan plan;

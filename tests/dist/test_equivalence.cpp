@@ -65,12 +65,15 @@ const Variant kVariants[] = {
      },
      1e-3},
     {"stage3_bf16_reduced_in_bf16", 3, [](Config& c) { c.bf16.enabled = true; }, 3e-2},
+    // fp16 reductions (DeepSpeed's default under fp16): every partial sum rounded to fp16 at each hop of the ring,
+    // so the error grows with the ranks; Adam passes it on in full to elements whose gradient is small. Measured
+    // 1.3e-3 on 2-4 ranks and 9.3e-3 on 6 (3 simulated nodes x 2). Bound 1.5e-2.
     {"stage2_fp16_reduced_in_fp16", 2,
      [](Config& c) {
        c.fp16.enabled = true;
        c.fp16.initial_scale_power = 8;
      },
-     5e-3},
+     1.5e-2},
 };
 
 INSTANTIATE_TEST_SUITE_P(Engine, Equivalence, ::testing::ValuesIn(kVariants), variant_name);

@@ -183,7 +183,7 @@ TEST(LayoutTraffic, TheEngineCountsWhatThePlanPredicts) {
       if (tight) tight_schedule(c);
       if (!layout(c)) continue;
       SCOPED_TRACE(name + (tight ? " (tight schedule)" : ""));
-      Engine engine(c, comm, cpu_device());
+      Engine engine(resolved_for(c, *comm), comm, cpu_device());
       MlpUnits units = declare_mlp(engine, plan.dims);
       engine.materialize();
       train_step(engine, units, plan, 0);  // the first step records the order; the steady state follows
@@ -219,7 +219,7 @@ TEST(LayoutTraffic, HsdpSendsNothingAcrossNodesBetweenBoundaries) {
   Config c = equivalence_config(3);
   c.gradient_accumulation_steps = 4;
   hsdp(c);
-  Engine engine(c, comm, cpu_device());
+  Engine engine(resolved_for(c, *comm), comm, cpu_device());
   MlpUnits units = declare_mlp(engine, plan.dims);
   engine.materialize();
   train_step(engine, units, plan, 0);
@@ -252,7 +252,7 @@ TEST(LayoutTraffic, HpzGathersAfterTheFirstStayInTheGroup) {
   c.gradient_accumulation_steps = 3;
   tight_schedule(c);  // nothing persistent, every backward gathers again
   hpz(c);
-  Engine engine(c, comm, cpu_device());
+  Engine engine(resolved_for(c, *comm), comm, cpu_device());
   MlpUnits units = declare_mlp(engine, plan.dims);
   engine.materialize();
   train_step(engine, units, plan, 0);

@@ -170,8 +170,8 @@ TEST(Manifest, RangesMustBeTheSavingRunsPartition) {
   sizes.units[0].slice_numel = 4;
   sizes.units[0].padded_numel = 16;
   expect_invalid(sizes,
-                 "slice_numel 4 and padded_numel 16 do not follow from numel 10 and world_size 4 (expected "
-                 "ceil(10 / 4) = 3 and 12)");
+                 "slice_numel 4 and padded_numel 16 do not follow from numel 10 and a partition over 4 of world_size 4 "
+                 "ranks (expected ceil(10 / 4) = 3 and 12)");
   CheckpointInfo name = sample_info();
   name.files[2].name = rank_file_name(2, 8);
   expect_invalid(name, "rank 2 of 4 writes 'rank-00002-of-00004.safetensors', not 'rank-00002-of-00008.safetensors'");

@@ -224,8 +224,8 @@ TEST(RealConfigForms, TransformersReduceBucketSizeZero) {
     }
     return std::string("none");
   };
-  EXPECT_EQ(buckets(3), "reduce-scatter buckets, 2 x 104 (fp32)");  // 4 ranks x b's slice of 26
-  EXPECT_EQ(buckets(1), "all-reduce buckets, 2 x 101 (fp32)");      // b itself
+  EXPECT_EQ(buckets(3), "reduce-scatter buckets, 2 x 104 (fp16)");  // 4 ranks x b's slice of 26, in the compute dtype
+  EXPECT_EQ(buckets(1), "all-reduce buckets, 2 x 101 (fp16)");      // b itself
 }
 
 // DeepSpeed reads offload_param only in its stage 3 optimizer; below stage 3 it is ignored, here with a
