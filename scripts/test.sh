@@ -11,11 +11,11 @@ build=${BUILD_DIR:-build}
 jobs=${JOBS:-$(nproc)}
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DZERO3_WERROR=ON
 cmake --build "$build" -j "$jobs"
-# The safetensors fuzz target builds with clang (libFuzzer) in its own tree; its test replays the corpus.
+# The safetensors and config fuzz targets build with clang (libFuzzer) in its own tree; their tests replay the corpora.
 if command -v clang++ >/dev/null; then
   cmake -S . -B "$build-fuzz" -G Ninja -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ \
     -DZERO3_CUDA=OFF -DZERO3_FUZZ=ON -DZERO3_BUILD_EXAMPLES=OFF >/dev/null
-  cmake --build "$build-fuzz" --target fuzz_safetensors -j "$jobs"
+  cmake --build "$build-fuzz" --target fuzz_safetensors fuzz_config -j "$jobs"
   ctest --test-dir "$build-fuzz" -L fuzz --output-on-failure
 fi
 
