@@ -72,6 +72,7 @@ Config bench_config(int stage, int64_t hidden) {
   Config c;
   c.zero.stage = stage;
   c.gradient_accumulation_steps = 1;
+  c.train_micro_batch_size_per_gpu = 1;  // one sample per micro-step (resolve() needs a batch size)
   c.gradient_clipping = 1.0;
   c.optimizer.lr = 1e-4;
   c.optimizer.weight_decay = 0.0;
