@@ -123,7 +123,10 @@ void check_launch_agreement(Store& store, const LaunchInfo& launch, std::chrono:
   // entry a moment to read the verdict, so that they report it rather than a closed connection.
   auto let_them_read = [&] {
     const auto until = std::min(deadline, std::chrono::steady_clock::now() + std::chrono::seconds(5));
-    const auto readers = static_cast<int64_t>(seen.size() - 1 - missing);
+    // Every rank that has claimed its number reads the verdict (a second claimant of a number reports on its
+    // own), whether or not this loop has seen its entry yet.
+    int64_t readers = 0;
+    for (int r = 1; r < launch.world_size; ++r) readers += store.add(base + "claims/" + std::to_string(r), 0) > 0;
     while (store.add(base + "verdict_read", 0) < readers && std::chrono::steady_clock::now() < until) {
       std::this_thread::sleep_for(std::chrono::milliseconds(5));
     }
