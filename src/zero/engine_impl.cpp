@@ -495,6 +495,7 @@ void EngineImpl::materialize() {
   }
   ro.stream = reduce_stream_ ? reduce_stream_->get() : nullptr;
   ro.link = groups_.shard.link;
+  ro.group = groups_.shard.label;
   ro.traffic = &stats_.reduce_traffic;
   reducer_ = std::make_unique<Reducer>(ro, device_, counters_, *groups_.shard.comm, *queue_);
   if (groups_.replica) {
@@ -503,6 +504,7 @@ void EngineImpl::materialize() {
     rr.mode = ReduceMode::all_reduce;
     rr.pre_scale = rr.post_scale = 1.0f;
     rr.link = groups_.replica.link;
+    rr.group = groups_.replica.label;
     replica_reducer_ = std::make_unique<Reducer>(rr, device_, counters_, *groups_.replica.comm, *queue_);
   }
 
@@ -1010,8 +1012,12 @@ void EngineImpl::issue_gather(UnitState& u, bool prefetch) {
   if (swapped_slice != nullptr) in = swapped_slice;
   void* out = u.full.data();
   const char* source = from_secondary ? ", hpZ secondary partition" : layout_.hierarchical ? ", hierarchical" : "";
+  const std::string over = from_secondary         ? groups_.hpz.label
+                           : layout_.hierarchical ? groups_.shard_inter_node.label + ", then " +
+                                                        groups_.shard_intra_node.label
+                                                  : groups_.shard.label;
   std::string what = log::concat("all_gather of unit '", u.info.name, "' (", P, " elements, ", dtype_name(ct),
-                                 source, prefetch ? ", prefetch" : "", ")");
+                                 source, prefetch ? ", prefetch" : "", ") over ", over);
   int rank = rank_;
   Stream s = nullptr;
   DeviceEvent* gathered = nullptr;

@@ -52,7 +52,7 @@ void EngineImpl::publish_params(UnitState& u) {
   count_collective(stats_.gather_traffic, groups_.shard.link, CollectiveKind::all_gather, S,
                    static_cast<int64_t>(dtype_size(ct)));
   run_collective(log::concat("all_gather of the parameters of unit '", u.info.name, "' (", u.info.padded_numel,
-                             " elements, ", dtype_name(ct), ")"),
+                             " elements, ", dtype_name(ct), ") over ", groups_.shard.label),
                  [=] { comm->all_gather_into(out, in, static_cast<size_t>(S), ct)->wait(); });
   stats_.gathered_elements += u.info.padded_numel;
 }
@@ -307,7 +307,7 @@ StepResult EngineImpl::step() {
     ReduceOp op = policy_.shard_optimizer ? ReduceOp::sum : ReduceOp::max;
     Communicator* comm = groups_.shard.comm.get();
     DeviceMirror dagreed(&device_, agreed, 2);
-    run_collective("all_reduce of the gradient statistics (Inf/NaN count, squared norm)",
+    run_collective("all_reduce of the gradient statistics (Inf/NaN count, squared norm) over " + groups_.shard.label,
                    [&] { comm->all_reduce(dagreed.get(), 2, DType::f32, op)->wait(); });
     dagreed.copy_back();
     const bool overflow = agreed[0] > 0.0f;
@@ -372,7 +372,8 @@ void EngineImpl::all_reduce_host(float* values, size_t count, ReduceOp op) {
   Communicator* comm = comm_.get();
   DeviceMirror buf(&device_, values, count);  // the communicator's memory: a device copy for nccl
   try {
-    run_collective(log::concat("all_reduce_host of ", count, " value(s) (", reduce_op_name(op), ")"),
+    run_collective(log::concat("all_reduce_host of ", count, " value(s) (", reduce_op_name(op), ") over all ",
+                               world_, " ranks"),
                    [&] { comm->all_reduce(buf.get(), count, DType::f32, op)->wait(); });
   } catch (...) {
     fail(std::current_exception());
@@ -413,7 +414,8 @@ void EngineImpl::gather_master_params(UnitId unit, float* out) {
   }
   Communicator* comm = groups_.shard.comm.get();
   try {
-    run_collective(log::concat("all_gather of the fp32 master parameters of unit '", u.info.name, "'"),
+    run_collective(log::concat("all_gather of the fp32 master parameters of unit '", u.info.name, "' over ",
+                               groups_.shard.label),
                    [&] { comm->all_gather_into(all.data(), in, static_cast<size_t>(S), DType::f32)->wait(); });
   } catch (...) {
     fail(std::current_exception());
