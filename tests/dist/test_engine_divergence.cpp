@@ -243,8 +243,8 @@ TEST_P(LaterDivergence, ReorderedBackwardFailsBeforeTheOptimizerApplies) {
   EXPECT_THROW(e.step(), CommError);
 }
 
-INSTANTIATE_TEST_SUITE_P(Stages, LaterDivergence,
-                         ::testing::Combine(::testing::Values(0, 1, 2, 3), ::testing::Bool()), stage_and_overlap);
+INSTANTIATE_TEST_SUITE_P(Stages, LaterDivergence, ::testing::Combine(::testing::Values(0, 1, 2, 3), ::testing::Bool()),
+                         stage_and_overlap);
 
 // Evaluation batches after the first are compared the same way: at stage 3 by the first all-gather that differs,
 // at stage 1 when EvalMode::next_batch() ends the batch.
