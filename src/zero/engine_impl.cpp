@@ -806,12 +806,9 @@ int64_t EngineImpl::event_code(UnitId unit, Phase phase, bool closing) const {
 
 int64_t EngineImpl::step_code() const { return 1 + 4 * static_cast<int64_t>(units_.size()); }
 
-int64_t EngineImpl::batch_end_code() const { return 2 + 4 * static_cast<int64_t>(units_.size()); }
-
 std::string EngineImpl::describe_code(int64_t code) const {
-  if (code < 0) return "nothing more (its events end here)";
+  if (code < 0) return "had no more events";
   if (code == step_code()) return "called step()";
-  if (code == batch_end_code()) return "called EvalMode::next_batch()";
   const int64_t u = (code - 1) / 4;
   const int64_t kind = (code - 1) % 4;
   const std::string name =
@@ -862,8 +859,8 @@ void EngineImpl::check_order(int64_t code, const std::string& doing) {
   if (ranks_hold(mine, "schedule check before " + doing + " in " + schedule_position())) return;
   std::vector<int64_t> history = events_;
   history.push_back(code);
-  auto all = gather_from_ranks(*queue_, *comm_, history, "schedule check: exchanging the events of " +
-                               schedule_position(), &device_);
+  auto all = gather_from_ranks(*queue_, *comm_, history,
+                               "schedule check: exchanging the events of " + schedule_position(), &device_);
   std::string message = divergence_message(all);
   if (message.empty()) message = log::concat("the ranks disagree on the order of units in ", schedule_position());
   throw CommError(message);
@@ -875,8 +872,8 @@ void EngineImpl::verify_schedule(const std::string& doing) {
   mine.push_back(static_cast<float>(events_.size() % (kMaxExactFloatInt / 2)));
   const std::string where = schedule_position();
   if (ranks_hold(mine, "schedule agreement at " + doing + " in " + where)) return;
-  auto all = gather_from_ranks(*queue_, *comm_, events_, "schedule agreement: exchanging the events of " + where,
-                               &device_);
+  auto all =
+      gather_from_ranks(*queue_, *comm_, events_, "schedule agreement: exchanging the events of " + where, &device_);
   std::string message = divergence_message(all);
   if (message.empty()) {
     message = log::concat("the ranks' scope events of ", where, " hash differently (rank ", rank_, ")");
