@@ -241,7 +241,7 @@ void all_reduce_host_sum(zero3::Communicator& comm, zero3::Device* device, float
   void* staged = device->allocate(bytes);
   try {
     device->copy(staged, values, bytes);  // synchronous
-    comm.all_reduce(staged, count, zero3::DType::f32, zero3::ReduceOp::sum)->wait();
+    comm.all_reduce(staged, count, zero3::DType::f32, zero3::ReduceOp::sum, device->default_stream())->wait();
     device->copy(values, staged, bytes);
   } catch (...) {
     // A failed or timed-out collective may still be queued on the default stream.

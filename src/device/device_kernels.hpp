@@ -3,8 +3,12 @@
 //
 // Each device implements them from the single-source element functions (kernels/elementwise.hpp,
 // optim/adam_math.hpp, kernels/philox_init.hpp). Buffers are device memory of `n` elements of the given
-// types; `stream` orders the work on cuda and is ignored on cpu, where every call completes before it
-// returns. Calls from different threads on disjoint buffers may run at the same time.
+// types; `stream` orders the work on cuda (nullptr: the device's compute stream, Device::default_stream())
+// and is ignored on cpu, where every call completes before it returns. Calls from different threads on
+// disjoint buffers may run at the same time.
+//
+// The public Device (zero3/device.hpp) does not show them: every device zero3 makes is a DeviceBackend, which
+// adds them, and kernels_of() finds them for the engine.
 #pragma once
 
 #include <cstdint>
@@ -48,5 +52,15 @@ class DeviceKernels {
   virtual void init_fill(float* out, const FillSpec& spec, uint64_t seed, uint64_t param_stream, int64_t begin,
                          int64_t end, Stream stream = nullptr) = 0;
 };
+
+// A Device zero3 implements: the public interface plus the engine's element kernels.
+class DeviceBackend : public Device {
+ public:
+  virtual DeviceKernels& kernels() = 0;
+};
+
+// The element kernels of `device`. Throws InvalidArgument naming the device when it is not a DeviceBackend
+// (a Device implemented outside zero3).
+DeviceKernels& kernels_of(Device& device);
 
 }  // namespace zero3::detail

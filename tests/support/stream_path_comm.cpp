@@ -11,7 +11,15 @@ void StreamPathComm::note_buffers(const void* a, const void* b) {
   if (!device_.is_device_memory(a) || !device_.is_device_memory(b)) host_memory_collectives_++;
 }
 
+Stream StreamPathComm::stream_of(Stream stream) {
+  if (stream != nullptr) return stream;
+  // NCCL's nullptr: CUDA's legacy default stream, which is not the caller's compute stream.
+  if (device_.computes_on_callers_stream()) legacy_stream_collectives_++;
+  return device_.legacy_stream();
+}
+
 WorkPtr StreamPathComm::all_gather_into(void* out, const void* in, size_t count, DType dtype, Stream stream) {
+  stream = stream_of(stream);
   if (!device_.is_compute(stream)) side_stream_gathers_++;
   if (count > 0) note_buffers(out, in);
   auto inner = inner_;
@@ -23,6 +31,7 @@ WorkPtr StreamPathComm::all_gather_into(void* out, const void* in, size_t count,
 
 WorkPtr StreamPathComm::reduce_scatter(void* out, const void* in, size_t count, DType dtype, ReduceOp op,
                                        Stream stream) {
+  stream = stream_of(stream);
   if (!device_.is_compute(stream)) side_stream_reductions_++;
   if (count > 0) note_buffers(out, in);
   auto inner = inner_;
@@ -33,6 +42,7 @@ WorkPtr StreamPathComm::reduce_scatter(void* out, const void* in, size_t count, 
 }
 
 WorkPtr StreamPathComm::all_reduce(void* buf, size_t count, DType dtype, ReduceOp op, Stream stream) {
+  stream = stream_of(stream);
   if (!device_.is_compute(stream)) side_stream_reductions_++;
   if (count > 0) note_buffers(buf, buf);
   auto inner = inner_;
@@ -43,6 +53,7 @@ WorkPtr StreamPathComm::all_reduce(void* buf, size_t count, DType dtype, ReduceO
 }
 
 WorkPtr StreamPathComm::broadcast(void* buf, size_t count, DType dtype, int root, Stream stream) {
+  stream = stream_of(stream);
   if (count > 0) note_buffers(buf, buf);
   auto inner = inner_;
   const size_t bytes = count * dtype_size(dtype);

@@ -5,8 +5,10 @@
 // event recorded after it, a synchronize). A missing wait between a collective and the work that reads or
 // writes its buffers on another stream therefore shows up as wrong numbers or a counted free of memory in use.
 // Every rank runs the same program, so every rank runs its collectives in the same order.
-// It counts the collectives issued on streams other than the compute stream, and those given memory that is not
-// the device's (NCCL reads and writes device memory only: host memory there is an illegal access or a refusal).
+// It counts the collectives issued on streams other than the compute stream, those given memory that is not
+// the device's (NCCL reads and writes device memory only: host memory there is an illegal access or a refusal),
+// and those given stream nullptr while the device computes on a caller's stream: NCCL runs them on CUDA's legacy
+// default stream, unordered with the caller's stream (the device's legacy_stream() queue here).
 #pragma once
 
 #include <atomic>
@@ -37,6 +39,7 @@ class StreamPathComm final : public Communicator {
   int64_t side_stream_gathers() const { return side_stream_gathers_.load(); }
   int64_t side_stream_reductions() const { return side_stream_reductions_.load(); }
   int64_t host_memory_collectives() const { return host_memory_collectives_.load(); }
+  int64_t legacy_stream_collectives() const { return legacy_stream_collectives_.load(); }
 
  private:
   std::shared_ptr<Communicator> inner_;
@@ -44,8 +47,11 @@ class StreamPathComm final : public Communicator {
   std::atomic<int64_t> side_stream_gathers_{0};
   std::atomic<int64_t> side_stream_reductions_{0};
   std::atomic<int64_t> host_memory_collectives_{0};
+  std::atomic<int64_t> legacy_stream_collectives_{0};
 
   void note_buffers(const void* a, const void* b);
+  // The queue a collective given `stream` runs on.
+  Stream stream_of(Stream stream);
 };
 
 }  // namespace zero3::testing
