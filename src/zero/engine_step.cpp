@@ -371,8 +371,9 @@ void EngineImpl::gather_master_params(UnitId unit, float* out) {
   }
   Communicator* comm = comm_.get();
   try {
-    run_collective(log::concat("all_gather of the fp32 master parameters of unit '", u.info.name, "'"),
-                   [&] { comm->all_gather_into(all.data(), in, static_cast<size_t>(S), DType::f32, compute_)->wait(); });
+    run_collective(log::concat("all_gather of the fp32 master parameters of unit '", u.info.name, "'"), [&] {
+      comm->all_gather_into(all.data(), in, static_cast<size_t>(S), DType::f32, compute_)->wait();
+    });
   } catch (...) {
     fail(std::current_exception());
   }

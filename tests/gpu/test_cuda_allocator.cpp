@@ -135,7 +135,8 @@ TEST(CudaDevicePool, AFreeOnAnotherStreamIsOrderedByThatStream) {
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   std::vector<unsigned char> host(bytes);
   ASSERT_EQ(cudaMemcpy(host.data(), q, bytes, cudaMemcpyDeviceToHost), cudaSuccess);
-  for (size_t i : {size_t{0}, bytes / 2, bytes - 1}) EXPECT_EQ(host[i], 2) << "byte " << i << (q == p ? " (same block)" : "");
+  for (size_t i : {size_t{0}, bytes / 2, bytes - 1})
+    EXPECT_EQ(host[i], 2) << "byte " << i << (q == p ? " (same block)" : "");
   pool.deallocate(q, bytes);
 }
 

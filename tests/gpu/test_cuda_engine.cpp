@@ -18,10 +18,10 @@
 #if ZERO3_HAVE_CUDA && ZERO3_HAVE_NCCL
 
 #include <arpa/inet.h>
+#include <cuda_runtime.h>
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <signal.h>
-#include <cuda_runtime.h>
 #include <spawn.h>
 #include <sys/socket.h>
 #include <sys/wait.h>

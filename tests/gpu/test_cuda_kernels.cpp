@@ -320,10 +320,10 @@ TEST_F(CudaKernelsTest, AdamMatchesCpuBitForBit) {
               if (un > 3) g[3] = 0.0f;
               gg.upload(as_bytes(g));
               AdamStepConsts c = adam_step_consts(h, step);
-              detail::kernels_of(*cpu_).adam(cp.data(), g.data(), cm.data(), cv.data(), n, c, with_copy ? ccopy.data() : nullptr,
-                                   copy);
+              detail::kernels_of(*cpu_).adam(cp.data(), g.data(), cm.data(), cv.data(), n, c,
+                                             with_copy ? ccopy.data() : nullptr, copy);
               detail::kernels_of(*gpu_).adam(gp.as<float>(), gg.as<float>(), gm.as<float>(), gv.as<float>(), n, c,
-                                   with_copy ? gcopy.data() : nullptr, copy);
+                                             with_copy ? gcopy.data() : nullptr, copy);
             }
             std::string what = std::string(adamw ? "adamw" : "adam") + (bias_correction ? " bc" : " no-bc") + " n " +
                                std::to_string(n);

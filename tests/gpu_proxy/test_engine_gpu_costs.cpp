@@ -106,7 +106,7 @@ struct MicroStep {
   int64_t device_allocations = 0;
   int64_t host_allocations = 0;
   int64_t allocations = 0;
-  int64_t collectives = 0;  // all-gathers and reductions the comm saw issued on the engine's streams
+  int64_t collectives = 0;          // all-gathers and reductions the comm saw issued on the engine's streams
   int64_t units_with_elements = 0;  // units of which this rank owns elements
   int64_t optimizer_tiles = 0;      // their sub_group_size tiles
 };
@@ -124,7 +124,7 @@ constexpr int64_t kSteps = 5;
 // Trains the queued model for kSteps optimizer steps on `device` (a StreamPathDevice, or the cpu device when
 // `path` is null) and measures every micro-step after the warm-up.
 Measured train(const Variant& v, Device& device, StreamPathDevice* path, std::shared_ptr<Communicator> comm,
-          StreamPathComm* path_comm) {
+               StreamPathComm* path_comm) {
   Measured run;
   Config c = config_of(v);
   Engine engine(c, comm, device);
@@ -210,9 +210,9 @@ TEST_P(GpuCosts, HostSyncsAndDeviceAllocationsPerMicroStepInSteadyState) {
   Measured reference = train(v, cpu_device(), nullptr, engine_world(), nullptr);
   for (ComputeStream compute : {ComputeStream::legacy, ComputeStream::callers}) {
     for (StreamSchedule schedule : {StreamSchedule::lazy, StreamSchedule::eager_side_streams}) {
-      SCOPED_TRACE(std::string(compute == ComputeStream::legacy ? "legacy default stream" : "caller's stream") +
-                   (schedule == StreamSchedule::lazy ? ", side streams run when waited for"
-                                                     : ", side streams run at once"));
+      SCOPED_TRACE(
+          std::string(compute == ComputeStream::legacy ? "legacy default stream" : "caller's stream") +
+          (schedule == StreamSchedule::lazy ? ", side streams run when waited for" : ", side streams run at once"));
       StreamPathDevice device(schedule, compute);
       auto comm = std::make_shared<StreamPathComm>(engine_world(), device);
       Measured run = train(v, device, &device, comm, comm.get());
@@ -226,11 +226,12 @@ TEST_P(GpuCosts, HostSyncsAndDeviceAllocationsPerMicroStepInSteadyState) {
         // The figures docs/gpu.md quotes.
         for (size_t i = 0; i < 2; ++i) {
           const MicroStep& m = run.steady[i];
-          std::printf("[%s, rank %d/%d] %s micro-step: host syncs %s; device allocations %lld (of %lld served by "
-                      "the pool); collectives issued %lld\n",
-                      v.name.c_str(), comm->rank(), comm->size(), m.boundary ? "boundary" : "in-window",
-                      (std::ostringstream() << m.syncs).str().c_str(), static_cast<long long>(m.device_allocations),
-                      static_cast<long long>(m.allocations), static_cast<long long>(m.collectives));
+          std::printf(
+              "[%s, rank %d/%d] %s micro-step: host syncs %s; device allocations %lld (of %lld served by "
+              "the pool); collectives issued %lld\n",
+              v.name.c_str(), comm->rank(), comm->size(), m.boundary ? "boundary" : "in-window",
+              (std::ostringstream() << m.syncs).str().c_str(), static_cast<long long>(m.device_allocations),
+              static_cast<long long>(m.allocations), static_cast<long long>(m.collectives));
         }
       }
     }

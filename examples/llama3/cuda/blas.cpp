@@ -78,8 +78,7 @@ void set_math_mode(cublasHandle_t h, DType ab_type) {
 
 }  // namespace
 
-Blas::Blas(zero3::Device& device)
-    : device_(device), stream_(static_cast<cudaStream_t>(device.default_stream())) {
+Blas::Blas(zero3::Device& device) : device_(device), stream_(static_cast<cudaStream_t>(device.default_stream())) {
   cublasHandle_t h = nullptr;
   check_cublas(cublasCreate(&h), "cublasCreate");
   handle_ = h;

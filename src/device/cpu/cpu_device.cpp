@@ -8,8 +8,8 @@
 #include <unordered_map>
 #include <vector>
 
-#include "device/device_kernels.hpp"
 #include "core/check.hpp"
+#include "device/device_kernels.hpp"
 #include "device/device_registry.hpp"
 #include "kernels/elementwise.hpp"
 #include "offload/cpu_adam.hpp"

@@ -15,9 +15,10 @@ DevicePool::DevicePool(int device, cudaStream_t compute) : device_(device), comp
   int supported = 0;
   ZERO3_CUDA_CHECK(cudaDeviceGetAttribute(&supported, cudaDevAttrMemoryPoolsSupported, device));
   if (supported == 0) {
-    throw CudaError(log::concat(where(), ": CUDA reports no stream-ordered memory pools on this device "
-                                         "(cudaDevAttrMemoryPoolsSupported = 0); zero3 allocates device memory "
-                                         "from one (CUDA 11.2 or later, a driver with cudaMallocAsync)"));
+    throw CudaError(log::concat(where(),
+                                ": CUDA reports no stream-ordered memory pools on this device "
+                                "(cudaDevAttrMemoryPoolsSupported = 0); zero3 allocates device memory "
+                                "from one (CUDA 11.2 or later, a driver with cudaMallocAsync)"));
   }
   cudaMemPoolProps props{};
   props.allocType = cudaMemAllocationTypePinned;

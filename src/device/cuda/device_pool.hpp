@@ -34,12 +34,12 @@ namespace zero3::detail {
 struct DevicePoolStats {
   int64_t bytes_in_use = 0;  // requested bytes of live allocations
   int64_t peak_bytes_in_use = 0;
-  int64_t bytes_reserved = 0;       // device memory the pool has mapped (cudaMemPoolAttrReservedMemCurrent)
-  int64_t peak_bytes_reserved = 0;  // its high-water mark (cudaMemPoolAttrReservedMemHigh)
-  int64_t bytes_used = 0;           // of it, allocated and not yet freed in stream order (UsedMemCurrent)
-  int64_t peak_bytes_used = 0;      // (UsedMemHigh)
-  int64_t allocations = 0;          // allocate() calls that returned memory
-  int64_t device_allocations = 0;   // of which made the pool map more device memory
+  int64_t bytes_reserved = 0;          // device memory the pool has mapped (cudaMemPoolAttrReservedMemCurrent)
+  int64_t peak_bytes_reserved = 0;     // its high-water mark (cudaMemPoolAttrReservedMemHigh)
+  int64_t bytes_used = 0;              // of it, allocated and not yet freed in stream order (UsedMemCurrent)
+  int64_t peak_bytes_used = 0;         // (UsedMemHigh)
+  int64_t allocations = 0;             // allocate() calls that returned memory
+  int64_t device_allocations = 0;      // of which made the pool map more device memory
   int64_t frees_on_other_streams = 0;  // frees ordered on another stream than the block's allocation
   int64_t out_of_memory_retries = 0;   // allocations that failed, freed memory up and tried again
   int64_t trims = 0;                   // times the pool gave its free memory back to the device
