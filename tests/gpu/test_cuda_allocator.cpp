@@ -27,16 +27,21 @@ void hold_stream(void* flag) {
   while (!static_cast<std::atomic<bool>*>(flag)->load()) std::this_thread::yield();
 }
 
-// Holds `stream` with a host function until release() (or the destructor).
+// Holds `stream` with a host function until release() (or the destructor, which waits for the stream, so the
+// host function is done with the flag before it goes).
 class StreamHold {
  public:
-  explicit StreamHold(cudaStream_t stream) {
+  explicit StreamHold(cudaStream_t stream) : stream_(stream) {
     EXPECT_EQ(cudaLaunchHostFunc(stream, hold_stream, &release_), cudaSuccess);
   }
-  ~StreamHold() { release(); }
+  ~StreamHold() {
+    release();
+    cudaStreamSynchronize(stream_);
+  }
   void release() { release_ = true; }
 
  private:
+  cudaStream_t stream_;
   std::atomic<bool> release_{false};
 };
 

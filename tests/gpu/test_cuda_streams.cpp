@@ -86,41 +86,60 @@ TEST(CudaStreams, DefaultStreamQueuesWithoutWaiting) {
 }
 
 // make_device("cuda", stream): the device computes on the caller's stream. Everything given nullptr lands
-// there (a kernel, an event, the synchronous copy's wait), allocate() is ordered there, and the legacy default
-// stream, held for the whole test, is never needed.
+// there (a kernel, an event, the synchronous copy's wait): held, the caller's stream holds them back. Then, with
+// CUDA's legacy default stream held instead, the same calls complete: none of them needs it. (One stream is held
+// at a time: CUDA may run every host function of a process on one thread.)
 TEST(CudaStreams, TheDeviceComputesOnTheCallersStream) {
   cudaStream_t mine = nullptr;
   ASSERT_EQ(cudaStreamCreateWithFlags(&mine, cudaStreamNonBlocking), cudaSuccess);
-  std::atomic<bool> legacy_release{false};
   {
     auto gpu = make_device("cuda", mine);
     EXPECT_EQ(gpu->default_stream(), mine);
-    ASSERT_EQ(cudaLaunchHostFunc(cudaStreamLegacy, hold_stream, &legacy_release), cudaSuccess);
-    std::atomic<bool> release{false};
-    ASSERT_EQ(cudaLaunchHostFunc(mine, hold_stream, &release), cudaSuccess);
     const int64_t n = 1 << 20;
-    float* d = static_cast<float*>(gpu->allocate(n * 4));
-    detail::kernels_of(*gpu).init_fill(d, FillSpec::constant(3.0), 1, 1, 0, n, nullptr);
-    auto mark = gpu->make_event();
-    mark->record(nullptr);
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    EXPECT_FALSE(mark->done()) << "an event recorded on nullptr did not land on the caller's stream";
     std::vector<float> host(static_cast<size_t>(n));
-    std::atomic<bool> copied{false};
-    std::thread reader([&] {
-      gpu->copy(host.data(), d, n * 4);  // synchronous: waits for the caller's stream, where the fill is
-      copied = true;
-    });
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    EXPECT_FALSE(copied) << "the synchronous copy did not wait for the caller's stream";
-    release = true;
-    reader.join();
-    EXPECT_EQ(host[0], 3.0f);
-    EXPECT_EQ(host[static_cast<size_t>(n) - 1], 3.0f);
-    gpu->deallocate(d, n * 4);
+    {
+      std::atomic<bool> release{false};
+      ASSERT_EQ(cudaLaunchHostFunc(mine, hold_stream, &release), cudaSuccess);
+      float* d = static_cast<float*>(gpu->allocate(n * 4));
+      detail::kernels_of(*gpu).init_fill(d, FillSpec::constant(3.0), 1, 1, 0, n, nullptr);
+      auto mark = gpu->make_event();
+      mark->record(nullptr);
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      EXPECT_FALSE(mark->done()) << "an event recorded on nullptr did not land on the caller's stream";
+      std::atomic<bool> copied{false};
+      std::thread reader([&] {
+        gpu->copy(host.data(), d, n * 4);  // synchronous: waits for the caller's stream, where the fill is
+        copied = true;
+      });
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      EXPECT_FALSE(copied) << "the synchronous copy did not wait for the caller's stream";
+      release = true;
+      reader.join();
+      EXPECT_EQ(host[0], 3.0f);
+      EXPECT_EQ(host[static_cast<size_t>(n) - 1], 3.0f);
+      gpu->deallocate(d, n * 4);
+    }
+    {
+      std::atomic<bool> release{false}, done{false};
+      ASSERT_EQ(cudaLaunchHostFunc(cudaStreamLegacy, hold_stream, &release), cudaSuccess);
+      std::thread work([&] {
+        float* d = static_cast<float*>(gpu->allocate(n * 4));
+        detail::kernels_of(*gpu).init_fill(d, FillSpec::constant(5.0), 1, 1, 0, n, nullptr);
+        gpu->fill_zero(d, 4, nullptr);
+        gpu->copy(host.data(), d, n * 4);
+        gpu->deallocate(d, n * 4);
+        done = true;
+      });
+      for (int i = 0; i < 2000 && !done; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      EXPECT_TRUE(done) << "the device needed CUDA's legacy default stream";
+      release = true;
+      work.join();
+      ASSERT_EQ(cudaStreamSynchronize(cudaStreamLegacy), cudaSuccess);  // the host function is done with `release`
+      EXPECT_EQ(host[0], 0.0f);
+      EXPECT_EQ(host[static_cast<size_t>(n) - 1], 5.0f);
+    }
     EXPECT_EQ(gpu->bytes_in_use(), 0);
   }
-  legacy_release = true;
   ASSERT_EQ(cudaStreamDestroy(mine), cudaSuccess);
 }
 
