@@ -304,9 +304,13 @@ class Engine {
   // `comm` is the data-parallel group; the engine shares it. `device` must outlive the engine.
   // Stage, optimizer, precision, buckets and schedule knobs all come from `config`.
   // On a cuda device the communicator must be nccl (Unsupported otherwise), parameter and gradient views are
-  // device memory, and the engine orders its work against the device's default stream (CUDA's legacy default
-  // stream, Device::default_stream()): gathers and reductions run on streams of their own that wait for it,
-  // and it waits for them, through events. Run the model's kernels there, or order your stream with it.
+  // device memory, and the engine computes on the device's compute stream, Device::default_stream(): the
+  // caller's stream when the device was made with make_device("cuda:N", stream) (zero3/stream.hpp: the caller
+  // keeps it alive until the engine and the device are destroyed), else CUDA's legacy default stream. Its own
+  // kernels run there; gathers and reductions run on streams of their own that wait for it, and it waits for
+  // them, through events (no host synchronization). Run the model's kernels on that stream: a unit's
+  // parameters are ready there once its scope is open, and its gradients are read there when the scope closes.
+  // A Device that zero3 did not make (make_device, make_cpu_device) is InvalidArgument.
   Engine(const Config& config, std::shared_ptr<Communicator> comm, Device& device);
   ~Engine();
   Engine(const Engine&) = delete;
