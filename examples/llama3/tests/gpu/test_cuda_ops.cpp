@@ -783,7 +783,7 @@ TEST_F(CudaOps, LmHeadLossAccurateAtLlama3VocabularyAgainstDoubleAndTheCpuOp) {
     for (int64_t r = 0; r < n; ++r)
       for (int64_t j = 0; j < vocab; ++j) w[j * hidden + r] = c.logits[r * vocab + j];
     auto dxd = upload(x, act), dwd = upload(w, act);
-    lc::Blas blas(stream_);
+    lc::Blas blas(*device_);
     lc::LmHeadLoss loss(blas);
     DeviceBuffer dx(x.size() * zero3::dtype_size(act)), dw(w.size() * 4), row_loss(static_cast<size_t>(n) * 4);
     loss.run(dxd->get(), dwd->get(), dtargets->as<int32_t>(), n, hidden, vocab, scale, dx.get(), dw.as<float>(),
