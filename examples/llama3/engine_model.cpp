@@ -340,7 +340,7 @@ ActivationEstimate estimate_activations(const ModelConfig& c, const BatchShape& 
     // Row losses; the embedding grouping: at most n rows, n + 1 offsets and n token ids.
     e.workspace += n * 4 + (3 * n + 1) * 4;
   } else {
-    e.attention = 2 * scores * 4;                   // P and dP of one head (ops/attention.cpp)
+    e.attention = 2 * scores * 4;  // P and dP of one head (ops/attention.cpp)
     const int64_t chunk = std::min(n, default_loss_chunk_rows(c.vocab_size));
     e.loss_chunk = chunk * (c.vocab_size + 1) * 4;  // logits and row losses (ops/cross_entropy.cpp)
   }

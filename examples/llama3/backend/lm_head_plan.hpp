@@ -26,9 +26,9 @@ namespace llama3 {
 inline constexpr int64_t kDefaultLmHeadWorkspaceCap = int64_t{1} << 30;
 
 struct LmHeadChunkPlan {
-  int64_t rows_per_chunk = 0;  // rows of logits at a time (the last chunk may have fewer)
-  int64_t chunks = 0;          // ceil(rows / rows_per_chunk)
-  int64_t workspace_bytes = 0; // the logits of one chunk in f32 (256-byte aligned), plus their act copy with bf16
+  int64_t rows_per_chunk = 0;   // rows of logits at a time (the last chunk may have fewer)
+  int64_t chunks = 0;           // ceil(rows / rows_per_chunk)
+  int64_t workspace_bytes = 0;  // the logits of one chunk in f32 (256-byte aligned), plus their act copy with bf16
   // Bytes read and written through the f32 weight gradient per micro-batch: chunks * 8 * vocab * hidden with
   // backward and dW, else 0.
   int64_t weight_grad_bytes = 0;

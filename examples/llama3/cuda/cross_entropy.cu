@@ -14,10 +14,10 @@
 #include <algorithm>
 #include <string>
 
+#include "backend/lm_head_plan.hpp"
 #include "cuda/cuda_check.hpp"
 #include "cuda/cuda_ops.hpp"
 #include "cuda/kernel_support.cuh"
-#include "backend/lm_head_plan.hpp"
 #include "ops/cross_entropy.hpp"
 
 namespace llama3::cuda {

@@ -1,5 +1,6 @@
 // Element-wise add and type conversion on the device (cuda_ops.hpp): grid-stride loops, arithmetic in float,
-// one round-to-nearest-even store per element; the add in 16-byte packs when its pointers are aligned. A conversion between equal types is a device-to-device copy.
+// one round-to-nearest-even store per element; the add in 16-byte packs when its pointers are aligned. A conversion
+// between equal types is a device-to-device copy.
 #include <string>
 
 #include "cuda/cuda_check.hpp"

@@ -3,10 +3,10 @@
 //
 // Forward and the input gradient: one block of kRowThreads per row, 16-byte loads and stores when the row length
 // and the pointers allow (kernel_support.cuh), element by element otherwise; the row's sum (of x^2, or of
-// w*dy*xhat) is a block_sum, so its order is fixed for a given path. The weight gradient sums over rows without atomics: a first kernel gives
-// every (block of kDwChunkRows rows, column) its partial sum, rows in increasing order; a second adds the
-// partials of each column in chunk order and then adds the total to dw. The partials live in a stream-ordered
-// allocation of chunks * n floats from the zero3 device's pool, on its compute stream.
+// w*dy*xhat) is a block_sum, so its order is fixed for a given path. The weight gradient sums over rows without
+// atomics: a first kernel gives every (block of kDwChunkRows rows, column) its partial sum, rows in increasing order; a
+// second adds the partials of each column in chunk order and then adds the total to dw. The partials live in a
+// stream-ordered allocation of chunks * n floats from the zero3 device's pool, on its compute stream.
 #include <algorithm>
 #include <initializer_list>
 #include <string>

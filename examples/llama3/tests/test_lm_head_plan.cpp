@@ -40,8 +40,8 @@ TEST(LmHeadPlan, TheCpuSizedChunkWouldPassSixtyFourTimes) {
   // What the GPU ran before: the CPU's 130-row chunk (16 Mi logits): 64 chunks, 269 GB through dW per micro-batch.
   const int64_t cpu_rows = default_loss_chunk_rows(kVocab);
   ASSERT_EQ(cpu_rows, 130);
-  const LmHeadChunkPlan p = plan_lm_head_chunks(kTokens, kHidden, kVocab, 2, true, true, kDefaultLmHeadWorkspaceCap,
-                                                cpu_rows);
+  const LmHeadChunkPlan p =
+      plan_lm_head_chunks(kTokens, kHidden, kVocab, 2, true, true, kDefaultLmHeadWorkspaceCap, cpu_rows);
   EXPECT_EQ(p.chunks, 64);
   EXPECT_EQ(p.weight_grad_bytes, 64 * kWeightGradPass);
   const LmHeadChunkPlan planned = plan_lm_head_chunks(kTokens, kHidden, kVocab, 2, true, true);
@@ -62,7 +62,8 @@ TEST(LmHeadPlan, TheBoundHoldsForEveryMicroBatchAndCap) {
   // at least), for micro-batches from 1 token to 64K and caps from one row's worth to 4 GiB.
   for (int64_t cap : {int64_t{769536}, int64_t{100} << 20, int64_t{1} << 30, int64_t{4} << 30}) {
     const int64_t fit = std::max<int64_t>(1, cap / (kVocab * 6));
-    for (int64_t rows : {int64_t{1}, int64_t{7}, int64_t{1395}, int64_t{1396}, int64_t{4093}, kTokens, int64_t{65536}}) {
+    for (int64_t rows :
+         {int64_t{1}, int64_t{7}, int64_t{1395}, int64_t{1396}, int64_t{4093}, kTokens, int64_t{65536}}) {
       SCOPED_TRACE("cap " + std::to_string(cap) + " rows " + std::to_string(rows));
       const LmHeadChunkPlan p = plan_lm_head_chunks(rows, kHidden, kVocab, 2, true, true, cap);
       const int64_t passes = (rows + fit - 1) / fit;

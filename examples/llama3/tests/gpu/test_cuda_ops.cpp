@@ -697,9 +697,9 @@ TEST_F(CudaOps, LmHeadLossRowsGradientsAndSum) {
         EXPECT_LT(rel_err(get(*ddw, w.size(), DType::f32), dw_ref), tol(act)) << "dw";
         EXPECT_GT(loss.workspace_bytes(), 0);
         // The op follows the plan: its dW traffic and its workspace are the plan's.
-        const llama3::LmHeadChunkPlan plan = llama3::plan_lm_head_chunks(
-            n, hidden, vocab, static_cast<int64_t>(zero3::dtype_size(act)), true, true,
-            llama3::kDefaultLmHeadWorkspaceCap, chunk);
+        const llama3::LmHeadChunkPlan plan =
+            llama3::plan_lm_head_chunks(n, hidden, vocab, static_cast<int64_t>(zero3::dtype_size(act)), true, true,
+                                        llama3::kDefaultLmHeadWorkspaceCap, chunk);
         EXPECT_EQ(loss.weight_grad_bytes(), plan.weight_grad_bytes);
         EXPECT_EQ(loss.workspace_bytes(), plan.workspace_bytes);
 
@@ -729,15 +729,15 @@ TEST_F(CudaOps, LmHeadLossPlannedChunksUnderACap) {
     const int64_t cap = 300 * vocab * (4 + (act == DType::f32 ? 0 : es));  // 300 rows: 4 chunks of 258, 258, 258, 256
     const llama3::LmHeadChunkPlan plan = llama3::plan_lm_head_chunks(n, hidden, vocab, es, true, true, cap);
     ASSERT_EQ(plan.chunks, 4);
-    auto x = rand_vec(static_cast<size_t>(n * hidden), 121, act), w = rand_vec(static_cast<size_t>(vocab * hidden), 122, act);
+    auto x = rand_vec(static_cast<size_t>(n * hidden), 121, act),
+         w = rand_vec(static_cast<size_t>(vocab * hidden), 122, act);
     std::vector<float> dx_ref(x.size()), dw_ref(w.size(), 0.0f);
     const auto result = llama3::lm_head_cross_entropy<float>(x.data(), w.data(), targets.data(), n, hidden, vocab,
                                                              grad_scale, dx_ref.data(), dw_ref.data(), 0);
     lc::Blas blas(*device_);
     lc::LmHeadLoss loss(blas, cap);
     auto dxd = upload(x, act), dwd = upload(w, act);
-    DeviceBuffer dx(x.size() * static_cast<size_t>(es)), dw(w.size() * 4), row_loss(static_cast<size_t>(n) * 4),
-        sum(8);
+    DeviceBuffer dx(x.size() * static_cast<size_t>(es)), dw(w.size() * 4), row_loss(static_cast<size_t>(n) * 4), sum(8);
     loss.run(dxd->get(), dwd->get(), dtargets->as<int32_t>(), n, hidden, vocab, grad_scale, dx.get(), dw.as<float>(),
              row_loss.as<float>(), 0, act);
     lc::sum_rows(row_loss.as<float>(), n, sum.as<double>(), stream_);
