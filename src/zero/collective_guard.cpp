@@ -8,8 +8,8 @@
 namespace zero3::detail {
 namespace {
 
-constexpr size_t kFloats = 4;                     // one call's description
-constexpr uint64_t kPiece = uint64_t{1} << 24;    // floats hold integers below 2^24 exactly
+constexpr size_t kFloats = 4;                   // one call's description
+constexpr uint64_t kPiece = uint64_t{1} << 24;  // floats hold integers below 2^24 exactly
 
 void encode(const comm::CollectiveCall& call, float* out) {
   out[0] = static_cast<float>(static_cast<int>(call.kind) * 256 + static_cast<int>(call.dtype) * 16 + call.op + 1);
@@ -32,7 +32,7 @@ comm::CollectiveCall decode(const float* in) {
 }  // namespace
 
 CollectiveGuard::CollectiveGuard(std::shared_ptr<Communicator> inner, Device& device)
-    : inner_(std::move(inner)), device_(device), stream_(device_.make_stream()) {}
+    : inner_(std::move(inner)), device_(device), stream_(device_.make_stream()), allocated_(device_.make_event()) {}
 
 void CollectiveGuard::agree(const comm::CollectiveCall& call) {
   const int world = inner_->size();
@@ -59,6 +59,9 @@ void CollectiveGuard::agree(const comm::CollectiveCall& call) {
     float* dev_mine = dev + static_cast<size_t>(world) * kFloats;
     encode(call, mine);
     const Stream s = stream_->get();
+    // allocate() ordered the memory on the compute stream: the guard's stream goes after it.
+    allocated_->record(device_.default_stream());
+    allocated_->wait_on(s);
     device_.copy(dev_mine, mine, kFloats * sizeof(float), s);
     WorkPtr work = inner_->all_gather_into(dev, dev_mine, kFloats, DType::f32, s);
     device_.copy(host, dev, static_cast<size_t>(world) * kFloats * sizeof(float), s);

@@ -133,7 +133,9 @@ EngineImpl::EngineImpl(const Config& config, std::shared_ptr<Communicator> comm,
                 "gradient_predivide_factor: ", config_.gradient_predivide_factor, " is not positive");
   adam_ = adam_hyper_from_config(config_);
   lr_scheduler_ = make_lr_scheduler(config_);
+  // The device's compute stream: the caller's when the device was made with one (make_device(name, stream)).
   compute_ = device.default_stream();
+  kernels_of(device);  // a Device zero3 did not make is refused here, before anything is allocated
   if (device.type() != DeviceType::cpu) {
     // Collectives on device memory: only nccl works there (gloo and local read host memory).
     ZERO3_REQUIRE(std::string_view(comm_->backend()) == "nccl", Unsupported, "Engine: device ", device.name(),
@@ -534,7 +536,7 @@ void EngineImpl::materialize() {
   if (optimizer_on_host_) {
     // Compute copies go back to the device unless the slices live in host memory, where Adam writes them.
     const int64_t tile = std::max<int64_t>(1, std::min(config_.zero.sub_group_size, largest_owned));
-    transfer_ = std::make_unique<TileTransfer>(device_, host_device_->kernels(), host_counters_, acc_dtype_,
+    transfer_ = std::make_unique<TileTransfer>(device_, kernels_of(*host_device_), host_counters_, acc_dtype_,
                                                slices_on_host_ ? 0 : largest_copy, tile);
   }
   try {
@@ -632,7 +634,7 @@ void EngineImpl::init_owned_range(UnitState& u) {
   // single-source Philox fill as the GPU's).
   Device& where = optimizer_on_host_ ? *host_device_ : device_;
   where.fill_zero(u.master, static_cast<size_t>(u.owned_len) * sizeof(float));
-  auto& k = where.kernels();
+  auto& k = kernels_of(where);
   const uint64_t seed = config_.zero3.seed;
   for (const ParamRange& r : params_in_range(u.param_offsets, u.param_numels, u.owned_begin, u.owned_len)) {
     const ParamState& p = params_[static_cast<size_t>(u.info.params[static_cast<size_t>(r.param_index)].index)];
@@ -731,7 +733,7 @@ void EngineImpl::write_compute_copy(void* dst, bool dst_on_host, DType dtype, co
   if (n <= 0) return;
   const size_t bytes = static_cast<size_t>(n) * dtype_size(dtype);
   if (dst_on_host == src_on_host) {
-    DeviceKernels& k = src_on_host && host_device_ ? host_device_->kernels() : device_.kernels();
+    DeviceKernels& k = src_on_host && host_device_ ? kernels_of(*host_device_) : kernels_of(device_);
     k.scale_copy(dst, dtype, src, DType::f32, 1.0f, n);
     return;
   }
@@ -742,11 +744,11 @@ void EngineImpl::write_compute_copy(void* dst, bool dst_on_host, DType dtype, co
   // Converted where the master is, then copied (synchronously) to the other side.
   if (src_on_host) {
     std::vector<std::byte> converted(bytes);
-    host_device_->kernels().scale_copy(converted.data(), dtype, src, DType::f32, 1.0f, n);
+    kernels_of(*host_device_).scale_copy(converted.data(), dtype, src, DType::f32, 1.0f, n);
     device_.copy(dst, converted.data(), bytes);
   } else {
     DeviceBuffer converted(device_, counters_, MemoryCategory::buffers, bytes);
-    device_.kernels().scale_copy(converted.data(), dtype, src, DType::f32, 1.0f, n);
+    kernels_of(device_).scale_copy(converted.data(), dtype, src, DType::f32, 1.0f, n);
     device_.copy(dst, converted.data(), bytes);
   }
 }
@@ -808,12 +810,9 @@ int64_t EngineImpl::event_code(UnitId unit, Phase phase, bool closing) const {
 
 int64_t EngineImpl::step_code() const { return 1 + 4 * static_cast<int64_t>(units_.size()); }
 
-int64_t EngineImpl::batch_end_code() const { return 2 + 4 * static_cast<int64_t>(units_.size()); }
-
 std::string EngineImpl::describe_code(int64_t code) const {
-  if (code < 0) return "nothing more (its events end here)";
+  if (code < 0) return "had no more events";
   if (code == step_code()) return "called step()";
-  if (code == batch_end_code()) return "called EvalMode::next_batch()";
   const int64_t u = (code - 1) / 4;
   const int64_t kind = (code - 1) % 4;
   const std::string name =
@@ -864,8 +863,8 @@ void EngineImpl::check_order(int64_t code, const std::string& doing) {
   if (ranks_hold(mine, "schedule check before " + doing + " in " + schedule_position())) return;
   std::vector<int64_t> history = events_;
   history.push_back(code);
-  auto all = gather_from_ranks(*queue_, *comm_, history, "schedule check: exchanging the events of " +
-                               schedule_position(), &device_);
+  auto all = gather_from_ranks(*queue_, *comm_, history,
+                               "schedule check: exchanging the events of " + schedule_position(), &device_);
   std::string message = divergence_message(all);
   if (message.empty()) message = log::concat("the ranks disagree on the order of units in ", schedule_position());
   throw CommError(message);
@@ -877,8 +876,8 @@ void EngineImpl::verify_schedule(const std::string& doing) {
   mine.push_back(static_cast<float>(events_.size() % (kMaxExactFloatInt / 2)));
   const std::string where = schedule_position();
   if (ranks_hold(mine, "schedule agreement at " + doing + " in " + where)) return;
-  auto all = gather_from_ranks(*queue_, *comm_, events_, "schedule agreement: exchanging the events of " + where,
-                               &device_);
+  auto all =
+      gather_from_ranks(*queue_, *comm_, events_, "schedule agreement: exchanging the events of " + where, &device_);
   std::string message = divergence_message(all);
   if (message.empty()) {
     message = log::concat("the ranks' scope events of ", where, " hash differently (rank ", rank_, ")");
@@ -1019,6 +1018,11 @@ void EngineImpl::issue_gather(UnitState& u, bool prefetch) {
   std::string what = log::concat("all_gather of unit '", u.info.name, "' (", P, " elements, ", dtype_name(ct),
                                  source, prefetch ? ", prefetch" : "", ") over ", over);
   int rank = rank_;
+  if (layout_.hierarchical && !from_secondary) {
+    // The inter-node step's output, allocated (on the compute stream) before the gather stream is ordered after it.
+    const auto nodes = static_cast<int64_t>(groups_.shard_inter_node.ranks.size());
+    u.gather_scratch = DeviceBuffer(device_, counters_, MemoryCategory::buffers, static_cast<size_t>(nodes * S) * es);
+  }
   Stream s = nullptr;
   DeviceEvent* gathered = nullptr;
   CommQueue* queue = queue_.get();
@@ -1068,7 +1072,6 @@ void EngineImpl::issue_gather(UnitState& u, bool prefetch) {
     // then node chunk j of the full buffer gathers, within each node, slice j*L+i from local rank i.
     const int nodes = static_cast<int>(groups_.shard_inter_node.ranks.size());
     const int per_node = layout_.nodes.ranks_per_node;
-    u.gather_scratch = DeviceBuffer(device_, counters_, MemoryCategory::buffers, static_cast<size_t>(nodes * S) * es);
     add(groups_.shard_inter_node, u.gather_scratch.data(), in, S);
     for (int j = 0; j < nodes; ++j) {
       add(groups_.shard_intra_node, element_ptr(out, ct, static_cast<int64_t>(j) * per_node * S),
@@ -1249,7 +1252,7 @@ void EngineImpl::exit(UnitScope& scope) {
       if (policy_.shard_grads) {
         reducer_->add_scatter(u.info.name, grads, u.info.slice_numel, u.grad_acc.data());
       } else {
-        device_.kernels().scale_add(u.grad_acc.data(), acc_dtype_, grads, acc_dtype_, 1.0f, u.info.numel, compute_);
+        kernels_of(device_).scale_add(u.grad_acc.data(), acc_dtype_, grads, acc_dtype_, 1.0f, u.info.numel, compute_);
       }
     }
     if (policy_.shard_params && u.open_scopes == 0 && !u.info.persistent) {

@@ -72,7 +72,8 @@ bool ranks_agree(CommQueue& queue, Communicator& comm, const std::vector<float>&
     buf[n + i] = -values[i];
   }
   DeviceMirror dbuf(device, buf.data(), buf.size());
-  run_over(queue, comm, what, [&] { comm.all_reduce(dbuf.get(), buf.size(), DType::f32, ReduceOp::max)->wait(); });
+  run_over(queue, comm, what,
+           [&] { comm.all_reduce(dbuf.get(), buf.size(), DType::f32, ReduceOp::max, dbuf.stream())->wait(); });
   dbuf.copy_back();
   for (size_t i = 0; i < n; ++i) {
     if (buf[i] != -buf[n + i]) return false;
@@ -95,7 +96,7 @@ std::vector<std::vector<int64_t>> gather_from_ranks(CommQueue& queue, Communicat
     DeviceMirror dlengths(device, lengths.data(), lengths.size());
     DeviceMirror dmine(device, &mine, 1);
     run_over(queue, comm, what + " (lengths)",
-             [&] { comm.all_gather_into(dlengths.get(), dmine.get(), 1, DType::f32)->wait(); });
+             [&] { comm.all_gather_into(dlengths.get(), dmine.get(), 1, DType::f32, dmine.stream())->wait(); });
     dlengths.copy_back();
   }
   size_t longest = 0;
@@ -106,8 +107,9 @@ std::vector<std::vector<int64_t>> gather_from_ranks(CommQueue& queue, Communicat
   {
     DeviceMirror dall(device, all.data(), all.size());
     DeviceMirror dpadded(device, padded.data(), padded.size());
-    run_over(queue, comm, what + " (values)",
-             [&] { comm.all_gather_into(dall.get(), dpadded.get(), padded.size(), DType::f32)->wait(); });
+    run_over(queue, comm, what + " (values)", [&] {
+      comm.all_gather_into(dall.get(), dpadded.get(), padded.size(), DType::f32, dpadded.stream())->wait();
+    });
     dall.copy_back();
   }
   std::vector<std::vector<int64_t>> out(static_cast<size_t>(world));

@@ -5,15 +5,17 @@
 // path); weight gradients, rstd and log-sum-exp are f32. GEMMs go through cuBLAS with f32 accumulation
 // (pedantic f32, no TF32, when act is f32).
 //
-// Stream: every op is queued on the device's default stream, Device::default_stream() = CUDA's legacy
-// default stream (the stream of nullptr in this build), which the engine orders its gathers and reductions
+// Stream: every op is queued on the device's compute stream, Device::default_stream() (CUDA's legacy default
+// stream, or the caller's stream the device was made with), which the engine orders its gathers and reductions
 // against, so a unit's parameters are ready when a scope opens and its gradients are complete when it
-// closes, without host waits. Host waits: copy_from_host, copy_to_host and lm_head_cross_entropy (it
-// returns the loss sum on the host: one wait per micro-batch, in the head's backward scope).
+// closes, without host waits. copy_from_host does not wait either (it stages through pinned memory). Host
+// waits: copy_to_host and lm_head_cross_entropy (it returns the loss sum on the host: one wait per
+// micro-batch, in the head's backward scope).
 //
-// Memory: allocate() is the zero3 Device's (its caching allocator; counted in its bytes_in_use and
+// Memory: allocate() is the zero3 Device's (its stream-ordered pool; counted in its bytes_in_use and
 // peak_bytes_in_use); free() is stream-ordered (Device::deallocate_after). The kernels' own workspaces
-// (attention scores, chunks of logits) are allocated by cuda_ops and reported by workspace_bytes().
+// (attention scores, chunks of logits) come from the same pool through cuda_ops and are reported by
+// workspace_bytes().
 //
 // Attention: with bf16 and a build with cuDNN (LLAMA3_HAVE_CUDNN), cuDNN's fused flash attention
 // (cuda/cudnn_attention.hpp) for every shape it takes; the cuBLAS + kernels path otherwise.
@@ -61,8 +63,10 @@ class CudaModelOps final : public ModelOps {
   void embedding_backward(const int32_t* ids, const int32_t* host_ids, int64_t tokens, const void* dx, int64_t vocab,
                           int64_t hidden, float* dtable) override;
   void rmsnorm_forward(const void* x, const void* w, void* y, float* rstd, int64_t rows, int64_t n, float eps) override;
-  void rmsnorm_backward(const void* x, const void* w, const float* rstd, const void* dy, void* dx, float* dw,
-                        int64_t rows, int64_t n, bool accumulate_dx) override;
+  void add_rmsnorm_forward(const void* a, const void* b, void* h, const void* w, void* y, float* rstd, int64_t rows,
+                           int64_t n, float eps) override;
+  void rmsnorm_backward(const void* x, const void* w, const float* rstd, const void* dy, const void* residual, void* dx,
+                        float* dw, int64_t rows, int64_t n) override;
   void rope_forward(void* x, int64_t ld, int64_t n_tokens, int64_t n_heads, int64_t head_dim, const float* cos,
                     const float* sin) override;
   void rope_backward(void* dx, int64_t ld, int64_t n_tokens, int64_t n_heads, int64_t head_dim, const float* cos,

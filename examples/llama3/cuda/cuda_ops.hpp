@@ -10,6 +10,10 @@
 // Every function queues work on `stream` and returns at once; it throws zero3::CudaError when CUDA refuses a
 // launch and zero3::InvalidArgument for an unsupported dtype or shape (named). Pointers are device memory of
 // the current device unless said otherwise. n == 0 (no rows) queues nothing.
+//
+// Memory: the ops that need scratch (cuBLAS's workspace, attention's scores, the loss's logits, RMSNorm's partial
+// sums) take it from a zero3 Device (its stream-ordered pool: one pool for the engine and the model) and run on
+// that device's compute stream, Device::default_stream().
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -18,6 +22,8 @@
 #include <memory>
 #include <vector>
 
+#include "backend/lm_head_plan.hpp"
+#include "zero3/device.hpp"
 #include "zero3/dtype.hpp"
 
 namespace llama3::cuda {
@@ -31,14 +37,17 @@ using zero3::DType;
 // lda, ldb, ldc: row strides in elements of A, B, C as stored. A and B share one type (f32 or bf16); C is
 // that type or f32 (weight gradients: bf16 inputs, f32 accumulator). Accumulation is f32 always
 // (CUBLAS_COMPUTE_32F; with f32 inputs the pedantic mode, no TF32, so f32 runs compare with the CPU).
+// Runs on `device`'s compute stream, with a cuBLAS workspace from its pool; the device must outlive it.
 class Blas {
  public:
-  explicit Blas(cudaStream_t stream);
+  explicit Blas(zero3::Device& device);
   ~Blas();
   Blas(const Blas&) = delete;
   Blas& operator=(const Blas&) = delete;
 
   cudaStream_t stream() const { return stream_; }
+  // Where the ops on this Blas take their scratch memory (and whose compute stream stream() is).
+  zero3::Device& device() const { return device_; }
 
   void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const void* a, int64_t lda,
             const void* b, int64_t ldb, float beta, void* c, int64_t ldc, DType ab_type, DType c_type);
@@ -49,8 +58,10 @@ class Blas {
                             void* c, int64_t ldc, int64_t stride_c, int64_t count, DType ab_type, DType c_type);
 
  private:
+  zero3::Device& device_;
   cudaStream_t stream_;
   void* handle_ = nullptr;  // cublasHandle_t
+  void* workspace_ = nullptr;
 };
 
 // ---- Embedding. ----
@@ -75,18 +86,26 @@ struct EmbeddingGrouping {
 void embedding_backward(const int32_t* rows, const int32_t* offsets, const int32_t* token_ids, int64_t n_rows,
                         const void* dx, int64_t hidden, float* dtable, DType act, cudaStream_t stream);
 
-// ---- RMSNorm (ops/rmsnorm.hpp): one block per row. ----
+// ---- RMSNorm (ops/rmsnorm.hpp): one block per row; 16-byte loads and stores when n is a multiple of 16 bytes
+// of elements (4 f32, 8 bf16) and every pointer is 16-byte aligned, element by element otherwise. ----
 
 // y (rows, n) = w * (x * rstd); rstd (rows, f32) may be null. y may alias x. x, w, y: act.
 void rmsnorm_forward(const void* x, const void* w, void* y, float* rstd, int64_t rows, int64_t n, float eps, DType act,
                      cudaStream_t stream);
 
-// dx = (or += when accumulate_dx) the input gradient; dw (n, f32) += the weight gradient (null skips it).
-// dw is summed over rows in a fixed order (a partial sum per block of rows, then the partials in order; the
-// partials are a stream-ordered cudaMallocAsync of a few floats per 128 rows and column). dx must not alias x
-// or dy (the weight gradient reads them after dx is written).
-void rmsnorm_backward(const void* x, const void* w, const float* rstd, const void* dy, void* dx, float* dw,
-                      int64_t rows, int64_t n, bool accumulate_dx, DType act, cudaStream_t stream);
+// The residual add fused with the norm that follows it: h = a + b (rounded to act, stored), y = w * (h * rstd) of
+// the rounded h: the bits of add(a, b, h) then rmsnorm_forward(h, ...), in one pass over the rows. h may alias a or
+// b; y must not alias h.
+void add_rmsnorm_forward(const void* a, const void* b, void* h, const void* w, void* y, float* rstd, int64_t rows,
+                         int64_t n, float eps, DType act, cudaStream_t stream);
+
+// dx = residual + the input gradient (residual null: dx = the input gradient; residual == dx: accumulated), the
+// residual branch's gradient added in the same pass instead of a copy before it; dw (n, f32) += the weight gradient
+// (null skips it). dw is summed over rows in a fixed order (a partial sum per block of rows, then the partials in
+// order; the partials are a stream-ordered allocation of a few floats per 128 rows and column from `device`'s pool).
+// dx must not alias x or dy (the weight gradient reads them after dx is written). Runs on device.default_stream().
+void rmsnorm_backward(const void* x, const void* w, const float* rstd, const void* dy, const void* residual, void* dx,
+                      float* dw, int64_t rows, int64_t n, DType act, zero3::Device& device);
 
 // ---- Rotary embeddings (ops/rope.hpp): cos and sin tables (n_tokens, half) in f32, in device memory. ----
 
@@ -116,7 +135,7 @@ void convert(const void* src, DType src_type, void* dst, DType dst_type, int64_t
 // head of query head h being h / (n_heads / n_kv_heads)), a causal softmax kernel over each row of S that
 // also writes the row's log-sum-exp, then O = P V; backward recomputes P from the log-sum-exp. S and P live
 // in a device workspace (f32 scores whatever act is; attention.cu says what else), reused by every call, grown
-// on demand with cudaMallocAsync on the Blas stream; heads are processed in chunks of kv heads so that the
+// on demand from the Blas device's pool on the Blas stream; heads are processed in chunks of kv heads so that the
 // scores and their copies stay within workspace_cap bytes (1 GiB by default; one kv head's at least, whatever
 // the cap). All work runs on the Blas stream.
 
@@ -161,12 +180,17 @@ class Attention {
 // dx (overwritten, act) and dw (f32, +=) through Blas. row_loss (n, f32, device; null skips it) receives
 // each row's loss (0 for an ignored row); the caller sums it (in order, on the host or with sum_rows) so the
 // result is deterministic. Targets must be in [0, vocab) or kIgnoreIndex (count_targets checks them on the
-// host); any other value gives that row a NaN loss and a zero gradient. chunk_rows <= 0 picks
-// default_loss_chunk_rows(vocab). The workspace holds chunk_rows * vocab f32 logits (and their act copy with
-// bf16), on the Blas stream like all the work.
+// host); any other value gives that row a NaN loss and a zero gradient.
+//
+// Chunks: chunk_rows > 0 forces that many rows; <= 0 takes plan_lm_head_chunks (backend/lm_head_plan.hpp): the
+// largest chunks whose workspace fits workspace_cap, so dW (read and written whole by each chunk's GEMM) is
+// passed over ceil(n / rows that fit) times per call, and the logits of more rows than fit never exist. The
+// workspace (the plan's workspace_bytes: f32 logits, plus their act copy with bf16) is on the Blas stream like
+// all the work.
 class LmHeadLoss {
  public:
-  explicit LmHeadLoss(Blas& blas);
+  // workspace_cap > 0 (InvalidArgument otherwise).
+  explicit LmHeadLoss(Blas& blas, int64_t workspace_cap = kDefaultLmHeadWorkspaceCap);
   ~LmHeadLoss();
   LmHeadLoss(const LmHeadLoss&) = delete;
   LmHeadLoss& operator=(const LmHeadLoss&) = delete;
@@ -175,6 +199,9 @@ class LmHeadLoss {
            float grad_scale, void* dx, float* dw, float* row_loss, int64_t chunk_rows, DType act);
 
   int64_t workspace_bytes() const;
+  // Bytes the dW GEMMs have read and written through the weight gradient since construction (8 * vocab *
+  // hidden per chunk with dw): the counter the plan's weight_grad_bytes is checked against.
+  int64_t weight_grad_bytes() const;
 
  private:
   struct Impl;

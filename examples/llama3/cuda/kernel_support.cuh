@@ -12,10 +12,13 @@
 
 #include <cmath>
 #include <cstdint>
+#include <initializer_list>
 #include <string>
+#include <type_traits>
 #include <utility>
 
 #include "cuda/cuda_check.hpp"
+#include "zero3/device.hpp"
 #include "zero3/dtype.hpp"
 #include "zero3/error.hpp"
 
@@ -28,6 +31,76 @@ __device__ __forceinline__ float load(const __nv_bfloat16* p, int64_t i) { retur
 
 __device__ __forceinline__ void store(float* p, int64_t i, float v) { p[i] = v; }
 __device__ __forceinline__ void store(__nv_bfloat16* p, int64_t i, float v) { p[i] = __float2bfloat16_rn(v); }
+
+// The float a store of type T gives back (bf16: rounded to nearest even), for kernels that use a value they also
+// store (a residual sum that is then normalised) exactly as a later kernel would read it.
+__device__ __forceinline__ float rounded(float v, const float*) { return v; }
+__device__ __forceinline__ float rounded(float v, const __nv_bfloat16*) {
+  return __bfloat162float(__float2bfloat16_rn(v));
+}
+
+// ---- Vectorized access: 16 bytes per load and store. ----
+//
+// kPack<T> elements fill 16 bytes (4 f32, 8 bf16). load_pack / store_pack move V consecutive elements through
+// registers as floats: with V a multiple of kPack<T>, in 16-byte loads and stores (the pointer must be 16-byte
+// aligned); with V = 1, element by element. A kernel templated on V runs its vector body when the host has checked
+// the alignment and that V divides the row (vector_width), and its scalar form otherwise: odd sizes and offsets
+// take the scalar kernel, which computes the same values in the same order per element.
+template <typename T>
+inline constexpr int kPack = static_cast<int>(16 / sizeof(T));
+
+template <typename T>
+struct alignas(16) Pack {
+  T e[kPack<T>];
+};
+
+template <typename T, int V>
+__device__ __forceinline__ void load_pack(const T* p, float* v) {
+  if constexpr (V % kPack<T> == 0) {
+#pragma unroll
+    for (int j = 0; j < V; j += kPack<T>) {
+      const Pack<T> pk = *reinterpret_cast<const Pack<T>*>(p + j);
+#pragma unroll
+      for (int k = 0; k < kPack<T>; ++k) v[j + k] = load(pk.e, k);
+    }
+  } else {
+    static_assert(V == 1, "load_pack: V is 1 or a multiple of the 16-byte pack");
+    v[0] = load(p, 0);
+  }
+}
+
+template <typename T, int V>
+__device__ __forceinline__ void store_pack(T* p, const float* v) {
+  if constexpr (V % kPack<T> == 0) {
+#pragma unroll
+    for (int j = 0; j < V; j += kPack<T>) {
+      Pack<T> pk;
+#pragma unroll
+      for (int k = 0; k < kPack<T>; ++k) store(pk.e, k, v[j + k]);
+      *reinterpret_cast<Pack<T>*>(p + j) = pk;
+    }
+  } else {
+    static_assert(V == 1, "store_pack: V is 1 or a multiple of the 16-byte pack");
+    store(p, 0, v[0]);
+  }
+}
+
+// True when every pointer (null ones aside) is 16-byte aligned.
+inline bool aligned16(std::initializer_list<const void*> pointers) {
+  for (const void* p : pointers)
+    if (reinterpret_cast<uintptr_t>(p) % 16 != 0) return false;
+  return true;
+}
+
+// Calls f(std::integral_constant<int, kPack<T>>) when `vector` holds, else f(std::integral_constant<int, 1>).
+template <typename T, typename F>
+void dispatch_width(bool vector, F&& f) {
+  if (vector) {
+    std::forward<F>(f)(std::integral_constant<int, kPack<T>>{});
+  } else {
+    std::forward<F>(f)(std::integral_constant<int, 1>{});
+  }
+}
 
 // ---- Block reductions. ----
 
@@ -117,28 +190,22 @@ inline constexpr int64_t kWorkspaceAlign = 256;
 
 inline int64_t align_up(int64_t bytes) { return (bytes + kWorkspaceAlign - 1) / kWorkspaceAlign * kWorkspaceAlign; }
 
-// A device scratch buffer that grows to the largest request, allocated and freed in the order of one stream
-// (cudaMallocAsync / cudaFreeAsync), so work queued on that stream before a regrowth still sees the old
-// buffer. The stream must outlive it.
+// A device scratch buffer that grows to the largest request, from the zero3 device's stream-ordered pool (the
+// one pool of the process's device memory: the engine's and the model's), allocated and freed in the order of
+// the device's compute stream, where the ops run, so work queued there before a regrowth still sees the old
+// buffer. The device must outlive it.
 class StreamWorkspace {
  public:
-  explicit StreamWorkspace(cudaStream_t stream) : stream_(stream) {}
-  ~StreamWorkspace() {
-    if (data_ != nullptr) cudaFreeAsync(data_, stream_);
-  }
+  explicit StreamWorkspace(zero3::Device& device) : device_(device) {}
+  ~StreamWorkspace() { release(); }
   StreamWorkspace(const StreamWorkspace&) = delete;
   StreamWorkspace& operator=(const StreamWorkspace&) = delete;
 
   // At least `bytes` bytes; the contents are undefined after a regrowth.
   char* reserve(int64_t bytes) {
     if (bytes > bytes_) {
-      if (data_ != nullptr) {
-        void* old = data_;
-        data_ = nullptr;
-        bytes_ = 0;
-        LLAMA3_CUDA_CHECK(cudaFreeAsync(old, stream_));
-      }
-      LLAMA3_CUDA_CHECK(cudaMallocAsync(&data_, static_cast<size_t>(bytes), stream_));
+      release();
+      data_ = device_.allocate(static_cast<size_t>(bytes));
       bytes_ = bytes;
     }
     return static_cast<char*>(data_);
@@ -146,7 +213,13 @@ class StreamWorkspace {
   int64_t bytes() const { return bytes_; }
 
  private:
-  cudaStream_t stream_;
+  void release() noexcept {
+    if (data_ != nullptr) device_.deallocate_after(data_, static_cast<size_t>(bytes_), device_.default_stream());
+    data_ = nullptr;
+    bytes_ = 0;
+  }
+
+  zero3::Device& device_;
   void* data_ = nullptr;
   int64_t bytes_ = 0;
 };
