@@ -372,9 +372,9 @@ void EngineImpl::all_reduce_host(float* values, size_t count, ReduceOp op) {
   Communicator* comm = comm_.get();
   DeviceMirror buf(&device_, values, count);  // the communicator's memory: a device copy for nccl
   try {
-    run_collective(log::concat("all_reduce_host of ", count, " value(s) (", reduce_op_name(op), ") over all ",
-                               world_, " ranks"),
-                   [&] { comm->all_reduce(buf.get(), count, DType::f32, op)->wait(); });
+    run_collective(
+        log::concat("all_reduce_host of ", count, " value(s) (", reduce_op_name(op), ") over all ", world_, " ranks"),
+        [&] { comm->all_reduce(buf.get(), count, DType::f32, op)->wait(); });
   } catch (...) {
     fail(std::current_exception());
   }
@@ -414,9 +414,9 @@ void EngineImpl::gather_master_params(UnitId unit, float* out) {
   }
   Communicator* comm = groups_.shard.comm.get();
   try {
-    run_collective(log::concat("all_gather of the fp32 master parameters of unit '", u.info.name, "' over ",
-                               groups_.shard.label),
-                   [&] { comm->all_gather_into(all.data(), in, static_cast<size_t>(S), DType::f32, compute_)->wait(); });
+    run_collective(
+        log::concat("all_gather of the fp32 master parameters of unit '", u.info.name, "' over ", groups_.shard.label),
+        [&] { comm->all_gather_into(all.data(), in, static_cast<size_t>(S), DType::f32, compute_)->wait(); });
   } catch (...) {
     fail(std::current_exception());
   }

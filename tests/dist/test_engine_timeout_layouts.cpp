@@ -50,7 +50,8 @@ TEST(LayoutTimeout, NamesTheLayoutsGroup) {
   }
   if (comm->rank() == 0) {
     EXPECT_NE(message.find("all_gather of unit 'fc1' ("), std::string::npos) << message;
-    EXPECT_NE(message.find(") over the MiCS shard group of ranks 0, 1 on rank 0 failed: "), std::string::npos) << message;
+    EXPECT_NE(message.find(") over the MiCS shard group of ranks 0, 1 on rank 0 failed: "), std::string::npos)
+        << message;
   } else {
     const std::string replicas = comm->rank() == 2 ? "0, 2" : "1, 3";
     EXPECT_TRUE(message.find(" over the MiCS replica group of ranks " + replicas + " on rank ") != std::string::npos ||
