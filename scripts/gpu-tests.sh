@@ -14,12 +14,12 @@ set +e
   gpu_machine_report
   gpu_configure
   # The targets behind the gpu tests (a test gpu.NAME runs the program NAME), and the launcher.
-  mapfile -t targets < <(ctest --test-dir "$BUILD_DIR" -L gpu -N | sed -n 's/.*Test *#[0-9]*: gpu\.\([A-Za-z0-9_]*\).*/\1/p')
+  mapfile -t targets < <(ctest --test-dir "$BUILD_DIR" -L '^gpu$' -N | sed -n 's/.*Test *#[0-9]*: gpu\.\([A-Za-z0-9_]*\).*/\1/p')
   [ ${#targets[@]} -gt 0 ] || { gpu_log "no gpu tests registered"; exit 1; }
   gpu_log "building ${#targets[@]} test programs and zero3_cli"
   cmake --build "$BUILD_DIR" -j "$JOBS" --target zero3_cli "${targets[@]}"
   set +e
-  ctest --test-dir "$BUILD_DIR" -L gpu --output-on-failure "$@"
+  ctest --test-dir "$BUILD_DIR" -L '^gpu$' --output-on-failure "$@"
   rc=$?
   set -e
   echo "gpu-tests: ctest exit code $rc"

@@ -54,6 +54,7 @@ EngineModel::EngineModel(zero3::Engine& engine, const ModelConfig& config, const
     : engine_(engine),
       config_(config),
       layouts_(model_unit_layouts(config)),
+      time_phases_(options.time_phases),
       checkpointing_(options.activation_checkpointing) {
   // The backend first: a device or dtype it lacks fails before anything is declared.
   ops_ = make_model_ops(engine_.device(), engine_.compute_dtype());
@@ -154,7 +155,7 @@ LossResult EngineModel::forward_backward(const int32_t* ids, const int32_t* targ
     runner_->layer_forward(i, params_act(s));
     s.close();
   }
-  ops_->synchronize();
+  if (time_phases_) ops_->synchronize();
   times_.forward += seconds_since(t0);
 
   // Backward: head (forward, loss and backward in one pass), layers in reverse, embedding.
@@ -202,7 +203,7 @@ LossResult EngineModel::forward_backward(const int32_t* ids, const int32_t* targ
     commit_grads(s);
     s.close();
   }
-  ops_->synchronize();
+  if (time_phases_) ops_->synchronize();
   times_.backward += seconds_since(t0);
   ++times_.micro_batches;
   return result;

@@ -57,11 +57,15 @@ struct EngineModelOptions {
   // Tensors of init_from that are no parameter of the model (old rotary_emb.inv_freq buffers, another model's
   // weights): named in a warning, or, when set, an error.
   bool init_from_strict = false;
+  // End the forward and the backward with a wait for the device, so that PhaseTimes are the GPU's (DeepSpeed's
+  // wall_clock_breakdown synchronizes its timers the same way). Off, nothing waits and on cuda the times are
+  // the host's queueing.
+  bool time_phases = false;
 };
 
 // Seconds spent since the last reset, summed over micro-batches. The time blocked on collectives inside them
-// is the engine's ScheduleStats::comm_wait_seconds. On cuda each phase ends with a wait for its queued work,
-// so the times are the GPU's, not the host's queueing.
+// is the engine's ScheduleStats::comm_wait_seconds. On cuda the times are the GPU's with
+// EngineModelOptions::time_phases, the host's queueing without.
 struct PhaseTimes {
   double forward = 0;   // embedding and layer forwards, scope entries and exits included
   double backward = 0;  // head, layer backwards (with recomputation) and embedding backward, scopes included
@@ -116,8 +120,8 @@ class EngineModel {
   const PhaseTimes& times() const { return times_; }
   void reset_times() { times_ = {}; }
   // Bytes the runner has allocated at its peak (layer inputs, caches, workspace, batch, dtype staging), in the
-  // backend's memory: host memory on cpu, device memory on cuda (where the kernels' own workspaces come on
-  // top: ops().workspace_bytes()).
+  // backend's memory: host memory on cpu, device memory on cuda (where the kernels' own workspaces,
+  // ops().workspace_bytes(), come from the same Device and count in its bytes_in_use).
   int64_t activation_bytes() const { return runner_->peak_allocated_bytes(); }
   ModelOps& ops() const { return *ops_; }
 
@@ -133,6 +137,7 @@ class EngineModel {
   ModelConfig config_;
   std::vector<UnitLayout> layouts_;
   std::vector<zero3::UnitId> units_;
+  bool time_phases_;
   bool checkpointing_ = true;
 
   std::unique_ptr<ModelOps> ops_;

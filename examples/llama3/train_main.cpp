@@ -406,6 +406,7 @@ int train(const TrainOptions& o, zero3::Config file_cfg, const ModelConfig& mc, 
   mo.activation_checkpointing = o.grad_checkpointing;
   mo.init_from = o.init_from;
   mo.init_from_strict = o.init_from_strict;
+  mo.time_phases = cfg.wall_clock_breakdown;
   EngineModel model(engine, mc, mo);
   auto t_init = Clock::now();
   engine.materialize();
@@ -470,10 +471,10 @@ int train(const TrainOptions& o, zero3::Config file_cfg, const ModelConfig& mc, 
   }
   ProgressBar bar(o.steps, start_step, rank == 0 && ProgressBar::stdout_is_terminal());
 
-  // The device's peak: the engine's and the model's buffers (Device counters on cuda, runner bytes on the host)
-  // plus the CUDA kernels' own workspaces.
+  // The device's peak: on cuda the Device's counters hold the engine's buffers, the model's and the kernels' own
+  // workspaces (one pool); on the host, the runner's bytes and the CPU ops' workspaces come on top.
   auto device_peak = [&] {
-    return device.peak_bytes_in_use() + model.ops().workspace_bytes() + (gpu ? 0 : model.activation_bytes());
+    return device.peak_bytes_in_use() + (gpu ? 0 : model.ops().workspace_bytes() + model.activation_bytes());
   };
 
   // Evaluation (collective): the mean loss over every target of the held-out set, on all ranks.

@@ -11,7 +11,8 @@
 //
 // Ordering. Calls are issued in the same order on every rank (as with NCCL and MPI). A backend runs the
 // operations of one communicator one after another, in issue order. `stream` orders the operation after
-// work already queued on that CUDA stream (nccl); host backends ignore it.
+// work already queued on that CUDA stream (nccl; nullptr is CUDA's legacy default stream, zero3/stream.hpp);
+// host backends ignore it.
 //
 // Completion and errors. Each call returns a Work. Work::wait() blocks the calling thread until the
 // operation finished, and throws its error: CommError naming the collective, the count, the dtype and the
@@ -49,15 +50,11 @@
 #include <vector>
 
 #include "zero3/dtype.hpp"
-
-struct CUstream_st;
+#include "zero3/stream.hpp"
 
 namespace zero3 {
 
 class Store;
-
-// A CUDA stream, or nullptr for "no stream" (host backends, or the default stream for nccl).
-using Stream = CUstream_st*;
 
 enum class ReduceOp : uint8_t { sum, avg, max };
 

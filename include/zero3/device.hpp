@@ -2,7 +2,12 @@
 //
 // One small interface, one implementation per kind of memory: "cpu" (host memory, OpenMP kernels; always
 // available) and "cuda" (device memory, streams, CUDA kernels; in builds with CUDA). The engine allocates
-// everything it holds through its Device, so the Device's counters are the engine's footprint on it.
+// everything it holds through its Device, so the Device's counters are the engine's footprint on it. Devices
+// are made by make_device() / make_cpu_device(); the engine runs its element kernels on those only (an Engine
+// given a Device of another origin throws InvalidArgument).
+//
+// Compute stream (cuda): a Device computes on one stream, default_stream(): the caller's when it was made
+// with make_device(name, stream) (zero3/stream.hpp says who owns it), else CUDA's legacy default stream.
 //
 // Ownership: the caller creates the Device and keeps it alive for as long as any Engine uses it.
 // Threads: allocate/deallocate/copy may be called from several threads at once (the engine's communication
@@ -16,16 +21,9 @@
 #include <memory>
 #include <string>
 
-struct CUstream_st;
+#include "zero3/stream.hpp"
 
 namespace zero3 {
-
-// A CUDA stream, or nullptr (the same alias as comm.hpp's).
-using Stream = CUstream_st*;
-
-namespace detail {
-class DeviceKernels;  // the engine's element kernels (internal: src/device/device_kernels.hpp)
-}
 
 enum class DeviceType { cpu, cuda };
 
@@ -65,13 +63,18 @@ class Device {
   virtual std::string name() const = 0;  // "cpu", "cuda:0"
 
   // `bytes` of device memory, aligned to at least 64 bytes; nullptr for 0 bytes. The contents are
-  // undefined. Throws when the memory is not available.
+  // undefined. Throws when the memory is not available. cuda: stream-ordered on default_stream() (CUDA's
+  // cudaMallocAsync): ready for work queued on that stream after the call and for the calls that wait (copy
+  // with nullptr); work on another stream must be ordered after that stream first (an event recorded on it
+  // after the allocation), or it may still race with earlier work on that stream that used the same memory.
   virtual void* allocate(size_t bytes) = 0;
   // Returns memory from allocate(); `bytes` is the size it was allocated with. nullptr is a no-op. No
   // queued work may still use the memory (see deallocate_after).
   virtual void deallocate(void* ptr, size_t bytes) noexcept = 0;
   // Like deallocate, for memory that work already queued on `stream` may still use: it is handed out again
-  // only after that work has finished (cuda: an event recorded on `stream`; cpu: at once).
+  // only after that work has finished (cuda: freed in the order of `stream`, cudaFreeAsync; on the compute
+  // stream it is reused by later allocations without any wait; cpu: at once). Work queued on other streams
+  // must not use it any more once `stream` gets there (order them with an event first).
   virtual void deallocate_after(void* ptr, size_t bytes, Stream stream) noexcept;
 
   // Host memory the device copies to and from asynchronously (cuda: page-locked, from a cache; cpu: plain
@@ -82,9 +85,10 @@ class Device {
   // an event recorded on `stream`; cpu: at once).
   virtual void deallocate_host_after(void* ptr, size_t bytes, Stream stream) noexcept;
 
-  // The stream ordinary work of this device runs on, as a handle that queues asynchronously (cuda: CUDA's
-  // legacy default stream, cudaStreamLegacy, where kernels launched without a stream run; cpu: nullptr).
-  // Unlike nullptr, passing it to copy() or fill_zero() does not wait for the operation.
+  // The compute stream: where this device's work given nullptr runs, where allocate() orders its memory and
+  // what an Engine on it computes on (cuda: the stream given to make_device, else CUDA's legacy default stream
+  // cudaStreamLegacy, where kernels launched without a stream run; cpu: nullptr). Unlike nullptr, passing it
+  // to copy() or fill_zero() queues the operation without waiting for it.
   virtual Stream default_stream() const { return nullptr; }
 
   // Streams and events (cpu: streams are nullptr and events are always done, since work completes in the
@@ -93,7 +97,8 @@ class Device {
   virtual std::unique_ptr<DeviceEvent> make_event();
 
   // Copies `bytes` between two non-overlapping ranges, each in device or host memory. On cpu it completes
-  // before returning; on cuda it is ordered on `stream` (nullptr: synchronous).
+  // before returning; on cuda it is ordered on `stream` (nullptr: on default_stream(), and the call returns
+  // once the copy is done).
   virtual void copy(void* dst, const void* src, size_t bytes, Stream stream = nullptr) = 0;
   // Like copy, but the ranges may overlap (both in device memory).
   virtual void move(void* dst, const void* src, size_t bytes, Stream stream = nullptr) = 0;
@@ -105,9 +110,6 @@ class Device {
   // reuse; they are not counted here.)
   virtual int64_t bytes_in_use() const = 0;
   virtual int64_t peak_bytes_in_use() const = 0;
-
-  // The engine's element kernels on this device. Internal; not part of the stable API.
-  virtual detail::DeviceKernels& kernels() = 0;
 };
 
 // The host-memory device. Kernels run in OpenMP loops on the calling thread's team.
@@ -116,5 +118,10 @@ std::unique_ptr<Device> make_cpu_device();
 // "cpu", "cuda", "cuda:N", or "auto" (cuda when compiled in and a device is usable, else cpu). Throws
 // Unsupported for cuda in a build without it, InvalidArgument for an unknown name.
 std::unique_ptr<Device> make_device(const std::string& name);
+// The same device computing on the caller's `compute_stream` (zero3/stream.hpp: the caller keeps the stream
+// alive until the device and every Engine on it are gone); nullptr is the plain make_device(name). Throws
+// InvalidArgument when the name resolves to a device without streams (cpu) or the stream belongs to another
+// GPU than the one named.
+std::unique_ptr<Device> make_device(const std::string& name, Stream compute_stream);
 
 }  // namespace zero3

@@ -92,12 +92,12 @@
 // point of the program on every rank).
 //
 // Threads: an Engine and its scopes are used from one thread. Collective calls (materialize, scopes at
-// stage 3 or in the first micro-step, step, gather_master_params, refresh_params, all_reduce_host) must be made by
-// every rank in the same order. Errors: every failure is a zero3::Error naming the unit, parameter, rank or collective.
-// An argument error is thrown before anything happens. Any other error raised once a collective call is under way (a
-// communication error, device memory exhausted, a swap file that cannot be read or written) leaves the engine failed:
-// the ranks may no longer be at the same collective and the state may be half updated, so every later call rethrows the
-// first such error. Resume from a checkpoint in a new Engine.
+// stage 3 or in the first micro-step, step, EvalMode::next_batch and end, gather_master_params, refresh_params,
+// all_reduce_host) must be made by every rank in the same order. Errors: every failure is a zero3::Error naming the
+// unit, parameter, rank or collective. An argument error is thrown before anything happens. Any other error raised
+// once a collective call is under way (a communication error, device memory exhausted, a swap file that cannot be
+// read or written) leaves the engine failed: the ranks may no longer be at the same collective and the state may be
+// half updated, so every later call rethrows the first such error. Resume from a checkpoint in a new Engine.
 #pragma once
 
 #include <cstdint>
@@ -304,9 +304,13 @@ class Engine {
   // `comm` is the data-parallel group; the engine shares it. `device` must outlive the engine.
   // Stage, optimizer, precision, buckets and schedule knobs all come from `config`.
   // On a cuda device the communicator must be nccl (Unsupported otherwise), parameter and gradient views are
-  // device memory, and the engine orders its work against the device's default stream (CUDA's legacy default
-  // stream, Device::default_stream()): gathers and reductions run on streams of their own that wait for it,
-  // and it waits for them, through events. Run the model's kernels there, or order your stream with it.
+  // device memory, and the engine computes on the device's compute stream, Device::default_stream(): the
+  // caller's stream when the device was made with make_device("cuda:N", stream) (zero3/stream.hpp: the caller
+  // keeps it alive until the engine and the device are destroyed), else CUDA's legacy default stream. Its own
+  // kernels run there; gathers and reductions run on streams of their own that wait for it, and it waits for
+  // them, through events (no host synchronization). Run the model's kernels on that stream: a unit's
+  // parameters are ready there once its scope is open, and its gradients are read there when the scope closes.
+  // A Device that zero3 did not make (make_device, make_cpu_device) is InvalidArgument.
   Engine(const Config& config, std::shared_ptr<Communicator> comm, Device& device);
   ~Engine();
   Engine(const Engine&) = delete;
@@ -366,9 +370,10 @@ class Engine {
   // returned EvalMode ends, forward scopes gather parameters as in training; backward_scope() and step() throw
   // InvalidArgument; the training schedule, the micro-step count, the accumulated gradients and the optimizer
   // state stay as they were. Evaluation has a schedule of its own: at stage 3 its first batch records the order
-  // of units (checked equal on every rank, as training's first micro-step) and later batches prefetch along it,
-  // so evaluating does not disturb the order training follows. Collective like training: every rank must
-  // evaluate the same batches, entering the same units in the same order.
+  // of units and later batches prefetch along it, so evaluating does not disturb the order training follows.
+  // Collective like training: every rank must evaluate the same batches, entering the same units in the same
+  // order; each batch is compared across ranks as a micro-step is (at its first batch entry by entry, and as a
+  // whole when EvalMode::next_batch() or end() ends it).
   EvalMode evaluate();
   bool evaluating() const;
 

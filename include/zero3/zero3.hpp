@@ -6,6 +6,7 @@
 #include "zero3/log.hpp"
 #include "zero3/version.hpp"
 #include "zero3/config.hpp"
+#include "zero3/stream.hpp"
 #include "zero3/comm.hpp"
 #include "zero3/store.hpp"
 #include "zero3/device.hpp"

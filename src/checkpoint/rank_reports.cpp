@@ -47,7 +47,9 @@ std::vector<RankReport> exchange_reports(Engine& engine, const RankReport& mine,
   const std::string context =
       what + ": rank " + std::to_string(engine.rank()) + " could not hear from every rank (did one die?): ";
   try {
-    engine.communicator().all_gather_into(scratch.ptr, in, kRecordBytes / 4, DType::f32)->wait();
+    engine.communicator()
+        .all_gather_into(scratch.ptr, in, kRecordBytes / 4, DType::f32, device.default_stream())
+        ->wait();
   } catch (const TimeoutError& e) {
     throw TimeoutError(context + e.what());
   } catch (const CommError& e) {

@@ -61,8 +61,8 @@ std::string mismatch_message(const std::string& what, uint64_t number, const std
     const std::vector<int>& ranks = groups[text];
     std::string list;
     for (size_t i = 0; i < ranks.size(); ++i) list += (i ? ", " : "") + std::to_string(ranks[i]);
-    detail += (detail.empty() ? "" : "; ") + std::string(ranks.size() == 1 ? "rank " : "ranks ") + list + " called " +
-              text;
+    detail +=
+        (detail.empty() ? "" : "; ") + std::string(ranks.size() == 1 ? "rank " : "ranks ") + list + " called " + text;
   }
   return what + ": the ranks called different collectives as call #" + std::to_string(number) +
          " of this communicator: " + detail +

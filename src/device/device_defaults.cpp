@@ -1,6 +1,7 @@
 // The Device members with a default: what a device whose work completes in the call (cpu) does.
 #include <cstdlib>
 
+#include "device/device_kernels.hpp"
 #include "zero3/device.hpp"
 #include "zero3/error.hpp"
 #include "zero3/log.hpp"
@@ -43,4 +44,17 @@ std::unique_ptr<DeviceStream> Device::make_stream() { return std::make_unique<Im
 
 std::unique_ptr<DeviceEvent> Device::make_event() { return std::make_unique<ImmediateEvent>(); }
 
+namespace detail {
+
+DeviceKernels& kernels_of(Device& device) {
+  auto* backend = dynamic_cast<DeviceBackend*>(&device);
+  if (backend == nullptr) {
+    throw InvalidArgument(log::concat("device \"", device.name(),
+                                      "\" is not one of zero3's devices (make_device, make_cpu_device): the engine "
+                                      "runs its element kernels on those only"));
+  }
+  return backend->kernels();
+}
+
+}  // namespace detail
 }  // namespace zero3

@@ -3,9 +3,13 @@
 // quantization of quantized collectives.
 //
 // Each device implements them from the single-source element functions (kernels/elementwise.hpp,
-// optim/adam_math.hpp, kernels/philox_init.hpp, kernels/block_quantize.hpp). Buffers are device memory of `n` elements
-// of the given types; `stream` orders the work on cuda and is ignored on cpu, where every call completes before it
-// returns. Calls from different threads on disjoint buffers may run at the same time.
+// optim/adam_math.hpp, kernels/philox_init.hpp, kernels/block_quantize.hpp). Buffers are device memory of `n`
+// elements of the given types; `stream` orders the work on cuda (nullptr: the device's compute stream,
+// Device::default_stream()) and is ignored on cpu, where every call completes before it returns. Calls from
+// different threads on disjoint buffers may run at the same time.
+//
+// The public Device (zero3/device.hpp) does not show them: every device zero3 makes is a DeviceBackend, which
+// adds them, and kernels_of() finds them for the engine.
 #pragma once
 
 #include <cstdint>
@@ -67,5 +71,15 @@ class DeviceKernels {
   virtual void dequantize_sum(float* dst, const void* src, int64_t chunk, int64_t chunks, const QuantFormat& f,
                               Stream stream = nullptr) = 0;
 };
+
+// A Device zero3 implements: the public interface plus the engine's element kernels.
+class DeviceBackend : public Device {
+ public:
+  virtual DeviceKernels& kernels() = 0;
+};
+
+// The element kernels of `device`. Throws InvalidArgument naming the device when it is not a DeviceBackend
+// (a Device implemented outside zero3).
+DeviceKernels& kernels_of(Device& device);
 
 }  // namespace zero3::detail

@@ -12,8 +12,9 @@
 
 namespace zero3::detail {
 
-// Makes device number `index` of this kind (0 for cpu). Throws when it cannot.
-using DeviceFactory = std::function<std::unique_ptr<Device>(int index)>;
+// Makes device number `index` of this kind (0 for cpu), computing on `compute_stream` (nullptr: the kind's
+// default; a kind without streams throws InvalidArgument for any other). Throws when it cannot.
+using DeviceFactory = std::function<std::unique_ptr<Device>(int index, Stream compute_stream)>;
 // Whether "auto" may pick this kind here (e.g. a CUDA device is present). Empty: always.
 using DeviceUsable = std::function<bool()>;
 // Makes device number `index` of this kind the calling thread's current one (cuda: cudaSetDevice), so that work

@@ -63,7 +63,9 @@ std::vector<std::string> registered_devices() {
 
 }  // namespace detail
 
-std::unique_ptr<Device> make_device(const std::string& name) {
+std::unique_ptr<Device> make_device(const std::string& name) { return make_device(name, nullptr); }
+
+std::unique_ptr<Device> make_device(const std::string& name, Stream compute_stream) {
   std::string kind = name;
   int index = 0;
   if (auto colon = name.find(':'); colon != std::string::npos) {
@@ -88,7 +90,7 @@ std::unique_ptr<Device> make_device(const std::string& name) {
     }
     factory = it->second.factory;
   }
-  return factory(index);
+  return factory(index, compute_stream);
 }
 
 }  // namespace zero3

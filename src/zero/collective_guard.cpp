@@ -8,8 +8,8 @@
 namespace zero3::detail {
 namespace {
 
-constexpr size_t kFloats = 4;                     // one call's description
-constexpr uint64_t kPiece = uint64_t{1} << 24;    // floats hold integers below 2^24 exactly
+constexpr size_t kFloats = 4;                   // one call's description
+constexpr uint64_t kPiece = uint64_t{1} << 24;  // floats hold integers below 2^24 exactly
 
 void encode(const comm::CollectiveCall& call, float* out) {
   out[0] = static_cast<float>(static_cast<int>(call.kind) * 256 + static_cast<int>(call.dtype) * 16 + call.op + 1);

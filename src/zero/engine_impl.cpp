@@ -134,7 +134,9 @@ EngineImpl::EngineImpl(const Config& config, std::shared_ptr<Communicator> comm,
                 "gradient_predivide_factor: ", config_.gradient_predivide_factor, " is not positive");
   adam_ = adam_hyper_from_config(config_);
   lr_scheduler_ = make_lr_scheduler(config_);
+  // The device's compute stream: the caller's when the device was made with one (make_device(name, stream)).
   compute_ = device.default_stream();
+  kernels_of(device);  // a Device zero3 did not make is refused here, before anything is allocated
   if (device.type() != DeviceType::cpu) {
     // Collectives on device memory: only nccl works there (gloo and local read host memory).
     ZERO3_REQUIRE(std::string_view(comm_->backend()) == "nccl", Unsupported, "Engine: device ", device.name(),
@@ -544,7 +546,7 @@ void EngineImpl::materialize() {
   if (optimizer_on_host_) {
     // Compute copies go back to the device unless the slices live in host memory, where Adam writes them.
     const int64_t tile = std::max<int64_t>(1, std::min(config_.zero.sub_group_size, largest_owned));
-    transfer_ = std::make_unique<TileTransfer>(device_, host_device_->kernels(), host_counters_, acc_dtype_,
+    transfer_ = std::make_unique<TileTransfer>(device_, kernels_of(*host_device_), host_counters_, acc_dtype_,
                                                slices_on_host_ ? 0 : largest_copy, tile);
   }
   try {
@@ -642,7 +644,7 @@ void EngineImpl::init_owned_range(UnitState& u) {
   // single-source Philox fill as the GPU's).
   Device& where = optimizer_on_host_ ? *host_device_ : device_;
   where.fill_zero(u.master, static_cast<size_t>(u.owned_len) * sizeof(float));
-  auto& k = where.kernels();
+  auto& k = kernels_of(where);
   const uint64_t seed = config_.zero3.seed;
   for (const ParamRange& r : params_in_range(u.param_offsets, u.param_numels, u.owned_begin, u.owned_len)) {
     const ParamState& p = params_[static_cast<size_t>(u.info.params[static_cast<size_t>(r.param_index)].index)];
@@ -741,7 +743,7 @@ void EngineImpl::write_compute_copy(void* dst, bool dst_on_host, DType dtype, co
   if (n <= 0) return;
   const size_t bytes = static_cast<size_t>(n) * dtype_size(dtype);
   if (dst_on_host == src_on_host) {
-    DeviceKernels& k = src_on_host && host_device_ ? host_device_->kernels() : device_.kernels();
+    DeviceKernels& k = src_on_host && host_device_ ? kernels_of(*host_device_) : kernels_of(device_);
     k.scale_copy(dst, dtype, src, DType::f32, 1.0f, n);
     return;
   }
@@ -752,11 +754,11 @@ void EngineImpl::write_compute_copy(void* dst, bool dst_on_host, DType dtype, co
   // Converted where the master is, then copied (synchronously) to the other side.
   if (src_on_host) {
     std::vector<std::byte> converted(bytes);
-    host_device_->kernels().scale_copy(converted.data(), dtype, src, DType::f32, 1.0f, n);
+    kernels_of(*host_device_).scale_copy(converted.data(), dtype, src, DType::f32, 1.0f, n);
     device_.copy(dst, converted.data(), bytes);
   } else {
     DeviceBuffer converted(device_, counters_, MemoryCategory::buffers, bytes);
-    device_.kernels().scale_copy(converted.data(), dtype, src, DType::f32, 1.0f, n);
+    kernels_of(device_).scale_copy(converted.data(), dtype, src, DType::f32, 1.0f, n);
     device_.copy(dst, converted.data(), bytes);
   }
 }
@@ -818,12 +820,9 @@ int64_t EngineImpl::event_code(UnitId unit, Phase phase, bool closing) const {
 
 int64_t EngineImpl::step_code() const { return 1 + 4 * static_cast<int64_t>(units_.size()); }
 
-int64_t EngineImpl::batch_end_code() const { return 2 + 4 * static_cast<int64_t>(units_.size()); }
-
 std::string EngineImpl::describe_code(int64_t code) const {
-  if (code < 0) return "nothing more (its events end here)";
+  if (code < 0) return "had no more events";
   if (code == step_code()) return "called step()";
-  if (code == batch_end_code()) return "called EvalMode::next_batch()";
   const int64_t u = (code - 1) / 4;
   const int64_t kind = (code - 1) % 4;
   const std::string name =
@@ -874,8 +873,8 @@ void EngineImpl::check_order(int64_t code, const std::string& doing) {
   if (ranks_hold(mine, "schedule check before " + doing + " in " + schedule_position())) return;
   std::vector<int64_t> history = events_;
   history.push_back(code);
-  auto all = gather_from_ranks(*queue_, *comm_, history, "schedule check: exchanging the events of " +
-                               schedule_position(), &device_);
+  auto all = gather_from_ranks(*queue_, *comm_, history,
+                               "schedule check: exchanging the events of " + schedule_position(), &device_);
   std::string message = divergence_message(all);
   if (message.empty()) message = log::concat("the ranks disagree on the order of units in ", schedule_position());
   throw CommError(message);
@@ -887,8 +886,8 @@ void EngineImpl::verify_schedule(const std::string& doing) {
   mine.push_back(static_cast<float>(events_.size() % (kMaxExactFloatInt / 2)));
   const std::string where = schedule_position();
   if (ranks_hold(mine, "schedule agreement at " + doing + " in " + where)) return;
-  auto all = gather_from_ranks(*queue_, *comm_, events_, "schedule agreement: exchanging the events of " + where,
-                               &device_);
+  auto all =
+      gather_from_ranks(*queue_, *comm_, events_, "schedule agreement: exchanging the events of " + where, &device_);
   std::string message = divergence_message(all);
   if (message.empty()) {
     message = log::concat("the ranks' scope events of ", where, " hash differently (rank ", rank_, ")");
@@ -1130,7 +1129,7 @@ void EngineImpl::issue_gather(UnitState& u, bool prefetch) {
   u.gather_ticket =
       queue_->submit(what, [parts = std::move(parts), fill, q, device, ct, wire, out, what, rank, s, gathered, queue] {
         try {
-          if (q.on) device->kernels().quantize(q.send, q.src, ct, q.piece, 1, q.fmt, s);
+          if (q.on) kernels_of(*device).quantize(q.send, q.src, ct, q.piece, 1, q.fmt, s);
           for (const Part& p : parts) {
             WorkPtr work = p.comm->all_gather_into(p.out, p.in, static_cast<size_t>(p.count), wire, s);
             if (s == nullptr) {
@@ -1139,7 +1138,7 @@ void EngineImpl::issue_gather(UnitState& u, bool prefetch) {
               queue->track(log::concat(what, " on rank ", rank), std::move(work));
             }
           }
-          if (q.on) device->kernels().dequantize(out, ct, q.recv, q.piece, q.pieces, q.fmt, s);
+          if (q.on) kernels_of(*device).dequantize(out, ct, q.recv, q.piece, q.pieces, q.fmt, s);
           if (fill.bytes > 0) device->copy(fill.dst, fill.src, fill.bytes, s);
           if (s != nullptr) gathered->record(s);
         } catch (const CommError&) {
@@ -1294,7 +1293,7 @@ void EngineImpl::exit(UnitScope& scope) {
       if (policy_.shard_grads) {
         reducer_->add_scatter(u.info.name, grads, u.info.slice_numel, u.grad_acc.data());
       } else {
-        device_.kernels().scale_add(u.grad_acc.data(), acc_dtype_, grads, acc_dtype_, 1.0f, u.info.numel, compute_);
+        kernels_of(device_).scale_add(u.grad_acc.data(), acc_dtype_, grads, acc_dtype_, 1.0f, u.info.numel, compute_);
       }
     }
     if (policy_.shard_params && u.open_scopes == 0 && !u.info.persistent) {

@@ -268,7 +268,6 @@ class EngineImpl {
   void reset_events();
   int64_t event_code(UnitId unit, Phase phase, bool closing) const;
   int64_t step_code() const;
-  int64_t batch_end_code() const;
   std::string describe_code(int64_t code) const;
   std::string schedule_position() const;
   std::string divergence_message(const std::vector<std::vector<int64_t>>& all) const;

@@ -53,7 +53,7 @@ void EngineImpl::publish_params(UnitState& u) {
                    static_cast<int64_t>(dtype_size(ct)));
   run_collective(log::concat("all_gather of the parameters of unit '", u.info.name, "' (", u.info.padded_numel,
                              " elements, ", dtype_name(ct), ")"),
-                 [=] { comm->all_gather_into(out, in, static_cast<size_t>(S), ct)->wait(); });
+                 [=, s = compute_] { comm->all_gather_into(out, in, static_cast<size_t>(S), ct, s)->wait(); });
   stats_.gathered_elements += u.info.padded_numel;
 }
 
@@ -85,7 +85,7 @@ void EngineImpl::run_optimizer(const AdamStepConsts& consts, float grad_factor) 
     run_host_optimizer(consts, grad_factor);
     return;
   }
-  auto& k = device_.kernels();
+  auto& k = kernels_of(device_);
   const int64_t tile = config_.zero.sub_group_size;
   DeviceBuffer f32_tile;  // gradients converted to fp32 when they accumulate in 16 bits
   // The fp32 gradients of [a, a + n) of u's owned range, unscaled and clipped.
@@ -297,7 +297,7 @@ StepResult EngineImpl::step() {
     // gradients, so max over ranks (of equal values) keeps them exact; sharded ranges are summed.
     double local[2] = {0.0, 0.0};
     for (const UnitState& u : units_) {
-      GradStats s = device_.kernels().grad_stats(owned_grads(u), acc_dtype_, u.owned_valid);
+      GradStats s = kernels_of(device_).grad_stats(owned_grads(u), acc_dtype_, u.owned_valid);
       local[0] += static_cast<double>(s.non_finite);
       local[1] += s.sum_squares;
     }
@@ -308,7 +308,7 @@ StepResult EngineImpl::step() {
     Communicator* comm = groups_.shard.comm.get();
     DeviceMirror dagreed(&device_, agreed, 2);
     run_collective("all_reduce of the gradient statistics (Inf/NaN count, squared norm)",
-                   [&] { comm->all_reduce(dagreed.get(), 2, DType::f32, op)->wait(); });
+                   [&] { comm->all_reduce(dagreed.get(), 2, DType::f32, op, compute_)->wait(); });
     dagreed.copy_back();
     const bool overflow = agreed[0] > 0.0f;
     const double scale = loss_scaler_.scale();
@@ -413,8 +413,9 @@ void EngineImpl::gather_master_params(UnitId unit, float* out) {
   }
   Communicator* comm = groups_.shard.comm.get();
   try {
-    run_collective(log::concat("all_gather of the fp32 master parameters of unit '", u.info.name, "'"),
-                   [&] { comm->all_gather_into(all.data(), in, static_cast<size_t>(S), DType::f32)->wait(); });
+    run_collective(log::concat("all_gather of the fp32 master parameters of unit '", u.info.name, "'"), [&] {
+      comm->all_gather_into(all.data(), in, static_cast<size_t>(S), DType::f32, compute_)->wait();
+    });
   } catch (...) {
     fail(std::current_exception());
   }

@@ -57,7 +57,8 @@ bool ranks_agree(CommQueue& queue, Communicator& comm, const std::vector<float>&
     buf[n + i] = -values[i];
   }
   DeviceMirror dbuf(device, buf.data(), buf.size());
-  auto ticket = queue.submit(what, [&] { comm.all_reduce(dbuf.get(), buf.size(), DType::f32, ReduceOp::max)->wait(); });
+  auto ticket = queue.submit(
+      what, [&] { comm.all_reduce(dbuf.get(), buf.size(), DType::f32, ReduceOp::max, dbuf.stream())->wait(); });
   queue.wait(ticket);
   dbuf.copy_back();
   for (size_t i = 0; i < n; ++i) {
@@ -80,8 +81,9 @@ std::vector<std::vector<int64_t>> gather_from_ranks(CommQueue& queue, Communicat
   {
     DeviceMirror dlengths(device, lengths.data(), lengths.size());
     DeviceMirror dmine(device, &mine, 1);
-    queue.wait(queue.submit(what + " (lengths)",
-                            [&] { comm.all_gather_into(dlengths.get(), dmine.get(), 1, DType::f32)->wait(); }));
+    queue.wait(queue.submit(what + " (lengths)", [&] {
+      comm.all_gather_into(dlengths.get(), dmine.get(), 1, DType::f32, dmine.stream())->wait();
+    }));
     dlengths.copy_back();
   }
   size_t longest = 0;
@@ -93,7 +95,7 @@ std::vector<std::vector<int64_t>> gather_from_ranks(CommQueue& queue, Communicat
     DeviceMirror dall(device, all.data(), all.size());
     DeviceMirror dpadded(device, padded.data(), padded.size());
     queue.wait(queue.submit(what + " (values)", [&] {
-      comm.all_gather_into(dall.get(), dpadded.get(), padded.size(), DType::f32)->wait();
+      comm.all_gather_into(dall.get(), dpadded.get(), padded.size(), DType::f32, dpadded.stream())->wait();
     }));
     dall.copy_back();
   }

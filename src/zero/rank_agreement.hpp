@@ -33,6 +33,8 @@ class DeviceMirror {
   DeviceMirror(const DeviceMirror&) = delete;
   DeviceMirror& operator=(const DeviceMirror&) = delete;
   float* get() const { return ptr_; }
+  // The stream a collective on get() runs on: the device's compute stream (nullptr without a device).
+  Stream stream() const { return device_ != nullptr ? device_->default_stream() : nullptr; }
   void copy_back();
 
  private:

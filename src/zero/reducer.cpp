@@ -78,7 +78,7 @@ void Reducer::note_unit(Bucket& b, const std::string& unit) {
 }
 
 void Reducer::add_scatter(const std::string& unit, const void* grad, int64_t slice_numel, void* acc) {
-  auto& k = device_.kernels();
+  auto& k = kernels_of(device_);
   const size_t es = dtype_size(opt_.comm_dtype);
   reduced_elements_ += slice_numel * world_;
   int64_t a = 0;
@@ -99,7 +99,7 @@ void Reducer::add_scatter(const std::string& unit, const void* grad, int64_t sli
 }
 
 void Reducer::add_all_reduce(const std::string& unit, void* acc, int64_t count) {
-  auto& k = device_.kernels();
+  auto& k = kernels_of(device_);
   const size_t es = dtype_size(opt_.comm_dtype);
   reduced_elements_ += count;
   int64_t a = 0;
@@ -181,7 +181,7 @@ void Reducer::launch() {
       } catch (const CommError&) {
         rethrow_comm_error(log::concat(what, " on rank ", comm_.rank(), " failed: "));
       }
-      auto& k = device_.kernels();
+      auto& k = kernels_of(device_);
       for (const Piece& p : pieces) {
         const void* src =
             static_cast<const char*>(out) + static_cast<size_t>(p.bucket_offset) * dtype_size(opt_.comm_dtype);
@@ -211,7 +211,7 @@ void Reducer::launch_quantized(Bucket& b, const std::string& what, std::vector<P
   }
   const Stream s = opt_.stream;
   b.ticket = queue_.submit(what, [this, what, pieces = std::move(pieces), in, work_area, q, fill, s, reduced] {
-    auto& k = device_.kernels();
+    auto& k = kernels_of(device_);
     std::vector<WorkPtr> works;
     auto exchange = [&](Communicator* c, void* out, const void* send, int64_t bytes) {
       try {

@@ -9,6 +9,7 @@
 // per step (two all-gathers and one reduce-scatter of every parameter), the share of the step the
 // training thread spent blocked on collectives, and the share it spent comparing the ranks' schedules (step()'s
 // comparison of the micro-step's scope events). Figures only; nothing is asserted.
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -93,8 +94,8 @@ int main(int argc, char** argv) {
   if (comm->rank() == 0) {
     std::printf("bench_engine: %d ranks (%s), %d layers, hidden %lld, %d steps, %d compute passes\n", comm->size(),
                 comm->backend(), o.layers, static_cast<long long>(h), o.steps, o.compute_passes);
-    std::printf("%-6s %12s %14s %14s %10s %12s %12s %10s\n", "stage", "step ms", "gathered/step", "reduced/step",
-                "vol/3P", "comm wait %", "MiB/rank", "agree %");
+    std::printf("%-6s %12s %14s %14s %10s %12s %12s %10s %14s\n", "stage", "step ms", "gathered/step", "reduced/step",
+                "vol/3P", "comm wait %", "MiB/rank", "agree %", "empty step us");
   }
   for (int stage = 0; stage <= 3; ++stage) {
     Engine e(zero3::testing::resolved_for(bench_config(stage, h), *comm), comm, *device);
@@ -133,6 +134,17 @@ int main(int argc, char** argv) {
     for (int s = 0; s < o.steps; ++s) one_step();
     double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     ScheduleStats st = e.schedule_stats();
+    // The fixed cost of a micro-step's schedule comparison, without the ranks' compute skew in it: step() calls
+    // with no scope since the last one, once the ranks are level (such a step compares the events, finds no
+    // backward and applies nothing: the comparison's all_reduce is its only collective).
+    comm->barrier();
+    std::vector<double> empty_us;
+    for (int k = 0; k < 50; ++k) {
+      auto t0 = std::chrono::steady_clock::now();
+      e.step();
+      empty_us.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
+    }
+    std::sort(empty_us.begin(), empty_us.end());
     double gathered = static_cast<double>(st.gathered_elements) / o.steps;
     double reduced = static_cast<double>(st.reduced_elements) / o.steps;
     double ratio = (gathered + reduced) / (3.0 * static_cast<double>(params));
@@ -140,8 +152,8 @@ int main(int argc, char** argv) {
     double mib = static_cast<double>(e.memory().peak_total) / (1024.0 * 1024.0);
     double agree_share = 100.0 * st.agreement_seconds / seconds;
     if (comm->rank() == 0) {
-      std::printf("%-6d %12.2f %14.0f %14.0f %10.3f %12.1f %12.1f %10.3f\n", stage, 1e3 * seconds / o.steps, gathered,
-                  reduced, ratio, wait_share, mib, agree_share);
+      std::printf("%-6d %12.2f %14.0f %14.0f %10.3f %12.1f %12.1f %10.3f %14.1f\n", stage, 1e3 * seconds / o.steps,
+                  gathered, reduced, ratio, wait_share, mib, agree_share, empty_us[empty_us.size() / 2]);
     }
     if (!std::isfinite(sink)) std::printf("(%g)\n", sink);
   }
@@ -150,7 +162,9 @@ int main(int argc, char** argv) {
         "vol/3P: elements moved by all-gathers and reductions per step over 3 x parameters (ZeRO-3's "
         "volume; stages 0-2 all-reduce or reduce-scatter once and gather once)\n"
         "agree %%: the training thread in step()'s comparison of the ranks' scope events (one 8-float all_reduce "
-        "per micro-step; it also absorbs the ranks' skew, which the next collective would otherwise)\n");
+        "per micro-step; as the first point of step() where the ranks wait for each other, it also takes the "
+        "wait for the slowest rank that the next collective would take otherwise)\n"
+        "empty step us: median of 50 step() calls with no scope, the ranks level: the comparison alone\n");
   }
   return 0;
 }

@@ -413,7 +413,8 @@ TEST_F(Collectives, DifferentCallsAreAnErrorOnEveryRankAndTheCommunicatorGoesOn)
           comm_->all_reduce(v, 3, DType::f32, ReduceOp::sum)->wait();
         }
       },
-      {"rank 0 called broadcast(count=3, dtype=f32, root=0)", others + " called all_reduce(count=3, dtype=f32, op=sum)"});
+      {"rank 0 called broadcast(count=3, dtype=f32, root=0)",
+       others + " called all_reduce(count=3, dtype=f32, op=sum)"});
   // Still in step: an all_reduce gives the exact sum.
   float x = static_cast<float>(rank_ + 1);
   comm_->all_reduce(&x, 1, DType::f32, ReduceOp::sum)->wait();

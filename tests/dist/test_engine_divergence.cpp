@@ -49,18 +49,6 @@ std::string stage_and_overlap(const ::testing::TestParamInfo<std::tuple<int, boo
   return "stage" + std::to_string(std::get<0>(info.param)) + (std::get<1>(info.param) ? "_overlap" : "_inline");
 }
 
-// This rank's fp32 master slice and Adam moments of every unit, bit for bit.
-std::vector<float> local_state(Engine& e, const std::vector<UnitId>& units) {
-  std::vector<float> out;
-  for (UnitId u : units) {
-    ShardView v = e.local_shard(u);
-    out.insert(out.end(), v.master, v.master + v.length);
-    out.insert(out.end(), v.exp_avg, v.exp_avg + v.length);
-    out.insert(out.end(), v.exp_avg_sq, v.exp_avg_sq + v.length);
-  }
-  return out;
-}
-
 class Divergence : public ::testing::TestWithParam<int> {};
 
 TEST_P(Divergence, DifferentFirstOrderFailsOnEveryRankNamingTheUnits) {
@@ -225,7 +213,7 @@ TEST_P(LaterDivergence, ReorderedBackwardFailsBeforeTheOptimizerApplies) {
     return e.step();
   };
   for (int step = 0; step < 2; ++step) EXPECT_TRUE(micro_step(step, false).applied);
-  const std::vector<float> before = local_state(e, layers);
+  const std::vector<float> before = local_optimizer_state(e);
   const TrainingState counters = e.training_state();
   std::string message;
   try {
@@ -238,13 +226,13 @@ TEST_P(LaterDivergence, ReorderedBackwardFailsBeforeTheOptimizerApplies) {
   EXPECT_TRUE(contains(message, "different orders at scope event 6 of micro-step 2 (optimizer step 2)")) << message;
   EXPECT_TRUE(contains(message, all_but_last(world) + " called backward_scope('layer2')")) << message;
   EXPECT_TRUE(contains(message, "rank " + std::to_string(last) + " called backward_scope('layer0')")) << message;
-  EXPECT_EQ(local_state(e, layers), before) << "the optimizer applied gradients reduced in different orders";
+  EXPECT_EQ(local_optimizer_state(e), before) << "the optimizer applied gradients reduced in different orders";
   EXPECT_EQ(e.training_state().applied_steps, counters.applied_steps);
   EXPECT_THROW(e.step(), CommError);
 }
 
-INSTANTIATE_TEST_SUITE_P(Stages, LaterDivergence,
-                         ::testing::Combine(::testing::Values(0, 1, 2, 3), ::testing::Bool()), stage_and_overlap);
+INSTANTIATE_TEST_SUITE_P(Stages, LaterDivergence, ::testing::Combine(::testing::Values(0, 1, 2, 3), ::testing::Bool()),
+                         stage_and_overlap);
 
 // Evaluation batches after the first are compared the same way: at stage 3 by the first all-gather that differs,
 // at stage 1 when EvalMode::next_batch() ends the batch.

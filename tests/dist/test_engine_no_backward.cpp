@@ -20,18 +20,6 @@ using namespace zero3::testing;
 
 namespace {
 
-// This rank's fp32 master slice and Adam moments of every unit, bit for bit.
-std::vector<float> local_state(Engine& e) {
-  std::vector<float> out;
-  for (size_t u = 0; u < e.num_units(); ++u) {
-    ShardView v = e.local_shard(UnitId{static_cast<int32_t>(u)});
-    out.insert(out.end(), v.master, v.master + v.length);
-    out.insert(out.end(), v.exp_avg, v.exp_avg + v.length);
-    out.insert(out.end(), v.exp_avg_sq, v.exp_avg_sq + v.length);
-  }
-  return out;
-}
-
 struct Result {
   std::map<std::string, std::vector<float>> params;
   TrainingState state;
@@ -58,7 +46,7 @@ Result train(int stage, bool empty_window) {
   optimizer_step();
   optimizer_step();
   if (empty_window) {
-    const std::vector<float> before = local_state(e);
+    const std::vector<float> before = local_optimizer_state(e);
     const TrainingState counters = e.training_state();
     const double lr = e.current_lr();
     mlp_eval_loss(e, units, d, make_batch(d, 6, comm->rank(), 3));  // forward scopes only
@@ -70,7 +58,8 @@ Result train(int stage, bool empty_window) {
     EXPECT_FALSE(r.overflow);
     EXPECT_EQ(r.global_step, counters.global_steps + 1);
     EXPECT_EQ(r.lr, static_cast<double>(static_cast<float>(lr)));  // the lr the next applied step uses, as a float
-    EXPECT_EQ(local_state(e), before) << "an optimizer step without gradients changed the weights or Adam's state";
+    EXPECT_EQ(local_optimizer_state(e), before)
+        << "an optimizer step without gradients changed the weights or Adam's state";
     const TrainingState after = e.training_state();
     EXPECT_EQ(after.applied_steps, counters.applied_steps) << "Adam's step count advanced";
     EXPECT_EQ(after.skipped_steps, counters.skipped_steps + 1);

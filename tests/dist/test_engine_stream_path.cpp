@@ -8,10 +8,12 @@
 //
 // The device also checks the ordering rules the GPU relies on: no stream or host waits on an event that was
 // never recorded (CUDA would silently not wait), events are recorded on real streams only, no memory is freed
-// while queued work uses it, kernels and collectives run on device memory, the compute stream waits for every
-// stage-3 gather, and gathers and reductions are issued on the engine's own streams. On simulated nodes
-// (`zero3 launch --simulate-nodes`) the same checks cover the layouts for slow links: HSDP, MiCS's hierarchical gather
-// and hpZ, whose groups are split from the test communicator.
+// while queued work uses it, no stream uses device memory before it is ordered after its allocation, kernels
+// and collectives run on device memory, the compute stream waits for every stage-3 gather, and gathers and
+// reductions are issued on the engine's own streams. Every case runs again with the device computing on a
+// caller's stream: then nothing may land on CUDA's legacy default stream. On simulated nodes
+// (`zero3 launch --simulate-nodes`) the same checks cover the layouts for slow links: HSDP, MiCS's hierarchical
+// gather and hpZ, whose groups are split from the test communicator.
 // zero3-test-ranks: 1 2 3
 // zero3-test-nodes: 2x2
 #include <gtest/gtest.h>
@@ -52,7 +54,7 @@ bool simulated_nodes() {
 
 class StreamPath : public ::testing::TestWithParam<Variant> {};
 
-void check_against_reference(const Variant& v, StreamSchedule schedule);
+void check_against_reference(const Variant& v, StreamSchedule schedule, ComputeStream compute);
 
 TEST_P(StreamPath, SameNumbersAsTheReferenceAndOrderedByEvents) {
   if (GetParam().layout != simulated_nodes()) {
@@ -60,12 +62,21 @@ TEST_P(StreamPath, SameNumbersAsTheReferenceAndOrderedByEvents) {
   }
   for (StreamSchedule schedule : {StreamSchedule::lazy, StreamSchedule::eager_side_streams}) {
     SCOPED_TRACE(schedule == StreamSchedule::lazy ? "side streams run when waited for" : "side streams run at once");
-    check_against_reference(GetParam(), schedule);
+    check_against_reference(GetParam(), schedule, ComputeStream::legacy);
   }
 }
 
-void check_against_reference(const Variant& v, StreamSchedule schedule) {
-  StreamPathDevice device(schedule);
+// The device computes on a stream of the caller's (make_device("cuda", stream)): the engine's compute work lands
+// there and nothing on CUDA's legacy default stream, which is not ordered with it.
+TEST_P(StreamPath, OnTheCallersStream) {
+  for (StreamSchedule schedule : {StreamSchedule::lazy, StreamSchedule::eager_side_streams}) {
+    SCOPED_TRACE(schedule == StreamSchedule::lazy ? "side streams run when waited for" : "side streams run at once");
+    check_against_reference(GetParam(), schedule, ComputeStream::callers);
+  }
+}
+
+void check_against_reference(const Variant& v, StreamSchedule schedule, ComputeStream compute) {
+  StreamPathDevice device(schedule, compute);
   auto comm = std::make_shared<StreamPathComm>(engine_world(), device);
   Config c = equivalence_config(v.stage);
   if (v.change) v.change(c);
@@ -100,6 +111,7 @@ void check_against_reference(const Variant& v, StreamSchedule schedule) {
   device.synchronize();
   const StreamPathUsage u = device.usage();
   expect_gpu_ordering_rules(u, *comm);
+  EXPECT_GT(u.compute_stream_ops, 0) << "no work on the compute stream";
   EXPECT_GT(comm->side_stream_reductions(), 0) << "no reduction on the reduce stream";
   if (v.stage == 3) {
     EXPECT_GE(comm->side_stream_gathers(), stats.all_gathers) << "stage-3 gathers must run on the gather stream";

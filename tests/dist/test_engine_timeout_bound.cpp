@@ -65,7 +65,6 @@ TEST(TimeoutBound, TheErrorArrivesWithinTwoSecondsOfTheSetting) {
   EXPECT_NE(message.find("all_gather of unit 'fc1'"), std::string::npos) << message;
   EXPECT_NE(message.find("timed out after 3000 ms"), std::string::npos) << message;
   EXPECT_GE(waited, kTimeout - 100ms) << message;
-  EXPECT_LT(waited, kTimeout + 2s) << "the error arrived "
-                                   << std::chrono::duration<double>(waited - kTimeout).count()
+  EXPECT_LT(waited, kTimeout + 2s) << "the error arrived " << std::chrono::duration<double>(waited - kTimeout).count()
                                    << " s after the timeout: " << message;
 }

@@ -18,6 +18,7 @@
 #if ZERO3_HAVE_CUDA && ZERO3_HAVE_NCCL
 
 #include <arpa/inet.h>
+#include <cuda_runtime.h>
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <signal.h>
@@ -190,6 +191,26 @@ TEST(CudaEngine, OneRankWithNcclEqualsTheReference) {
     train_and_compare(v, comm, *device);
     EXPECT_EQ(device->bytes_in_use(), 0) << v.name << ": the engine left device memory behind";
   }
+}
+
+// The caller's stream (make_device("cuda", stream), as a framework with its own stream would): a non-blocking
+// stream, which nothing on CUDA's legacy default stream waits for; the engine computes there and gives the
+// reference's numbers. (That none of its work lands on the legacy default stream is proven on the CPU, where
+// the stream-path device tells the streams apart: tests/dist/test_engine_stream_path.cpp.)
+TEST(CudaEngine, OnTheCallersStreamEqualsTheReference) {
+  cudaStream_t stream = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  {
+    auto device = make_device("cuda", stream);
+    ASSERT_EQ(device->default_stream(), stream);
+    auto comm = nccl_world_of_one();
+    for (const Variant& v : {kVariants[3], kVariants[4], kOffloadVariants[4]}) {
+      SCOPED_TRACE(v.name);
+      train_and_compare(v, comm, *device);
+      EXPECT_EQ(device->bytes_in_use(), 0) << v.name << ": the engine left device memory behind";
+    }
+  }
+  ASSERT_EQ(cudaStreamDestroy(stream), cudaSuccess);
 }
 
 TEST(CudaEngine, OffloadOneRankEqualsTheReference) {

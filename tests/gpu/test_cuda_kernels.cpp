@@ -219,9 +219,9 @@ TEST_F(CudaKernelsTest, ScaleCopyAndCastsMatchCpu) {
       for (DType d : kTypes) {
         for (float scale : {1.0f, 0.37f, 0x1p-10f, -3.0f}) {
           std::vector<uint8_t> want(static_cast<size_t>(n) * dtype_size(d));
-          cpu_->kernels().scale_copy(want.data(), d, src.data(), s, scale, n);
+          detail::kernels_of(*cpu_).scale_copy(want.data(), d, src.data(), s, scale, n);
           GpuBuffer gdst(*gpu_, want.size());
-          gpu_->kernels().scale_copy(gdst.data(), d, gsrc.data(), s, scale, n);
+          detail::kernels_of(*gpu_).scale_copy(gdst.data(), d, gsrc.data(), s, scale, n);
           EXPECT_TRUE(same_elements(want, gdst.download(), d,
                                     "scale_copy " + std::string(dtype_name(s)) + "->" + std::string(dtype_name(d)) +
                                         " scale " + std::to_string(scale) + " n " + std::to_string(n)));
@@ -242,8 +242,8 @@ TEST_F(CudaKernelsTest, ScaleAddMatchesCpu) {
         for (float scale : {1.0f, 0.25f, -0.7f}) {
           std::vector<uint8_t> want = encode(acc, d);
           GpuBuffer gdst(*gpu_, want);
-          cpu_->kernels().scale_add(want.data(), d, src.data(), s, scale, n);
-          gpu_->kernels().scale_add(gdst.data(), d, gsrc.data(), s, scale, n);
+          detail::kernels_of(*cpu_).scale_add(want.data(), d, src.data(), s, scale, n);
+          detail::kernels_of(*gpu_).scale_add(gdst.data(), d, gsrc.data(), s, scale, n);
           EXPECT_TRUE(same_elements(want, gdst.download(), d,
                                     "scale_add " + std::string(dtype_name(s)) + "->" + std::string(dtype_name(d)) +
                                         " scale " + std::to_string(scale) + " n " + std::to_string(n)));
@@ -262,8 +262,8 @@ TEST_F(CudaKernelsTest, GradStatsSameDoubleAsCpu) {
     for (DType t : kTypes) {
       std::vector<uint8_t> x = encode(v, t);
       GpuBuffer gx(*gpu_, x);
-      detail::GradStats want = cpu_->kernels().grad_stats(x.data(), t, n);
-      detail::GradStats got = gpu_->kernels().grad_stats(gx.data(), t, n);
+      detail::GradStats want = detail::kernels_of(*cpu_).grad_stats(x.data(), t, n);
+      detail::GradStats got = detail::kernels_of(*gpu_).grad_stats(gx.data(), t, n);
       EXPECT_EQ(got.non_finite, want.non_finite) << dtype_name(t) << " n " << n;
       EXPECT_EQ(f64_bits_of(got.sum_squares), f64_bits_of(want.sum_squares))
           << dtype_name(t) << " n " << n << ": cpu " << want.sum_squares << " cuda " << got.sum_squares;
@@ -281,8 +281,8 @@ TEST_F(CudaKernelsTest, GradStatsCountsInfAndNaN) {
   for (DType t : kTypes) {
     std::vector<uint8_t> x = encode(v, t);
     GpuBuffer gx(*gpu_, x);
-    detail::GradStats want = cpu_->kernels().grad_stats(x.data(), t, n);
-    detail::GradStats got = gpu_->kernels().grad_stats(gx.data(), t, n);
+    detail::GradStats want = detail::kernels_of(*cpu_).grad_stats(x.data(), t, n);
+    detail::GradStats got = detail::kernels_of(*gpu_).grad_stats(gx.data(), t, n);
     // f16 also overflows the largest planted finite values to Inf.
     EXPECT_GE(want.non_finite, 4);
     EXPECT_EQ(got.non_finite, want.non_finite) << dtype_name(t);
@@ -320,10 +320,10 @@ TEST_F(CudaKernelsTest, AdamMatchesCpuBitForBit) {
               if (un > 3) g[3] = 0.0f;
               gg.upload(as_bytes(g));
               AdamStepConsts c = adam_step_consts(h, step);
-              cpu_->kernels().adam(cp.data(), g.data(), cm.data(), cv.data(), n, c, with_copy ? ccopy.data() : nullptr,
-                                   copy);
-              gpu_->kernels().adam(gp.as<float>(), gg.as<float>(), gm.as<float>(), gv.as<float>(), n, c,
-                                   with_copy ? gcopy.data() : nullptr, copy);
+              detail::kernels_of(*cpu_).adam(cp.data(), g.data(), cm.data(), cv.data(), n, c,
+                                             with_copy ? ccopy.data() : nullptr, copy);
+              detail::kernels_of(*gpu_).adam(gp.as<float>(), gg.as<float>(), gm.as<float>(), gv.as<float>(), n, c,
+                                             with_copy ? gcopy.data() : nullptr, copy);
             }
             std::string what = std::string(adamw ? "adamw" : "adam") + (bias_correction ? " bc" : " no-bc") + " n " +
                                std::to_string(n);
@@ -350,9 +350,9 @@ TEST_F(CudaKernelsTest, InitFillMatchesCpu) {
     for (auto [begin, end] : ranges) {
       const size_t n = static_cast<size_t>(end - begin);
       std::vector<float> want(n);
-      cpu_->kernels().init_fill(want.data(), spec, 1234, philox_stream_id("layers.3.mlp.w1"), begin, end);
+      detail::kernels_of(*cpu_).init_fill(want.data(), spec, 1234, philox_stream_id("layers.3.mlp.w1"), begin, end);
       GpuBuffer out(*gpu_, std::max<size_t>(n, 1) * 4);
-      gpu_->kernels().init_fill(out.as<float>(), spec, 1234, philox_stream_id("layers.3.mlp.w1"), begin, end);
+      detail::kernels_of(*gpu_).init_fill(out.as<float>(), spec, 1234, philox_stream_id("layers.3.mlp.w1"), begin, end);
       std::vector<uint8_t> got = out.download();
       got.resize(n * 4);
       std::string what = "fill kind " + std::to_string(static_cast<int>(spec.kind)) + " [" + std::to_string(begin) +
@@ -372,7 +372,7 @@ TEST_F(CudaKernelsTest, InitFillMatchesCpu) {
       EXPECT_LE(differ, n / 100000 + 2) << what << ": " << differ << " of " << n << " elements differ by 1 ulp";
     }
   }
-  EXPECT_THROW(gpu_->kernels().init_fill(nullptr, FillSpec::ones(), 1, 2, 5, 4), InvalidArgument);
+  EXPECT_THROW(detail::kernels_of(*gpu_).init_fill(nullptr, FillSpec::ones(), 1, 2, 5, 4), InvalidArgument);
 }
 
 TEST_F(CudaKernelsTest, KernelsRunOnTheGivenStream) {
@@ -390,19 +390,19 @@ TEST_F(CudaKernelsTest, KernelsRunOnTheGivenStream) {
     while (!static_cast<std::atomic<bool>*>(flag)->load()) std::this_thread::yield();
   };
   ASSERT_EQ(cudaLaunchHostFunc(stream.get(), hold, &release), cudaSuccess);
-  gpu_->kernels().scale_copy(dst.data(), DType::bf16, src.data(), DType::f32, 0.5f, n, stream.stream());
+  detail::kernels_of(*gpu_).scale_copy(dst.data(), DType::bf16, src.data(), DType::f32, 0.5f, n, stream.stream());
   std::vector<uint8_t> early(static_cast<size_t>(n) * 2);
   ASSERT_EQ(cudaMemcpy(early.data(), dst.data(), early.size(), cudaMemcpyDeviceToHost), cudaSuccess);
   EXPECT_EQ(early, std::vector<uint8_t>(early.size(), 0)) << "the kernel ran before its stream reached it";
   release = true;
   stream.synchronize();
   std::vector<uint8_t> want(static_cast<size_t>(n) * 2);
-  cpu_->kernels().scale_copy(want.data(), DType::bf16, v.data(), DType::f32, 0.5f, n);
+  detail::kernels_of(*cpu_).scale_copy(want.data(), DType::bf16, v.data(), DType::f32, 0.5f, n);
   EXPECT_TRUE(same_elements(want, dst.download(), DType::bf16, "scale_copy on a user stream"));
   // grad_stats on the user stream waits for that stream's earlier work.
   ASSERT_EQ(cudaLaunchHostFunc(stream.get(), hold, &release), cudaSuccess);  // released already: passes
-  detail::GradStats got = gpu_->kernels().grad_stats(dst.data(), DType::bf16, n, stream.stream());
-  detail::GradStats ref = cpu_->kernels().grad_stats(want.data(), DType::bf16, n);
+  detail::GradStats got = detail::kernels_of(*gpu_).grad_stats(dst.data(), DType::bf16, n, stream.stream());
+  detail::GradStats ref = detail::kernels_of(*cpu_).grad_stats(want.data(), DType::bf16, n);
   EXPECT_EQ(got.sum_squares, ref.sum_squares);
 }
 

@@ -244,4 +244,15 @@ std::map<std::string, std::vector<float>> gather_params(Engine& engine) {
   return out;
 }
 
+std::vector<float> local_optimizer_state(Engine& engine) {
+  std::vector<float> out;
+  for (size_t u = 0; u < engine.num_units(); ++u) {
+    ShardView v = engine.local_shard(UnitId{static_cast<int32_t>(u)});
+    out.insert(out.end(), v.master, v.master + v.length);
+    out.insert(out.end(), v.exp_avg, v.exp_avg + v.length);
+    out.insert(out.end(), v.exp_avg_sq, v.exp_avg_sq + v.length);
+  }
+  return out;
+}
+
 }  // namespace zero3::testing

@@ -52,4 +52,7 @@ double max_relative_error(const std::map<std::string, std::vector<float>>& a,
 // The full fp32 master weights of every parameter (collective).
 std::map<std::string, std::vector<float>> gather_params(Engine& engine);
 
+// This rank's fp32 master slice and Adam moments of every unit, back to back (local): to compare bit for bit.
+std::vector<float> local_optimizer_state(Engine& engine);
+
 }  // namespace zero3::testing

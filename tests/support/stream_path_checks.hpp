@@ -16,7 +16,12 @@ inline void expect_gpu_ordering_rules(const StreamPathUsage& u, const StreamPath
   EXPECT_EQ(u.frees_while_queued, 0) << "memory was freed while queued work still used it";
   EXPECT_EQ(u.kernels_on_host_memory, 0) << "a kernel was given host memory";
   EXPECT_EQ(u.wait_cycles, 0) << "two streams waited on each other";
+  EXPECT_EQ(u.uses_before_allocation, 0)
+      << "a stream used device memory before it was ordered after the memory's allocation on the compute stream";
+  EXPECT_EQ(u.legacy_stream_ops, 0) << "work landed on the legacy default stream, not the caller's compute stream";
   EXPECT_EQ(comm.host_memory_collectives(), 0) << "a collective was given host memory (NCCL reads device memory)";
+  EXPECT_EQ(comm.legacy_stream_collectives(), 0)
+      << "a collective ran on the legacy default stream while the device computes on the caller's stream";
 }
 
 }  // namespace zero3::testing

@@ -24,7 +24,15 @@ std::set<Stream> StreamPathComm::collective_streams() const {
   return collective_streams_;
 }
 
+Stream StreamPathComm::stream_of(Stream stream) {
+  if (stream != nullptr) return stream;
+  // NCCL's nullptr: CUDA's legacy default stream, which is not the caller's compute stream.
+  if (device_.computes_on_callers_stream()) counts_->legacy_stream_collectives++;
+  return device_.legacy_stream();
+}
+
 WorkPtr StreamPathComm::all_gather_into(void* out, const void* in, size_t count, DType dtype, Stream stream) {
+  stream = stream_of(stream);
   note_stream(stream);
   if (!device_.is_compute(stream)) counts_->side_stream_gathers++;
   if (count > 0) note_buffers(out, in);
@@ -37,6 +45,7 @@ WorkPtr StreamPathComm::all_gather_into(void* out, const void* in, size_t count,
 
 WorkPtr StreamPathComm::reduce_scatter(void* out, const void* in, size_t count, DType dtype, ReduceOp op,
                                        Stream stream) {
+  stream = stream_of(stream);
   note_stream(stream);
   if (!device_.is_compute(stream)) counts_->side_stream_reductions++;
   if (count > 0) note_buffers(out, in);
@@ -59,6 +68,7 @@ WorkPtr StreamPathComm::all_to_all(void* out, const void* in, size_t count, DTyp
 }
 
 WorkPtr StreamPathComm::all_reduce(void* buf, size_t count, DType dtype, ReduceOp op, Stream stream) {
+  stream = stream_of(stream);
   note_stream(stream);
   if (!device_.is_compute(stream)) counts_->side_stream_reductions++;
   if (count > 0) note_buffers(buf, buf);
@@ -70,6 +80,7 @@ WorkPtr StreamPathComm::all_reduce(void* buf, size_t count, DType dtype, ReduceO
 }
 
 WorkPtr StreamPathComm::broadcast(void* buf, size_t count, DType dtype, int root, Stream stream) {
+  stream = stream_of(stream);
   note_stream(stream);
   if (count > 0) note_buffers(buf, buf);
   auto inner = inner_;

@@ -5,8 +5,10 @@
 // event recorded after it, a synchronize). A missing wait between a collective and the work that reads or
 // writes its buffers on another stream therefore shows up as wrong numbers or a counted free of memory in use.
 // Every rank runs the same program, so every rank runs its collectives in the same order.
-// It counts the collectives issued on streams other than the compute stream, and those given memory that is not
-// the device's (NCCL reads and writes device memory only: host memory there is an illegal access or a refusal).
+// It counts the collectives issued on streams other than the compute stream, those given memory that is not
+// the device's (NCCL reads and writes device memory only: host memory there is an illegal access or a refusal),
+// and those given stream nullptr while the device computes on a caller's stream: NCCL runs them on CUDA's legacy
+// default stream, unordered with the caller's stream (the device's legacy_stream() queue here).
 // split() splits the inner communicator; the parts count into their parent's counters.
 #pragma once
 
@@ -41,6 +43,7 @@ class StreamPathComm final : public Communicator {
   int64_t side_stream_gathers() const { return counts_->side_stream_gathers.load(); }
   int64_t side_stream_reductions() const { return counts_->side_stream_reductions.load(); }
   int64_t host_memory_collectives() const { return counts_->host_memory_collectives.load(); }
+  int64_t legacy_stream_collectives() const { return counts_->legacy_stream_collectives.load(); }
   // The streams collectives were queued on (the gather and reduce streams, and the engine's collective check).
   std::set<Stream> collective_streams() const;
 
@@ -49,6 +52,7 @@ class StreamPathComm final : public Communicator {
     std::atomic<int64_t> side_stream_gathers{0};
     std::atomic<int64_t> side_stream_reductions{0};
     std::atomic<int64_t> host_memory_collectives{0};
+    std::atomic<int64_t> legacy_stream_collectives{0};
   };
   StreamPathComm(std::shared_ptr<Communicator> inner, StreamPathDevice& device, std::shared_ptr<Counts> counts);
 
@@ -60,6 +64,8 @@ class StreamPathComm final : public Communicator {
 
   void note_buffers(const void* a, const void* b);
   void note_stream(Stream stream);
+  // The queue a collective given `stream` runs on.
+  Stream stream_of(Stream stream);
 };
 
 }  // namespace zero3::testing

@@ -10,12 +10,36 @@
 
 namespace zero3::testing {
 
+HostSyncs HostSyncs::operator-(const HostSyncs& o) const {
+  HostSyncs d;
+  d.stream_synchronize = stream_synchronize - o.stream_synchronize;
+  d.event_synchronize = event_synchronize - o.event_synchronize;
+  d.device_synchronize = device_synchronize - o.device_synchronize;
+  d.synchronous_copies = synchronous_copies - o.synchronous_copies;
+  d.pageable_copies = pageable_copies - o.pageable_copies;
+  d.blocking_kernels = blocking_kernels - o.blocking_kernels;
+  d.collective_waits = collective_waits - o.collective_waits;
+  return d;
+}
+
+std::ostream& operator<<(std::ostream& os, const HostSyncs& s) {
+  return os << s.total() << " (stream synchronize " << s.stream_synchronize << ", event synchronize "
+            << s.event_synchronize << ", device synchronize " << s.device_synchronize << ", synchronous copies "
+            << s.synchronous_copies << ", pageable copies " << s.pageable_copies << ", blocking kernels "
+            << s.blocking_kernels << ", collective waits " << s.collective_waits << ")";
+}
+
 // A stream handle: its queue's address.
 class QueuedStream final : public DeviceStream {
  public:
   QueuedStream(StreamPathDevice& device, Stream s) : device_(device), s_(s) {}
   Stream get() const override { return s_; }
-  void synchronize() override { device_.run_queued(s_); }
+  void synchronize() override {
+    std::lock_guard lock(device_.mu_);
+    device_.usage_.host_syncs.stream_synchronize++;
+    StreamPathDevice::Queue& q = device_.queue_of(s_);
+    device_.host_wait(q, q.enqueued);
+  }
 
  private:
   StreamPathDevice& device_;
@@ -31,6 +55,8 @@ class QueuedEvent final : public DeviceEvent {
     if (stream == nullptr) device_.usage_.null_stream_events++;
     queue_ = &device_.queue_of(stream);
     mark_ = queue_->enqueued;
+    clock_ = queue_->after;
+    StreamPathDevice::merge(clock_, device_.host_after_);
   }
   void wait_on(Stream stream) override {
     std::lock_guard lock(device_.mu_);
@@ -41,7 +67,10 @@ class QueuedEvent final : public DeviceEvent {
     }
     if (device_.is_compute(stream)) device_.usage_.compute_waits++;
     StreamPathDevice::Queue* source = queue_;
-    if (source == &device_.queue_of(stream)) return;  // a stream is ordered with itself
+    StreamPathDevice::Queue& target = device_.queue_of(stream);
+    if (source == &target) return;  // a stream is ordered with itself
+    StreamPathDevice::merge(target.after, clock_);
+    StreamPathDevice::merge(target.after, {{source, mark_}});
     const uint64_t mark = mark_;
     StreamPathDevice* device = &device_;
     device_.enqueue(stream, [device, source, mark] { device->run_until(*source, mark); }, {});
@@ -53,7 +82,8 @@ class QueuedEvent final : public DeviceEvent {
       return;
     }
     if (queue_->enqueued > mark_) device_.usage_.host_waits_with_work_behind++;
-    device_.run_until(*queue_, mark_);
+    device_.usage_.host_syncs.event_synchronize++;
+    device_.host_wait(*queue_, mark_);
   }
   bool done() override {
     std::lock_guard lock(device_.mu_);
@@ -64,6 +94,7 @@ class QueuedEvent final : public DeviceEvent {
   StreamPathDevice& device_;
   StreamPathDevice::Queue* queue_ = nullptr;
   uint64_t mark_ = 0;
+  StreamPathDevice::Clock clock_;  // what the marked point runs after
 };
 
 // A collective queued on a stream: done when the stream has run it.
@@ -73,7 +104,8 @@ class QueuedWork final : public Work {
       : device_(device), queue_(queue), mark_(mark) {}
   void wait() override {
     std::lock_guard lock(device_.mu_);
-    device_.run_until(queue_, mark_);
+    device_.usage_.host_syncs.collective_waits++;
+    device_.host_wait(queue_, mark_);
   }
   bool wait_for(std::chrono::milliseconds) override {
     wait();
@@ -116,7 +148,9 @@ class QueuedKernels final : public detail::DeviceKernels {
   detail::GradStats grad_stats(const void* x, DType type, int64_t n, Stream stream) override {
     std::lock_guard lock(device_.mu_);
     device_.note_kernel_args({x});
-    device_.run_queued(stream);
+    device_.usage_.host_syncs.blocking_kernels++;
+    StreamPathDevice::Queue& q = device_.queue_of(stream);
+    device_.host_wait(q, q.enqueued);
     return cpu_.grad_stats(x, type, n);
   }
   void adam(float* p, const float* g, float* m, float* v, int64_t n, const AdamStepConsts& c, void* copy_out,
@@ -177,10 +211,11 @@ class QueuedKernels final : public detail::DeviceKernels {
   detail::DeviceKernels& cpu_;
 };
 
-StreamPathDevice::StreamPathDevice(StreamSchedule schedule) : schedule_(schedule) {
-  kernels_ = std::make_unique<QueuedKernels>(*this, device_pool_->kernels());
+StreamPathDevice::StreamPathDevice(StreamSchedule schedule, ComputeStream compute) : schedule_(schedule) {
+  kernels_ = std::make_unique<QueuedKernels>(*this, detail::kernels_of(*device_pool_));
   queues_.emplace_back();
-  compute_ = handle_of(queues_.front());
+  if (compute == ComputeStream::callers) queues_.emplace_back();
+  compute_ = handle_of(queues_.back());
 }
 
 StreamPathDevice::~StreamPathDevice() {
@@ -191,7 +226,7 @@ StreamPathDevice::~StreamPathDevice() {
 }
 
 StreamPathDevice::Queue& StreamPathDevice::queue_of(Stream stream) {
-  if (stream == nullptr) return queues_.front();
+  if (stream == nullptr) stream = compute_;
   for (Queue& q : queues_) {
     if (handle_of(q) == stream) return q;
   }
@@ -200,6 +235,9 @@ StreamPathDevice::Queue& StreamPathDevice::queue_of(Stream stream) {
 
 void StreamPathDevice::enqueue(Stream stream, std::function<void()> run, std::vector<Range> ranges) {
   Queue& q = queue_of(stream);
+  note_allocation_order(q, ranges);
+  if (handle_of(q) == compute_) usage_.compute_stream_ops++;
+  if (&q == &queues_.front() && computes_on_callers_stream()) usage_.legacy_stream_ops++;
   q.ops.push_back({std::move(run), std::move(ranges)});
   q.enqueued++;
   if (schedule_ == StreamSchedule::eager_side_streams && !is_compute(stream) && !q.running) run_until(q, q.enqueued);
@@ -221,10 +259,38 @@ void StreamPathDevice::run_until(Queue& q, uint64_t mark) {
   q.running = false;
 }
 
+void StreamPathDevice::host_wait(Queue& q, uint64_t mark) {
+  run_until(q, mark);
+  merge(host_after_, {{&q, mark}});
+  merge(host_after_, q.after);
+}
+
+void StreamPathDevice::merge(Clock& into, const Clock& from) {
+  for (const auto& [queue, mark] : from) {
+    uint64_t& m = into[queue];
+    if (mark > m) m = mark;
+  }
+}
+
+void StreamPathDevice::note_allocation_order(const Queue& q, const std::vector<Range>& ranges) {
+  for (const Range& r : ranges) {
+    if (r.bytes == 0) continue;
+    auto it = device_blocks_.upper_bound(r.begin);
+    if (it == device_blocks_.begin()) continue;
+    --it;
+    const Block& b = it->second;
+    if (r.begin >= it->first + b.bytes || b.queue == &q) continue;
+    uint64_t ordered = 0;
+    if (auto a = q.after.find(b.queue); a != q.after.end()) ordered = a->second;
+    if (auto h = host_after_.find(b.queue); h != host_after_.end()) ordered = std::max(ordered, h->second);
+    if (ordered < b.mark) usage_.uses_before_allocation++;
+  }
+}
+
 void StreamPathDevice::run_queued(Stream stream) {
   std::lock_guard lock(mu_);
   Queue& q = queue_of(stream);
-  run_until(q, q.enqueued);
+  host_wait(q, q.enqueued);
 }
 
 WorkPtr StreamPathDevice::enqueue_collective(Stream stream, std::function<void()> run, const void* a, size_t a_bytes,
@@ -249,11 +315,13 @@ void StreamPathDevice::run_all() {
 
 StreamPathDevice::Memory StreamPathDevice::memory_of(const void* p) const {
   const char* c = static_cast<const char*>(p);
-  for (auto* blocks : {&device_blocks_, &pinned_blocks_}) {
-    auto it = blocks->upper_bound(c);
-    if (it == blocks->begin()) continue;
+  if (auto it = device_blocks_.upper_bound(c); it != device_blocks_.begin()) {
     --it;
-    if (c < it->first + it->second) return blocks == &device_blocks_ ? Memory::device : Memory::pinned;
+    if (c < it->first + it->second.bytes) return Memory::device;
+  }
+  if (auto it = pinned_blocks_.upper_bound(c); it != pinned_blocks_.begin()) {
+    --it;
+    if (c < it->first + it->second) return Memory::pinned;
   }
   return Memory::pageable;
 }
@@ -285,9 +353,17 @@ void* StreamPathDevice::allocate(size_t bytes) {
   std::lock_guard lock(mu_);
   void* p = device_pool_->allocate(bytes);
   if (p == nullptr) return p;
-  device_blocks_[static_cast<const char*>(p)] = bytes;
+  // The allocation is a point of the compute stream (cudaMallocAsync): work there after it may use the memory.
+  enqueue(compute_, [] {}, {});
+  Queue& compute = queue_of(compute_);
+  device_blocks_[static_cast<const char*>(p)] = Block{bytes, &compute, compute.enqueued};
   device_bytes_ += static_cast<int64_t>(bytes);
   peak_device_bytes_ = std::max(peak_device_bytes_, device_bytes_);
+  usage_.allocations++;
+  if (device_bytes_ + device_pending_ > device_reserved_) {
+    device_reserved_ = device_bytes_ + device_pending_;
+    usage_.device_allocations++;
+  }
   return p;
 }
 
@@ -295,9 +371,20 @@ void StreamPathDevice::release(void* ptr, size_t bytes, Memory kind, std::option
   if (ptr == nullptr) return;
   std::lock_guard lock(mu_);
   const bool pinned = kind == Memory::pinned;
-  (pinned ? pinned_blocks_ : device_blocks_).erase(static_cast<const char*>(ptr));
+  if (pinned) {
+    pinned_blocks_.erase(static_cast<const char*>(ptr));
+  } else {
+    device_blocks_.erase(static_cast<const char*>(ptr));
+  }
   (pinned ? pinned_bytes_ : device_bytes_) -= static_cast<int64_t>(bytes);
-  auto free_block = [this, ptr, bytes, pinned] {
+  // Not reusable until the free has run: pinned memory freed on any stream (the host writes it, so the cache
+  // waits for an event), device memory freed on another stream than the compute stream, where the pool
+  // allocates.
+  int64_t* pending = nullptr;
+  if (after) pending = pinned ? &pinned_pending_ : (is_compute(*after) ? nullptr : &device_pending_);
+  if (pending != nullptr) *pending += static_cast<int64_t>(bytes);
+  auto free_block = [this, ptr, bytes, pinned, pending] {
+    if (pending != nullptr) *pending -= static_cast<int64_t>(bytes);
     if (queued_work_uses(ptr, bytes)) {
       usage_.frees_while_queued++;
       (pinned ? kept_pinned_ : kept_device_).emplace_back(ptr, bytes);
@@ -310,6 +397,7 @@ void StreamPathDevice::release(void* ptr, size_t bytes, Memory kind, std::option
     // Freed once the stream gets there; work queued on other streams must not use it any more by then.
     enqueue(*after, free_block, {});
   } catch (...) {
+    if (pending != nullptr) *pending -= static_cast<int64_t>(bytes);
     (pinned ? kept_pinned_ : kept_device_).emplace_back(ptr, bytes);
   }
 }
@@ -327,6 +415,10 @@ void* StreamPathDevice::allocate_host(size_t bytes) {
   pinned_blocks_[static_cast<const char*>(p)] = bytes;
   pinned_bytes_ += static_cast<int64_t>(bytes);
   peak_pinned_bytes_ = std::max(peak_pinned_bytes_, pinned_bytes_);
+  if (pinned_bytes_ + pinned_pending_ > pinned_reserved_) {
+    pinned_reserved_ = pinned_bytes_ + pinned_pending_;
+    usage_.host_allocations++;
+  }
   return p;
 }
 
@@ -350,7 +442,10 @@ void StreamPathDevice::copy(void* dst, const void* src, size_t bytes, Stream str
   if (bytes == 0 || dst == src) return;
   if (stream != nullptr) {
     const Memory d = memory_of(dst), s = memory_of(src);
-    if (d == Memory::pageable || s == Memory::pageable) usage_.pageable_async_copies++;
+    if (d == Memory::pageable || s == Memory::pageable) {
+      usage_.pageable_async_copies++;
+      usage_.host_syncs.pageable_copies++;
+    }
     if (!is_compute(stream)) {
       if (s == Memory::device && d == Memory::pinned) {
         usage_.d2h_copies_on_side_streams++;
@@ -364,7 +459,7 @@ void StreamPathDevice::copy(void* dst, const void* src, size_t bytes, Stream str
   }
   enqueue(stream, [dst, src, bytes] { std::memcpy(dst, src, bytes); },
           {{static_cast<const char*>(dst), bytes}, {static_cast<const char*>(src), bytes}});
-  if (stream == nullptr) run_queued(nullptr);
+  if (stream == nullptr) wait_synchronous_call();
 }
 
 void StreamPathDevice::move(void* dst, const void* src, size_t bytes, Stream stream) {
@@ -372,19 +467,27 @@ void StreamPathDevice::move(void* dst, const void* src, size_t bytes, Stream str
   if (bytes == 0 || dst == src) return;
   enqueue(stream, [dst, src, bytes] { std::memmove(dst, src, bytes); },
           {{static_cast<const char*>(dst), bytes}, {static_cast<const char*>(src), bytes}});
-  if (stream == nullptr) run_queued(nullptr);
+  if (stream == nullptr) wait_synchronous_call();
 }
 
 void StreamPathDevice::fill_zero(void* ptr, size_t bytes, Stream stream) {
   std::lock_guard lock(mu_);
   if (bytes == 0) return;
   enqueue(stream, [ptr, bytes] { std::memset(ptr, 0, bytes); }, {{static_cast<const char*>(ptr), bytes}});
-  if (stream == nullptr) run_queued(nullptr);
+  if (stream == nullptr) wait_synchronous_call();
+}
+
+void StreamPathDevice::wait_synchronous_call() {
+  usage_.host_syncs.synchronous_copies++;
+  Queue& q = queue_of(compute_);
+  host_wait(q, q.enqueued);
 }
 
 void StreamPathDevice::synchronize() {
   std::lock_guard lock(mu_);
+  usage_.host_syncs.device_synchronize++;
   run_all();
+  for (Queue& q : queues_) merge(host_after_, {{&q, q.enqueued}});
 }
 
 int64_t StreamPathDevice::bytes_in_use() const {

@@ -1,11 +1,17 @@
 // The stream, event, stream-ordered free and host-memory members of Device on the cpu device, where work
-// completes in the call: streams are null, events are always done, frees take effect at once.
+// completes in the call: streams are null, events are always done, frees take effect at once. A compute stream
+// is for a cuda device only, and the engine refuses a Device that zero3 did not make.
 #include <gtest/gtest.h>
 
 #include <cstdint>
 #include <cstring>
+#include <memory>
+#include <string>
 
+#include "zero3/comm.hpp"
 #include "zero3/device.hpp"
+#include "zero3/engine.hpp"
+#include "zero3/error.hpp"
 
 namespace zero3 {
 namespace {
@@ -45,6 +51,53 @@ TEST(DeviceStreams, CpuHostMemoryIsAlignedAndNotCounted) {
   EXPECT_EQ(cpu->bytes_in_use(), 0);
   cpu->deallocate_host(h, 12345);
   cpu->deallocate_host(nullptr, 0);
+}
+
+TEST(DeviceStreams, TheCpuDeviceTakesNoComputeStream) {
+  auto* not_a_stream = reinterpret_cast<Stream>(uintptr_t{0x1000});
+  try {
+    make_device("cpu", not_a_stream);
+    ADD_FAILURE() << "the cpu device took a compute stream";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("the cpu device has no streams"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(make_device("cpu", nullptr)->type(), DeviceType::cpu);
+}
+
+// A Device implemented outside zero3: the interface is public, the engine's kernels are not.
+class ForeignDevice final : public Device {
+ public:
+  DeviceType type() const override { return DeviceType::cpu; }
+  int index() const override { return 0; }
+  std::string name() const override { return "foreign"; }
+  void* allocate(size_t bytes) override { return inner_->allocate(bytes); }
+  void deallocate(void* ptr, size_t bytes) noexcept override { inner_->deallocate(ptr, bytes); }
+  void copy(void* dst, const void* src, size_t bytes, Stream) override { inner_->copy(dst, src, bytes); }
+  void move(void* dst, const void* src, size_t bytes, Stream) override { inner_->move(dst, src, bytes); }
+  void fill_zero(void* ptr, size_t bytes, Stream) override { inner_->fill_zero(ptr, bytes); }
+  void synchronize() override {}
+  int64_t bytes_in_use() const override { return inner_->bytes_in_use(); }
+  int64_t peak_bytes_in_use() const override { return inner_->peak_bytes_in_use(); }
+
+ private:
+  std::unique_ptr<Device> inner_ = make_cpu_device();
+};
+
+TEST(DeviceStreams, TheEngineRefusesADeviceZero3DidNotMake) {
+  ForeignDevice device;
+  Config c;
+  c.gradient_clipping = 1.0;
+  CommOptions o;
+  o.backend = "local";
+  LaunchInfo launch;
+  std::shared_ptr<Communicator> comm = make_communicator(o, launch, nullptr);
+  try {
+    Engine engine(c, comm, device);
+    ADD_FAILURE() << "the engine took a device zero3 did not make";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("device \"foreign\" is not one of zero3's devices"), std::string::npos)
+        << e.what();
+  }
 }
 
 }  // namespace

@@ -60,7 +60,8 @@ class ModelOps {
   virtual void copy_to_host(void* host_dst, const void* src, size_t bytes) = 0;
   // Waits for all queued work.
   virtual void synchronize() = 0;
-  // Bytes of scratch the ops hold themselves (attention scores, chunks of logits), outside allocate().
+  // Bytes of scratch the ops hold themselves (attention scores, chunks of logits), outside allocate() (cuda: from
+  // the same zero3 Device, so its counters include them).
   virtual int64_t workspace_bytes() const = 0;
 
   // ---- GEMM (ops/gemm.hpp's row-major convention) ----

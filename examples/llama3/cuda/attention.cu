@@ -177,7 +177,7 @@ void* offset(void* base, int64_t elements, int64_t element_size) {
 }  // namespace
 
 struct Attention::Impl {
-  Impl(Blas& b, int64_t cap) : blas(b), workspace(b.stream()), workspace_cap(cap) {}
+  Impl(Blas& b, int64_t cap) : blas(b), workspace(b.device()), workspace_cap(cap) {}
 
   Blas& blas;
   StreamWorkspace workspace;  // on the Blas stream

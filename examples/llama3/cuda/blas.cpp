@@ -33,6 +33,9 @@ void check_cublas(cublasStatus_t s, const std::string& what) {
 
 cudaDataType_t cuda_type(DType t) { return t == DType::f32 ? CUDA_R_32F : CUDA_R_16BF; }
 
+// cuBLAS's workspace: what NVIDIA recommends for Hopper (32 MiB; 4 MiB suffice on earlier GPUs).
+constexpr size_t kWorkspaceBytes = size_t{32} << 20;
+
 // cuBLAS wants every leading dimension >= 1, even for a matrix it does not read (k == 0 leaves A and B unread,
 // and check_shape lets their row stride be 0 then).
 int cublas_ld(int64_t ld) { return static_cast<int>(ld < 1 ? 1 : ld); }
@@ -75,20 +78,25 @@ void set_math_mode(cublasHandle_t h, DType ab_type) {
 
 }  // namespace
 
-Blas::Blas(cudaStream_t stream) : stream_(stream) {
+Blas::Blas(zero3::Device& device) : device_(device), stream_(static_cast<cudaStream_t>(device.default_stream())) {
   cublasHandle_t h = nullptr;
   check_cublas(cublasCreate(&h), "cublasCreate");
   handle_ = h;
-  const cublasStatus_t s = cublasSetStream(h, stream);
+  // cuBLAS's own workspace comes from the device's pool too (else cuBLAS cudaMallocs one of its own).
+  workspace_ = device.allocate(kWorkspaceBytes);
+  cublasStatus_t s = cublasSetStream(h, stream_);
+  if (s == CUBLAS_STATUS_SUCCESS) s = cublasSetWorkspace(h, workspace_, kWorkspaceBytes);
   if (s != CUBLAS_STATUS_SUCCESS) {
     cublasDestroy(h);
     handle_ = nullptr;
-    check_cublas(s, "cublasSetStream");
+    device.deallocate(workspace_, kWorkspaceBytes);
+    check_cublas(s, "cublasSetStream / cublasSetWorkspace");
   }
 }
 
 Blas::~Blas() {
   if (handle_ != nullptr) cublasDestroy(as_handle(handle_));
+  device_.deallocate_after(workspace_, kWorkspaceBytes, device_.default_stream());
 }
 
 void Blas::gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const void* a, int64_t lda,

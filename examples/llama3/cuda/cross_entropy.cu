@@ -115,7 +115,7 @@ __global__ void sum_rows_kernel(const float* x, int64_t n, double* out) {
 }  // namespace
 
 struct LmHeadLoss::Impl {
-  explicit Impl(Blas& b) : blas(b), workspace(b.stream()) {}
+  explicit Impl(Blas& b) : blas(b), workspace(b.device()) {}
 
   Blas& blas;
   StreamWorkspace workspace;  // on the Blas stream

@@ -42,14 +42,9 @@ CudaModelOps::CudaModelOps(zero3::Device& device, DType act)
                              device.name() + ")");
   }
   LLAMA3_CUDA_CHECK(cudaSetDevice(device.index()));
-  // The kernels' scratch (attention and loss workspaces, RMSNorm's partial sums) comes from the device's
-  // stream-ordered pool. By default the pool gives memory back to the driver at every synchronization, so each
-  // micro-batch would map it again; keep what it holds instead (a few MiB beyond the workspaces' own bytes).
-  cudaMemPool_t pool = nullptr;
-  LLAMA3_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, device.index()));
-  uint64_t keep = UINT64_MAX;
-  LLAMA3_CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep));
-  blas_ = std::make_unique<cuda::Blas>(as_cuda(stream_));
+  // The kernels' scratch (cuBLAS's workspace, attention and loss workspaces, RMSNorm's partial sums) comes from
+  // the zero3 device's stream-ordered pool, the one the engine allocates from.
+  blas_ = std::make_unique<cuda::Blas>(device);
   attention_ = std::make_unique<cuda::Attention>(*blas_);
 #ifdef LLAMA3_HAVE_CUDNN
   if (act == DType::bf16) {
@@ -104,11 +99,22 @@ void CudaModelOps::zero(void* ptr, size_t bytes) { device_.fill_zero(ptr, bytes,
 
 void CudaModelOps::copy(void* dst, const void* src, size_t bytes) { device_.copy(dst, src, bytes, stream_); }
 
-// nullptr: Device::copy's synchronous form (the legacy default stream, then a wait).
+// Without a host wait: the bytes go to pinned staging at once (so host_src may change when this returns), up
+// on the stream, and the staging block is reused only once the stream has passed the copy.
 void CudaModelOps::copy_from_host(void* dst, const void* host_src, size_t bytes) {
-  device_.copy(dst, host_src, bytes, nullptr);
+  if (bytes == 0) return;
+  void* staging = device_.allocate_host(bytes);
+  std::memcpy(staging, host_src, bytes);
+  try {
+    device_.copy(dst, staging, bytes, stream_);
+  } catch (...) {
+    device_.deallocate_host(staging, bytes);
+    throw;
+  }
+  device_.deallocate_host_after(staging, bytes, stream_);
 }
 
+// nullptr: Device::copy's synchronous form (on the compute stream, then a wait).
 void CudaModelOps::copy_to_host(void* host_dst, const void* src, size_t bytes) {
   device_.copy(host_dst, src, bytes, nullptr);
 }
@@ -171,7 +177,7 @@ void CudaModelOps::rmsnorm_forward(const void* x, const void* w, void* y, float*
 
 void CudaModelOps::rmsnorm_backward(const void* x, const void* w, const float* rstd, const void* dy, void* dx,
                                     float* dw, int64_t rows, int64_t n, bool accumulate_dx) {
-  cuda::rmsnorm_backward(x, w, rstd, dy, dx, dw, rows, n, accumulate_dx, act_, as_cuda(stream_));
+  cuda::rmsnorm_backward(x, w, rstd, dy, dx, dw, rows, n, accumulate_dx, act_, device_);
 }
 
 void CudaModelOps::rope_forward(void* x, int64_t ld, int64_t n_tokens, int64_t n_heads, int64_t head_dim,

@@ -5,15 +5,17 @@
 // path); weight gradients, rstd and log-sum-exp are f32. GEMMs go through cuBLAS with f32 accumulation
 // (pedantic f32, no TF32, when act is f32).
 //
-// Stream: every op is queued on the device's default stream, Device::default_stream() = CUDA's legacy
-// default stream (the stream of nullptr in this build), which the engine orders its gathers and reductions
+// Stream: every op is queued on the device's compute stream, Device::default_stream() (CUDA's legacy default
+// stream, or the caller's stream the device was made with), which the engine orders its gathers and reductions
 // against, so a unit's parameters are ready when a scope opens and its gradients are complete when it
-// closes, without host waits. Host waits: copy_from_host, copy_to_host and lm_head_cross_entropy (it
-// returns the loss sum on the host: one wait per micro-batch, in the head's backward scope).
+// closes, without host waits. copy_from_host does not wait either (it stages through pinned memory). Host
+// waits: copy_to_host and lm_head_cross_entropy (it returns the loss sum on the host: one wait per
+// micro-batch, in the head's backward scope).
 //
-// Memory: allocate() is the zero3 Device's (its caching allocator; counted in its bytes_in_use and
+// Memory: allocate() is the zero3 Device's (its stream-ordered pool; counted in its bytes_in_use and
 // peak_bytes_in_use); free() is stream-ordered (Device::deallocate_after). The kernels' own workspaces
-// (attention scores, chunks of logits) are allocated by cuda_ops and reported by workspace_bytes().
+// (attention scores, chunks of logits) come from the same pool through cuda_ops and are reported by
+// workspace_bytes().
 //
 // Attention: with bf16 and a build with cuDNN (LLAMA3_HAVE_CUDNN), cuDNN's fused flash attention
 // (cuda/cudnn_attention.hpp) for every shape it takes; the cuBLAS + kernels path otherwise.

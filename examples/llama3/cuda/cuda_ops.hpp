@@ -10,6 +10,10 @@
 // Every function queues work on `stream` and returns at once; it throws zero3::CudaError when CUDA refuses a
 // launch and zero3::InvalidArgument for an unsupported dtype or shape (named). Pointers are device memory of
 // the current device unless said otherwise. n == 0 (no rows) queues nothing.
+//
+// Memory: the ops that need scratch (cuBLAS's workspace, attention's scores, the loss's logits, RMSNorm's partial
+// sums) take it from a zero3 Device (its stream-ordered pool: one pool for the engine and the model) and run on
+// that device's compute stream, Device::default_stream().
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -18,6 +22,7 @@
 #include <memory>
 #include <vector>
 
+#include "zero3/device.hpp"
 #include "zero3/dtype.hpp"
 
 namespace llama3::cuda {
@@ -31,14 +36,17 @@ using zero3::DType;
 // lda, ldb, ldc: row strides in elements of A, B, C as stored. A and B share one type (f32 or bf16); C is
 // that type or f32 (weight gradients: bf16 inputs, f32 accumulator). Accumulation is f32 always
 // (CUBLAS_COMPUTE_32F; with f32 inputs the pedantic mode, no TF32, so f32 runs compare with the CPU).
+// Runs on `device`'s compute stream, with a cuBLAS workspace from its pool; the device must outlive it.
 class Blas {
  public:
-  explicit Blas(cudaStream_t stream);
+  explicit Blas(zero3::Device& device);
   ~Blas();
   Blas(const Blas&) = delete;
   Blas& operator=(const Blas&) = delete;
 
   cudaStream_t stream() const { return stream_; }
+  // Where the ops on this Blas take their scratch memory (and whose compute stream stream() is).
+  zero3::Device& device() const { return device_; }
 
   void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const void* a, int64_t lda,
             const void* b, int64_t ldb, float beta, void* c, int64_t ldc, DType ab_type, DType c_type);
@@ -49,8 +57,10 @@ class Blas {
                             void* c, int64_t ldc, int64_t stride_c, int64_t count, DType ab_type, DType c_type);
 
  private:
+  zero3::Device& device_;
   cudaStream_t stream_;
   void* handle_ = nullptr;  // cublasHandle_t
+  void* workspace_ = nullptr;
 };
 
 // ---- Embedding. ----
@@ -83,10 +93,10 @@ void rmsnorm_forward(const void* x, const void* w, void* y, float* rstd, int64_t
 
 // dx = (or += when accumulate_dx) the input gradient; dw (n, f32) += the weight gradient (null skips it).
 // dw is summed over rows in a fixed order (a partial sum per block of rows, then the partials in order; the
-// partials are a stream-ordered cudaMallocAsync of a few floats per 128 rows and column). dx must not alias x
-// or dy (the weight gradient reads them after dx is written).
+// partials are a stream-ordered allocation of a few floats per 128 rows and column from `device`'s pool). dx must
+// not alias x or dy (the weight gradient reads them after dx is written). Runs on device.default_stream().
 void rmsnorm_backward(const void* x, const void* w, const float* rstd, const void* dy, void* dx, float* dw,
-                      int64_t rows, int64_t n, bool accumulate_dx, DType act, cudaStream_t stream);
+                      int64_t rows, int64_t n, bool accumulate_dx, DType act, zero3::Device& device);
 
 // ---- Rotary embeddings (ops/rope.hpp): cos and sin tables (n_tokens, half) in f32, in device memory. ----
 
@@ -116,7 +126,7 @@ void convert(const void* src, DType src_type, void* dst, DType dst_type, int64_t
 // head of query head h being h / (n_heads / n_kv_heads)), a causal softmax kernel over each row of S that
 // also writes the row's log-sum-exp, then O = P V; backward recomputes P from the log-sum-exp. S and P live
 // in a device workspace (f32 scores whatever act is; attention.cu says what else), reused by every call, grown
-// on demand with cudaMallocAsync on the Blas stream; heads are processed in chunks of kv heads so that the
+// on demand from the Blas device's pool on the Blas stream; heads are processed in chunks of kv heads so that the
 // scores and their copies stay within workspace_cap bytes (1 GiB by default; one kv head's at least, whatever
 // the cap). All work runs on the Blas stream.
 

@@ -16,6 +16,7 @@
 #include <utility>
 
 #include "cuda/cuda_check.hpp"
+#include "zero3/device.hpp"
 #include "zero3/dtype.hpp"
 #include "zero3/error.hpp"
 
@@ -117,28 +118,22 @@ inline constexpr int64_t kWorkspaceAlign = 256;
 
 inline int64_t align_up(int64_t bytes) { return (bytes + kWorkspaceAlign - 1) / kWorkspaceAlign * kWorkspaceAlign; }
 
-// A device scratch buffer that grows to the largest request, allocated and freed in the order of one stream
-// (cudaMallocAsync / cudaFreeAsync), so work queued on that stream before a regrowth still sees the old
-// buffer. The stream must outlive it.
+// A device scratch buffer that grows to the largest request, from the zero3 device's stream-ordered pool (the
+// one pool of the process's device memory: the engine's and the model's), allocated and freed in the order of
+// the device's compute stream, where the ops run, so work queued there before a regrowth still sees the old
+// buffer. The device must outlive it.
 class StreamWorkspace {
  public:
-  explicit StreamWorkspace(cudaStream_t stream) : stream_(stream) {}
-  ~StreamWorkspace() {
-    if (data_ != nullptr) cudaFreeAsync(data_, stream_);
-  }
+  explicit StreamWorkspace(zero3::Device& device) : device_(device) {}
+  ~StreamWorkspace() { release(); }
   StreamWorkspace(const StreamWorkspace&) = delete;
   StreamWorkspace& operator=(const StreamWorkspace&) = delete;
 
   // At least `bytes` bytes; the contents are undefined after a regrowth.
   char* reserve(int64_t bytes) {
     if (bytes > bytes_) {
-      if (data_ != nullptr) {
-        void* old = data_;
-        data_ = nullptr;
-        bytes_ = 0;
-        LLAMA3_CUDA_CHECK(cudaFreeAsync(old, stream_));
-      }
-      LLAMA3_CUDA_CHECK(cudaMallocAsync(&data_, static_cast<size_t>(bytes), stream_));
+      release();
+      data_ = device_.allocate(static_cast<size_t>(bytes));
       bytes_ = bytes;
     }
     return static_cast<char*>(data_);
@@ -146,7 +141,13 @@ class StreamWorkspace {
   int64_t bytes() const { return bytes_; }
 
  private:
-  cudaStream_t stream_;
+  void release() noexcept {
+    if (data_ != nullptr) device_.deallocate_after(data_, static_cast<size_t>(bytes_), device_.default_stream());
+    data_ = nullptr;
+    bytes_ = 0;
+  }
+
+  zero3::Device& device_;
   void* data_ = nullptr;
   int64_t bytes_ = 0;
 };

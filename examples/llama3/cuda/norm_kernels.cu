@@ -4,7 +4,7 @@
 // a block_sum, so its order is fixed. The weight gradient sums over rows without atomics: a first kernel gives
 // every (block of kDwChunkRows rows, column) its partial sum, rows in increasing order; a second adds the
 // partials of each column in chunk order and then adds the total to dw. The partials live in a stream-ordered
-// allocation (cudaMallocAsync / cudaFreeAsync on the op's stream) of chunks * n floats.
+// allocation of chunks * n floats from the zero3 device's pool, on its compute stream.
 #include <algorithm>
 
 #include "cuda/cuda_check.hpp"
@@ -92,22 +92,20 @@ __global__ void rmsnorm_dw_finish_kernel(const float* partial, int64_t chunks, i
   }
 }
 
-// A stream-ordered device allocation, freed on the same stream when it goes out of scope.
+// A device allocation from the zero3 device's pool, ordered on its compute stream and freed there when it goes
+// out of scope.
 class StreamScratch {
  public:
-  StreamScratch(size_t bytes, cudaStream_t stream) : stream_(stream) {
-    LLAMA3_CUDA_CHECK(cudaMallocAsync(&ptr_, bytes, stream));
-  }
-  ~StreamScratch() {
-    if (ptr_ != nullptr) cudaFreeAsync(ptr_, stream_);
-  }
+  StreamScratch(size_t bytes, zero3::Device& device) : device_(device), bytes_(bytes), ptr_(device.allocate(bytes)) {}
+  ~StreamScratch() { device_.deallocate_after(ptr_, bytes_, device_.default_stream()); }
   StreamScratch(const StreamScratch&) = delete;
   StreamScratch& operator=(const StreamScratch&) = delete;
   float* floats() const { return static_cast<float*>(ptr_); }
 
  private:
-  void* ptr_ = nullptr;
-  cudaStream_t stream_;
+  zero3::Device& device_;
+  size_t bytes_;
+  void* ptr_;
 };
 
 }  // namespace
@@ -127,7 +125,8 @@ void rmsnorm_forward(const void* x, const void* w, void* y, float* rstd, int64_t
 }
 
 void rmsnorm_backward(const void* x, const void* w, const float* rstd, const void* dy, void* dx, float* dw,
-                      int64_t rows, int64_t n, bool accumulate_dx, DType act, cudaStream_t stream) {
+                      int64_t rows, int64_t n, bool accumulate_dx, DType act, zero3::Device& device) {
+  const auto stream = static_cast<cudaStream_t>(device.default_stream());
   detail::check_non_negative(rows, "rmsnorm_backward", "rows");
   detail::check_non_negative(n, "rmsnorm_backward", "n");
   detail::check_act(act, "rmsnorm_backward");
@@ -149,7 +148,7 @@ void rmsnorm_backward(const void* x, const void* w, const float* rstd, const voi
     // At most kMaxGridY chunks (grid.y), each of at least kDwChunkRows rows.
     const int64_t chunk_rows = std::max(kDwChunkRows, (rows + kMaxGridY - 1) / kMaxGridY);
     const int64_t chunks = (rows + chunk_rows - 1) / chunk_rows;
-    StreamScratch partial(static_cast<size_t>(chunks * n) * sizeof(float), stream);
+    StreamScratch partial(static_cast<size_t>(chunks * n) * sizeof(float), device);
     const dim3 grid(static_cast<unsigned int>(col_blocks), static_cast<unsigned int>(chunks));
     const dim3 block(kWarp, kDwRowThreads);
     rmsnorm_dw_partial_kernel<T><<<grid, block, 0, stream>>>(xt, rstd, dyt, partial.floats(), rows, n, chunk_rows);

@@ -22,8 +22,8 @@ struct Entry {
 };
 
 std::string encode(const Entry& e) {
-  return std::to_string(e.world_size) + " " + std::to_string(e.rank) + " " + std::to_string(e.pid) + " " +
-         e.launcher + " " + e.host;
+  return std::to_string(e.world_size) + " " + std::to_string(e.rank) + " " + std::to_string(e.pid) + " " + e.launcher +
+         " " + e.host;
 }
 
 Entry decode(const std::vector<uint8_t>& bytes) {
@@ -81,9 +81,10 @@ void check_launch_agreement(Store& store, const LaunchInfo& launch, std::chrono:
   if (store.add(base + "claims/" + std::to_string(launch.rank), 1) > 1) {
     const Entry first = decode(store.get(rank_key));
     const std::string message = std::string("two processes were started as rank ") + std::to_string(launch.rank) +
-                                " (" + rank_variable(launch.launcher) + "=" + std::to_string(launch.rank) + "): " +
-                                process(first) + ", and " + process(mine) + ", which came second and stops the " +
-                                "job. Give every process of the job its own " + rank_variable(launch.launcher);
+                                " (" + rank_variable(launch.launcher) + "=" + std::to_string(launch.rank) +
+                                "): " + process(first) + ", and " + process(mine) +
+                                ", which came second and stops the job. Give every process of the job its own " +
+                                rank_variable(launch.launcher);
     store.set(verdict_key, bytes_of("error\n" + message));
     throw CommError(message);
   }

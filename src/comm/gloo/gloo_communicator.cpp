@@ -69,6 +69,7 @@ CollectiveCall decode_call(const uint64_t* in) {
   call.root = static_cast<int>(static_cast<int64_t>(in[2]) - 1);
   return call;
 }
+
 // 1 MiB of f32 per transfer in the reduce-scatter ring, like gloo's own segment size.
 constexpr size_t kSegmentElements = size_t{1} << 18;
 
@@ -183,6 +184,7 @@ class GlooCommunicator final : public Communicator {
     cv_.notify_all();
     if (worker_.joinable()) worker_.join();
     try {
+      agreement_.reset();
       context_.reset();  // closes the connections (gloo may throw from its teardown)
     } catch (const std::exception& e) {
       log::warn("gloo: closing the connections of rank ", rank_, " of ", size_, " failed: ", e.what());
@@ -355,38 +357,49 @@ class GlooCommunicator final : public Communicator {
 
   // Every rank's description of its call number `tag`, exchanged with every peer on a slot of its own; throws
   // CollectiveMismatchError when they differ. Fixed-size messages, so this exchange itself cannot mismatch. The
-  // whole exchange has one timeout.
+  // whole exchange has one timeout. The receives for the next call are posted as soon as this one is done, so
+  // that a peer's description goes out the moment it is sent, without a ready-to-receive round trip first.
   void agree(const CollectiveCall& call, uint32_t tag, const std::string& what) {
     const auto deadline = std::chrono::steady_clock::now() + timeout_;
     auto left = [&] {
       auto rest = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
       return std::max(rest, std::chrono::milliseconds(1));
     };
-    std::vector<uint64_t> all(kCallWords * static_cast<size_t>(size_));
-    encode_call(call, tag, &all[kCallWords * static_cast<size_t>(rank_)]);
     constexpr size_t kBytes = kCallWords * sizeof(uint64_t);
-    auto buffer = context_->createUnboundBuffer(all.data(), all.size() * sizeof(uint64_t));
+    if (!agreement_) {
+      agreement_words_.assign(kCallWords * static_cast<size_t>(size_), 0);
+      agreement_ = context_->createUnboundBuffer(agreement_words_.data(), agreement_words_.size() * sizeof(uint64_t));
+      post_agreement_receives(tag);
+    }
+    uint64_t* words = agreement_words_.data();
+    encode_call(call, tag, &words[kCallWords * static_cast<size_t>(rank_)]);
     const auto slot = ::gloo::Slot::build(kAgreementSlotPrefix, tag);
     for (int p = 0; p < size_; ++p) {
-      if (p != rank_) buffer->recv(p, slot, static_cast<size_t>(p) * kBytes, kBytes);
+      if (p != rank_) agreement_->send(p, slot, static_cast<size_t>(rank_) * kBytes, kBytes);
     }
-    for (int p = 0; p < size_; ++p) {
-      if (p != rank_) buffer->send(p, slot, static_cast<size_t>(rank_) * kBytes, kBytes);
-    }
-    for (int i = 1; i < size_; ++i) buffer->waitRecv(left());
-    for (int i = 1; i < size_; ++i) buffer->waitSend(left());
+    for (int i = 1; i < size_; ++i) agreement_->waitRecv(left());
+    for (int i = 1; i < size_; ++i) agreement_->waitSend(left());
     std::vector<CollectiveCall> calls;
     bool same = true;
     for (int p = 0; p < size_; ++p) {
-      const uint64_t* words = &all[kCallWords * static_cast<size_t>(p)];
-      if ((words[0] >> 32) != kCallMagic || words[3] != tag) {
+      const uint64_t* w = &words[kCallWords * static_cast<size_t>(p)];
+      if ((w[0] >> 32) != kCallMagic || w[3] != tag) {
         throw CommError(what + ": rank " + std::to_string(p) + " sent a call description this rank cannot read " +
                         "(another zero3 version, or a corrupted connection)");
       }
-      calls.push_back(decode_call(words));
+      calls.push_back(decode_call(w));
       same = same && calls.back() == call;
     }
+    post_agreement_receives(tag + 1);
     if (!same) throw CollectiveMismatchError(mismatch_message(what, tag, calls));
+  }
+
+  void post_agreement_receives(uint32_t tag) {
+    constexpr size_t kBytes = kCallWords * sizeof(uint64_t);
+    const auto slot = ::gloo::Slot::build(kAgreementSlotPrefix, tag);
+    for (int p = 0; p < size_; ++p) {
+      if (p != rank_) agreement_->recv(p, slot, static_cast<size_t>(p) * kBytes, kBytes);
+    }
   }
 
   void work_loop() {
@@ -496,6 +509,10 @@ class GlooCommunicator final : public Communicator {
   std::shared_ptr<::gloo::rendezvous::Context> context_;
   int splits_ = 0;                 // issuing thread only
   std::vector<char> scratch_[2];  // worker thread only
+  // The call descriptions of every rank (worker thread only), received into agreement_, whose receives for the
+  // next call are always posted.
+  std::vector<uint64_t> agreement_words_;
+  std::unique_ptr<::gloo::transport::UnboundBuffer> agreement_;
 
   std::mutex mu_;
   std::condition_variable cv_;

@@ -8,6 +8,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "core/check.hpp"
 #include "device/device_kernels.hpp"
 #include "device/device_registry.hpp"
 #include "kernels/block_quantize_cpu.hpp"
@@ -161,7 +162,7 @@ class CpuKernels final : public detail::DeviceKernels {
 // Host memory. Freed blocks are kept by size (up to kCachePerSize of each) and handed out again: the
 // engine allocates and frees the same sizes every micro-step (gathered units, gradient buffers), and a
 // fresh multi-megabyte allocation costs a page fault per 4 KiB on first touch.
-class CpuDevice final : public Device {
+class CpuDevice final : public detail::DeviceBackend {
  public:
   ~CpuDevice() override { trim(); }
 
@@ -247,7 +248,9 @@ class CpuDevice final : public Device {
   CpuKernels kernels_;
 };
 
-const detail::DeviceRegistrar kCpuRegistrar("cpu", [](int) -> std::unique_ptr<Device> {
+const detail::DeviceRegistrar kCpuRegistrar("cpu", [](int, Stream compute_stream) -> std::unique_ptr<Device> {
+  ZERO3_REQUIRE(compute_stream == nullptr, InvalidArgument,
+                "make_device: the cpu device has no streams; a compute stream is for a cuda device");
   return std::make_unique<CpuDevice>();
 });
 

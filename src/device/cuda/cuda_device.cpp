@@ -28,16 +28,18 @@ class CudaDeviceStream final : public DeviceStream {
   CudaStream stream_;
 };
 
+// nullptr is the device's compute stream here too.
 class CudaDeviceEvent final : public DeviceEvent {
  public:
-  explicit CudaDeviceEvent(int device) : event_(device) {}
-  void record(Stream stream) override { event_.record(as_cuda(stream)); }
-  void wait_on(Stream stream) override { event_.make_wait(as_cuda(stream)); }
+  CudaDeviceEvent(int device, cudaStream_t compute) : event_(device), compute_(compute) {}
+  void record(Stream stream) override { event_.record(stream != nullptr ? as_cuda(stream) : compute_); }
+  void wait_on(Stream stream) override { event_.make_wait(stream != nullptr ? as_cuda(stream) : compute_); }
   void synchronize() override { event_.synchronize(); }
   bool done() override { return event_.done(); }
 
  private:
   CudaEvent event_;
+  cudaStream_t compute_;
 };
 
 int checked_index(int index) {
@@ -50,6 +52,25 @@ int checked_index(int index) {
                                       count > 1 ? log::concat("..cuda:", count - 1) : "", ")"));
   }
   return index;
+}
+
+// The stream the device computes on: the caller's, checked to be on this device, or the legacy default stream.
+cudaStream_t compute_stream_for(int index, Stream given) {
+  if (given == nullptr) return cudaStreamLegacy;
+  cudaStream_t s = as_cuda(given);
+#if CUDART_VERSION >= 12080
+  int owner = -1;
+  if (cudaError_t e = cudaStreamGetDevice(s, &owner); e != cudaSuccess) {
+    throw InvalidArgument(log::concat("make_device(\"cuda:", index, "\", stream): CUDA does not know the stream ",
+                                      static_cast<const void*>(s), " (", cuda_error_detail(e),
+                                      "); pass a live cudaStream_t of this device"));
+  }
+  if (owner != index) {
+    throw InvalidArgument(log::concat("make_device(\"cuda:", index, "\", stream): the stream belongs to cuda:", owner,
+                                      "; make the device with that index, or a stream of cuda:", index));
+  }
+#endif
+  return s;
 }
 
 }  // namespace
@@ -66,10 +87,11 @@ int cuda_device_count(std::string* why) {
   return count;
 }
 
-CudaDevice::CudaDevice(int index)
+CudaDevice::CudaDevice(int index, Stream compute_stream)
     : index_(checked_index(index)),
-      allocator_(std::make_unique<CachingAllocator>(index_)),
-      kernels_(index_, *allocator_) {
+      compute_(compute_stream_for(index_, compute_stream)),
+      pool_(std::make_unique<DevicePool>(index_, compute_)),
+      kernels_(index_, *pool_) {
   ZERO3_CUDA_CHECK(cudaGetDeviceProperties(&properties_, index_));
   CudaDeviceGuard guard(index_);
   // Creates the primary context now, so the first allocation does not pay for it (and fails here instead
@@ -86,12 +108,12 @@ CudaDevice::CudaDevice(int index)
 
 CudaDevice::~CudaDevice() = default;
 
-void* CudaDevice::allocate(size_t bytes) { return allocator_->allocate(bytes); }
+void* CudaDevice::allocate(size_t bytes) { return pool_->allocate(bytes); }
 
-void CudaDevice::deallocate(void* ptr, size_t bytes) noexcept { allocator_->deallocate(ptr, bytes); }
+void CudaDevice::deallocate(void* ptr, size_t bytes) noexcept { pool_->deallocate(ptr, bytes); }
 
 void CudaDevice::deallocate_after(void* ptr, size_t bytes, Stream stream) noexcept {
-  allocator_->deallocate_after(ptr, bytes, as_cuda(stream));
+  pool_->deallocate_after(ptr, bytes, stream_of(stream));
 }
 
 void* CudaDevice::allocate_host(size_t bytes) {
@@ -106,7 +128,7 @@ void CudaDevice::deallocate_host_after(void* ptr, size_t bytes, Stream stream) n
   try {
     // The event goes on `stream` of this device (the legacy default stream means the current device's).
     CudaDeviceGuard guard(index_);
-    pinned_host_deallocate_after(ptr, bytes, stream);
+    pinned_host_deallocate_after(ptr, bytes, reinterpret_cast<Stream>(stream_of(stream)));
   } catch (const std::exception& e) {
     log::error(name(), ": releasing ", bytes, " bytes of pinned host memory after stream work: ", e.what(),
                "; the block is kept");
@@ -115,40 +137,44 @@ void CudaDevice::deallocate_host_after(void* ptr, size_t bytes, Stream stream) n
 
 std::unique_ptr<DeviceStream> CudaDevice::make_stream() { return std::make_unique<CudaDeviceStream>(index_); }
 
-std::unique_ptr<DeviceEvent> CudaDevice::make_event() { return std::make_unique<CudaDeviceEvent>(index_); }
+std::unique_ptr<DeviceEvent> CudaDevice::make_event() { return std::make_unique<CudaDeviceEvent>(index_, compute_); }
 
 void CudaDevice::copy(void* dst, const void* src, size_t bytes, Stream stream) {
   if (bytes == 0 || dst == src) return;
   CudaDeviceGuard guard(index_);
-  ZERO3_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, as_cuda(stream)));
+  const cudaStream_t s = stream_of(stream);
+  ZERO3_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, s));
   // cudaMemcpy itself may return before a device-to-device copy is done; the contract says done.
-  if (stream == nullptr) ZERO3_CUDA_CHECK(cudaStreamSynchronize(nullptr));
+  if (stream == nullptr) ZERO3_CUDA_CHECK(cudaStreamSynchronize(s));
 }
 
 void CudaDevice::move(void* dst, const void* src, size_t bytes, Stream stream) {
   if (bytes == 0 || dst == src) return;
   const auto d = reinterpret_cast<uintptr_t>(dst);
-  const auto s = reinterpret_cast<uintptr_t>(src);
-  if ((d > s ? d - s : s - d) >= bytes) return copy(dst, src, bytes, stream);
-  // cudaMemcpy is undefined for overlapping ranges: go through a block of the cache.
+  const auto p = reinterpret_cast<uintptr_t>(src);
+  if ((d > p ? d - p : p - d) >= bytes) return copy(dst, src, bytes, stream);
+  // cudaMemcpy is undefined for overlapping ranges: go through a block of the pool, allocated and freed on the
+  // copy's own stream.
   CudaDeviceGuard guard(index_);
-  void* temp = allocator_->allocate(bytes);
+  const cudaStream_t s = stream_of(stream);
+  void* temp = pool_->allocate(bytes, s);
   try {
-    ZERO3_CUDA_CHECK(cudaMemcpyAsync(temp, src, bytes, cudaMemcpyDeviceToDevice, as_cuda(stream)));
-    ZERO3_CUDA_CHECK(cudaMemcpyAsync(dst, temp, bytes, cudaMemcpyDeviceToDevice, as_cuda(stream)));
-    if (stream == nullptr) ZERO3_CUDA_CHECK(cudaStreamSynchronize(nullptr));
+    ZERO3_CUDA_CHECK(cudaMemcpyAsync(temp, src, bytes, cudaMemcpyDeviceToDevice, s));
+    ZERO3_CUDA_CHECK(cudaMemcpyAsync(dst, temp, bytes, cudaMemcpyDeviceToDevice, s));
+    if (stream == nullptr) ZERO3_CUDA_CHECK(cudaStreamSynchronize(s));
   } catch (...) {
-    allocator_->deallocate_after(temp, bytes, as_cuda(stream));
+    pool_->deallocate_after(temp, bytes, s);
     throw;
   }
-  allocator_->deallocate_after(temp, bytes, as_cuda(stream));
+  pool_->deallocate_after(temp, bytes, s);
 }
 
 void CudaDevice::fill_zero(void* ptr, size_t bytes, Stream stream) {
   if (bytes == 0) return;
   CudaDeviceGuard guard(index_);
-  ZERO3_CUDA_CHECK(cudaMemsetAsync(ptr, 0, bytes, as_cuda(stream)));
-  if (stream == nullptr) ZERO3_CUDA_CHECK(cudaStreamSynchronize(nullptr));
+  const cudaStream_t s = stream_of(stream);
+  ZERO3_CUDA_CHECK(cudaMemsetAsync(ptr, 0, bytes, s));
+  if (stream == nullptr) ZERO3_CUDA_CHECK(cudaStreamSynchronize(s));
 }
 
 void CudaDevice::synchronize() {
@@ -156,9 +182,9 @@ void CudaDevice::synchronize() {
   ZERO3_CUDA_CHECK(cudaDeviceSynchronize());
 }
 
-int64_t CudaDevice::bytes_in_use() const { return allocator_->stats().bytes_in_use; }
+int64_t CudaDevice::bytes_in_use() const { return pool_->bytes_in_use(); }
 
-int64_t CudaDevice::peak_bytes_in_use() const { return allocator_->stats().peak_bytes_in_use; }
+int64_t CudaDevice::peak_bytes_in_use() const { return pool_->peak_bytes_in_use(); }
 
 namespace {
 
@@ -182,7 +208,10 @@ void activate(int index) {
 }
 
 const DeviceRegistrar kCudaRegistrar(
-    "cuda", [](int index) -> std::unique_ptr<Device> { return std::make_unique<CudaDevice>(index); },
+    "cuda",
+    [](int index, Stream compute_stream) -> std::unique_ptr<Device> {
+      return std::make_unique<CudaDevice>(index, compute_stream);
+    },
     [] { return cuda_device_count() > 0; }, activate);
 
 }  // namespace

@@ -1,13 +1,17 @@
-// The cuda Device: device memory from a caching allocator, copies and fills ordered on streams, and the
+// The cuda Device: device memory from CUDA's stream-ordered pool, copies and fills ordered on streams, and the
 // engine's element kernels launched from the single-source element functions. Registered as "cuda"
 // ("cuda:N" picks device N); make_device("auto") picks it when a device is usable.
 //
-// Streams: every operation takes a Stream; nullptr means CUDA's legacy default stream, and copy(),
-// move() and fill_zero() with nullptr return only when the operation has finished (the Device contract).
-// make_stream() gives non-blocking streams (they do not wait for the legacy default stream); order them
-// with make_event(): record on the producer, wait_on the consumer.
-// Memory: allocate/deallocate never call cudaMalloc/cudaFree once the cache holds the sizes in use
-// (caching_allocator.hpp). Memory that queued work may still use is freed with deallocate_after().
+// Streams: the device computes on one stream, the compute stream: the caller's when it was made with one
+// (make_device(name, stream); the caller keeps it alive), else CUDA's legacy default stream. Every operation
+// takes a Stream; nullptr means the compute stream, and copy(), move() and fill_zero() with nullptr return only
+// when the operation has finished (the Device contract). make_stream() gives non-blocking streams (they do not
+// wait for the legacy default stream); order them with make_event(): record on the producer, wait_on the
+// consumer.
+// Memory: one stream-ordered pool (device_pool.hpp) per device: allocate() is ordered on the compute stream and
+// reuses what frees on that stream gave back without any wait; nothing here calls cudaMalloc or cudaFree, and
+// the pool maps device memory only while it grows. Memory that queued work may still use is freed with
+// deallocate_after().
 #pragma once
 
 #include <cuda_runtime.h>
@@ -15,17 +19,19 @@
 #include <memory>
 #include <string>
 
-#include "device/cuda/caching_allocator.hpp"
 #include "device/cuda/cuda_device_kernels.hpp"
+#include "device/cuda/device_pool.hpp"
+#include "device/device_kernels.hpp"
 #include "zero3/device.hpp"
 
 namespace zero3::detail {
 
-class CudaDevice final : public Device {
+class CudaDevice final : public DeviceBackend {
  public:
   // Throws CudaError "cuda:N: no CUDA device: <CUDA's message>" when CUDA finds no device, and
-  // InvalidArgument when N is past the last device.
-  explicit CudaDevice(int index);
+  // InvalidArgument when N is past the last device or `compute_stream` belongs to another device.
+  // `compute_stream`: the caller's stream to compute on; nullptr: CUDA's legacy default stream.
+  explicit CudaDevice(int index, Stream compute_stream = nullptr);
   ~CudaDevice() override;
 
   DeviceType type() const override { return DeviceType::cuda; }
@@ -34,14 +40,14 @@ class CudaDevice final : public Device {
 
   void* allocate(size_t bytes) override;
   void deallocate(void* ptr, size_t bytes) noexcept override;
-  // Returns the block to the cache once the work queued on `stream` so far has finished.
+  // Freed in the order of `stream` (cudaFreeAsync), after the work queued there so far.
   void deallocate_after(void* ptr, size_t bytes, Stream stream) noexcept override;
   // Page-locked memory from the process-wide pinned cache (pinned_host.hpp).
   void* allocate_host(size_t bytes) override;
   void deallocate_host(void* ptr, size_t bytes) noexcept override;
   void deallocate_host_after(void* ptr, size_t bytes, Stream stream) noexcept override;
-  // cudaStreamLegacy: the legacy default stream, queued asynchronously.
-  Stream default_stream() const override { return reinterpret_cast<Stream>(cudaStreamLegacy); }
+  // The compute stream (the caller's, or cudaStreamLegacy), queued asynchronously.
+  Stream default_stream() const override { return reinterpret_cast<Stream>(compute_); }
   // A non-blocking stream and a CUDA event on this device (cuda_stream.hpp).
   std::unique_ptr<DeviceStream> make_stream() override;
   std::unique_ptr<DeviceEvent> make_event() override;
@@ -56,13 +62,17 @@ class CudaDevice final : public Device {
 
   DeviceKernels& kernels() override { return kernels_; }
 
-  CachingAllocator& allocator() { return *allocator_; }
+  DevicePool& pool() { return *pool_; }
   const cudaDeviceProp& properties() const { return properties_; }
 
  private:
+  // `s`, or the compute stream for nullptr.
+  cudaStream_t stream_of(Stream s) const { return s != nullptr ? reinterpret_cast<cudaStream_t>(s) : compute_; }
+
   const int index_;
+  const cudaStream_t compute_;
   cudaDeviceProp properties_{};
-  std::unique_ptr<CachingAllocator> allocator_;
+  std::unique_ptr<DevicePool> pool_;
   CudaKernels kernels_;
 };
 

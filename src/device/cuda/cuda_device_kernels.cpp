@@ -6,11 +6,6 @@
 #include "device/cuda/pinned_host.hpp"
 
 namespace zero3::detail {
-namespace {
-
-cudaStream_t as_cuda(Stream s) { return reinterpret_cast<cudaStream_t>(s); }
-
-}  // namespace
 
 void CudaKernels::scale_copy(void* dst, DType dst_type, const void* src, DType src_type, float scale, int64_t n,
                              Stream stream) {
@@ -19,17 +14,17 @@ void CudaKernels::scale_copy(void* dst, DType dst_type, const void* src, DType s
   CudaDeviceGuard guard(device_);
   if (dst_type == src_type && scale == 1.0f) {
     ZERO3_CUDA_CHECK(cudaMemcpyAsync(dst, src, static_cast<size_t>(n) * dtype_size(dst_type), cudaMemcpyDeviceToDevice,
-                                     as_cuda(stream)));
+                                     stream_of(stream)));
     return;
   }
-  cuda::launch_scale_copy(dst, dst_type, src, src_type, scale, n, as_cuda(stream));
+  cuda::launch_scale_copy(dst, dst_type, src, src_type, scale, n, stream_of(stream));
 }
 
 void CudaKernels::scale_add(void* dst, DType dst_type, const void* src, DType src_type, float scale, int64_t n,
                             Stream stream) {
   if (n <= 0) return;
   CudaDeviceGuard guard(device_);
-  cuda::launch_scale_add(dst, dst_type, src, src_type, scale, n, as_cuda(stream));
+  cuda::launch_scale_add(dst, dst_type, src, src_type, scale, n, stream_of(stream));
 }
 
 GradStats CudaKernels::grad_stats(const void* x, DType type, int64_t n, Stream stream) {
@@ -38,20 +33,21 @@ GradStats CudaKernels::grad_stats(const void* x, DType type, int64_t n, Stream s
   const int64_t chunks = cuda::grad_stats_chunks(n);
   // Layout of the scratch and of its host copy: the non-finite counter, then one double per chunk.
   const size_t bytes = sizeof(unsigned long long) + static_cast<size_t>(chunks) * sizeof(double);
-  void* scratch = scratch_.allocate(bytes);
+  const cudaStream_t s = stream_of(stream);
+  void* scratch = scratch_.allocate(bytes, s);
   auto* counter = static_cast<unsigned long long*>(scratch);
   auto* sums = reinterpret_cast<double*>(counter + 1);
   PinnedHostBuffer host(bytes);
   try {
-    ZERO3_CUDA_CHECK(cudaMemsetAsync(counter, 0, sizeof(unsigned long long), as_cuda(stream)));
-    cuda::launch_grad_stats_chunks(x, type, n, sums, counter, as_cuda(stream));
-    ZERO3_CUDA_CHECK(cudaMemcpyAsync(host.data(), scratch, bytes, cudaMemcpyDeviceToHost, as_cuda(stream)));
-    ZERO3_CUDA_CHECK(cudaStreamSynchronize(as_cuda(stream)));
+    ZERO3_CUDA_CHECK(cudaMemsetAsync(counter, 0, sizeof(unsigned long long), s));
+    cuda::launch_grad_stats_chunks(x, type, n, sums, counter, s);
+    ZERO3_CUDA_CHECK(cudaMemcpyAsync(host.data(), scratch, bytes, cudaMemcpyDeviceToHost, s));
+    ZERO3_CUDA_CHECK(cudaStreamSynchronize(s));
   } catch (...) {
-    scratch_.deallocate_after(scratch, bytes, as_cuda(stream));
+    scratch_.deallocate_after(scratch, bytes, s);
     throw;
   }
-  scratch_.deallocate(scratch, bytes);
+  scratch_.deallocate_after(scratch, bytes, s);
   GradStats out;
   out.non_finite = static_cast<int64_t>(*host.as<unsigned long long>());
   const double* host_sums = reinterpret_cast<const double*>(host.as<unsigned long long>() + 1);
@@ -63,13 +59,13 @@ void CudaKernels::adam(float* p, const float* g, float* m, float* v, int64_t n, 
                        DType copy_type, Stream stream) {
   if (n <= 0) return;
   CudaDeviceGuard guard(device_);
-  cuda::launch_adam(p, g, m, v, n, c, copy_out, copy_type, as_cuda(stream));
+  cuda::launch_adam(p, g, m, v, n, c, copy_out, copy_type, stream_of(stream));
 }
 
 void CudaKernels::init_fill(float* out, const FillSpec& spec, uint64_t seed, uint64_t param_stream, int64_t begin,
                             int64_t end, Stream stream) {
   CudaDeviceGuard guard(device_);
-  cuda::launch_philox_fill(out, spec, seed, param_stream, begin, end, as_cuda(stream));
+  cuda::launch_philox_fill(out, spec, seed, param_stream, begin, end, stream_of(stream));
 }
 
 void CudaKernels::quantize(void* dst, const void* src, DType src_type, int64_t chunk, int64_t chunks,

@@ -1,17 +1,20 @@
 // The cuda backend's DeviceKernels: the launchers of cuda_kernels.hpp behind the interface the engine
-// calls. Everything is queued on the given stream (nullptr: CUDA's legacy default stream) and returns at
+// calls. Everything is queued on the given stream (nullptr: the device's compute stream) and returns at
 // once, except grad_stats, which waits for its stream and returns the numbers.
 #pragma once
 
-#include "device/cuda/caching_allocator.hpp"
+#include <cuda_runtime.h>
+
+#include "device/cuda/device_pool.hpp"
 #include "device/device_kernels.hpp"
 
 namespace zero3::detail {
 
 class CudaKernels final : public DeviceKernels {
  public:
-  // `scratch` is the device's allocator (grad_stats stages its chunk sums there).
-  CudaKernels(int device, CachingAllocator& scratch) : device_(device), scratch_(scratch) {}
+  // `scratch` is the device's pool (grad_stats stages its chunk sums there); nullptr streams mean its compute
+  // stream.
+  CudaKernels(int device, DevicePool& scratch) : device_(device), scratch_(scratch) {}
 
   void scale_copy(void* dst, DType dst_type, const void* src, DType src_type, float scale, int64_t n,
                   Stream stream) override;
@@ -30,8 +33,12 @@ class CudaKernels final : public DeviceKernels {
                       Stream stream) override;
 
  private:
+  cudaStream_t stream_of(Stream s) const {
+    return s != nullptr ? reinterpret_cast<cudaStream_t>(s) : scratch_.compute();
+  }
+
   const int device_;
-  CachingAllocator& scratch_;
+  DevicePool& scratch_;
 };
 
 }  // namespace zero3::detail

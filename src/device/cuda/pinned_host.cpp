@@ -1,20 +1,20 @@
 #include "device/cuda/pinned_host.hpp"
 
-#include "device/cuda/caching_allocator.hpp"
+#include "device/cuda/pinned_host_cache.hpp"
 
 namespace zero3::detail {
 namespace {
 
-CachingAllocator& pinned_pool() {
+PinnedHostCache& pinned_pool() {
   // Never destroyed: host memory is returned by the process's exit, and a static destructor would run
   // after the CUDA runtime has unloaded.
-  static CachingAllocator* pool = [] {
+  static PinnedHostCache* pool = [] {
     int device = 0;
     if (cudaGetDevice(&device) != cudaSuccess) {
       cudaGetLastError();
       device = 0;
     }
-    return new CachingAllocator(device, MemoryKind::pinned_host);
+    return new PinnedHostCache(device);
   }();
   return *pool;
 }
@@ -29,7 +29,7 @@ void pinned_host_deallocate_after(void* ptr, size_t bytes, Stream stream) noexce
   pinned_pool().deallocate_after(ptr, bytes, stream);
 }
 
-CachingAllocatorStats pinned_host_stats() { return pinned_pool().stats(); }
+PinnedHostCacheStats pinned_host_stats() { return pinned_pool().stats(); }
 
 void pinned_host_empty_cache() { pinned_pool().empty_cache(); }
 

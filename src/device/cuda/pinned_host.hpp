@@ -1,7 +1,7 @@
 // Page-locked (pinned) host memory: the staging memory of asynchronous host<->device copies (a copy from
 // pageable memory is synchronous and goes through CUDA's own bounce buffer at a fraction of the bandwidth).
 //
-// One process-wide cache (a CachingAllocator of MemoryKind::pinned_host): cudaHostAlloc takes milliseconds
+// One process-wide cache (a PinnedHostCache, pinned_host_cache.hpp): cudaHostAlloc takes milliseconds
 // and maps pages into every context, so blocks are kept and reused by size class. The memory is allocated
 // portable: any device may copy from it.
 //
@@ -18,7 +18,7 @@
 
 namespace zero3::detail {
 
-struct CachingAllocatorStats;
+struct PinnedHostCacheStats;
 
 // At least 512-byte aligned; nullptr for 0 bytes. Throws CudaError when CUDA cannot pin more memory.
 void* pinned_host_allocate(size_t bytes);
@@ -26,7 +26,7 @@ void* pinned_host_allocate(size_t bytes);
 void pinned_host_deallocate(void* ptr, size_t bytes) noexcept;
 // Reused only after the work queued on `stream` so far (e.g. a copy out of the block) has finished.
 void pinned_host_deallocate_after(void* ptr, size_t bytes, Stream stream) noexcept;
-CachingAllocatorStats pinned_host_stats();
+PinnedHostCacheStats pinned_host_stats();
 // Returns the cached blocks to CUDA.
 void pinned_host_empty_cache();
 

@@ -15,6 +15,9 @@
 //   Bf16LossFalls           bf16 compute (bf16 activations and GEMM inputs) on a repeated batch: 30 steps take the
 //                           loss below 60% of its start; every loss finite.
 //   Fp16IsRefused           fp16 compute on cuda is zero3::Unsupported at construction, with a sentence naming it.
+//   UploadsDoNotWait...     CudaModelOps on a device computing on the caller's stream: copy_from_host returns while
+//                           that stream is held (pinned staging, no host wait) and the bytes arrive in order; the
+//                           ops' scratch (cuBLAS's workspace included) is counted by the zero3 device: one pool.
 // Without a CUDA device the program prints why and exits 77 (skipped).
 #include "gpu/cuda_test_env.hpp"
 
@@ -22,7 +25,10 @@
 
 #include <unistd.h>
 
+#include <cuda_runtime.h>
+
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
@@ -31,8 +37,10 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "backend/model_ops.hpp"
 #include "engine_model.hpp"
 #include "llama_model.hpp"
 #include "support/engine_world.hpp"
@@ -317,6 +325,42 @@ TEST(CudaModel, Fp16IsRefused) {
   } catch (const zero3::Unsupported& e) {
     EXPECT_NE(std::string(e.what()).find("f16"), std::string::npos) << e.what();
   }
+}
+
+void hold_stream(void* flag) {
+  while (!static_cast<std::atomic<bool>*>(flag)->load()) std::this_thread::yield();
+}
+
+TEST(CudaModel, UploadsDoNotWaitAndScratchComesFromTheDevicesPool) {
+  cudaStream_t stream = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  {
+    auto gpu = zero3::make_device("cuda", stream);
+    std::unique_ptr<ModelOps> ops = make_model_ops(*gpu, zero3::DType::f32);
+    EXPECT_GE(gpu->bytes_in_use(), int64_t{32} << 20) << "cuBLAS's workspace is not the device's";
+    const size_t n = 4096;
+    std::vector<int32_t> src(n), back(n);
+    for (size_t i = 0; i < n; ++i) src[i] = static_cast<int32_t>(i * 3 + 1);
+    void* d = ops->allocate(n * 4);
+    std::atomic<bool> release{false}, returned{false};
+    ASSERT_EQ(cudaLaunchHostFunc(stream, hold_stream, &release), cudaSuccess);
+    std::thread uploader([&] {
+      ops->copy_from_host(d, src.data(), n * 4);
+      returned = true;
+    });
+    for (int i = 0; i < 500 && !returned; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    EXPECT_TRUE(returned) << "copy_from_host waited for the stream";
+    release = true;
+    uploader.join();
+    std::fill(src.begin(), src.end(), -1);  // the caller may reuse its buffer once the call returned
+    ops->copy_to_host(back.data(), d, n * 4);
+    for (size_t i : {size_t{0}, n / 2, n - 1}) EXPECT_EQ(back[i], static_cast<int32_t>(i * 3 + 1)) << i;
+    ops->free(d, n * 4);
+    ops.reset();
+    ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+    EXPECT_EQ(gpu->bytes_in_use(), 0) << "the ops left device memory behind";
+  }
+  ASSERT_EQ(cudaStreamDestroy(stream), cudaSuccess);
 }
 
 }  // namespace

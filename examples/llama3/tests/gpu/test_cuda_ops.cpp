@@ -19,6 +19,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -33,6 +34,7 @@
 #include "ops/swiglu.hpp"
 #include "tests/cross_entropy_rows.hpp"
 #include "tests/grad_check.hpp"
+#include "zero3/device.hpp"
 #include "zero3/dtype.hpp"
 #include "zero3/error.hpp"
 
@@ -152,19 +154,25 @@ const DType kActs[] = {DType::f32, DType::bf16};
 
 class CudaOps : public ::testing::Test {
  protected:
-  void SetUp() override { cuda_ok(cudaStreamCreate(&stream_), "cudaStreamCreate"); }
+  // The ops' scratch comes from a zero3 device computing on the test's stream (the ops run there).
+  void SetUp() override {
+    cuda_ok(cudaStreamCreate(&stream_), "cudaStreamCreate");
+    device_ = zero3::make_device("cuda", stream_);
+  }
   void TearDown() override {
     cudaStreamSynchronize(stream_);
+    device_.reset();
     cudaStreamDestroy(stream_);
   }
   std::vector<float> get(const DeviceBuffer& b, size_t n, DType t) { return download(b.get(), n, t, stream_); }
   cudaStream_t stream_ = nullptr;
+  std::unique_ptr<zero3::Device> device_;
 };
 
 // ---- GEMM ----
 
 TEST_F(CudaOps, GemmAllTransposesStridesAndTypes) {
-  lc::Blas blas(stream_);
+  lc::Blas blas(*device_);
   const int64_t m = 37, n = 29, k = 96;
   for (bool ta : {false, true}) {
     for (bool tb : {false, true}) {
@@ -221,7 +229,7 @@ TEST_F(CudaOps, GemmAllTransposesStridesAndTypes) {
 // beta 0 ignores what C held (the attention and loss workspaces are never cleared); k 0 leaves beta * C, with
 // A's row stride 0 (A has no columns).
 TEST_F(CudaOps, GemmIgnoresCWithBetaZeroAndTakesKZero) {
-  lc::Blas blas(stream_);
+  lc::Blas blas(*device_);
   const int64_t m = 5, n = 7, k = 3;
   auto a = rand_vec(static_cast<size_t>(m * k), 111), b = rand_vec(static_cast<size_t>(k * n), 112);
   std::vector<float> c(static_cast<size_t>(m * n), NAN), want(c.size());
@@ -239,7 +247,7 @@ TEST_F(CudaOps, GemmIgnoresCWithBetaZeroAndTakesKZero) {
 }
 
 TEST_F(CudaOps, GemmRejectsUnsupportedTypesAndStrides) {
-  lc::Blas blas(stream_);
+  lc::Blas blas(*device_);
   DeviceBuffer a(64 * 4), b(64 * 4), c(64 * 4);
   EXPECT_THROW(
       blas.gemm(false, false, 2, 2, 2, 1.0f, a.get(), 2, b.get(), 2, 0.0f, c.get(), 2, DType::f32, DType::bf16),
@@ -285,11 +293,11 @@ TEST_F(CudaOps, RmsNormForwardAndBackward) {
         auto rstd_cpu = upload(rstd_ref, DType::f32);
         auto ddx = upload(dx0, act), ddw = upload(dw0, DType::f32);
         lc::rmsnorm_backward(dxd->get(), dwd->get(), rstd_cpu->as<float>(), ddy->get(), ddx->get(), ddw->as<float>(),
-                             rows, n, true, act, stream_);
+                             rows, n, true, act, *device_);
         EXPECT_LT(rel_err(get(*ddx, sz, act), dx_ref), tol(act)) << "dx accumulated";
         EXPECT_LT(rel_err(get(*ddw, static_cast<size_t>(n), DType::f32), dw_ref), tol(act)) << "dw";
         lc::rmsnorm_backward(dxd->get(), dwd->get(), rstd_cpu->as<float>(), ddy->get(), ddx->get(), nullptr, rows, n,
-                             false, act, stream_);
+                             false, act, *device_);
         EXPECT_LT(rel_err(get(*ddx, sz, act), dx_over), tol(act)) << "dx overwritten";
       }
     }
@@ -439,8 +447,10 @@ class AttentionCase {
     return r;
   }
 
-  AttentionRun gpu(cudaStream_t stream, int64_t workspace_cap = lc::kDefaultAttentionWorkspaceCap) const {
-    lc::Blas blas(stream);
+  AttentionRun gpu(zero3::Device& device, int64_t workspace_cap = lc::kDefaultAttentionWorkspaceCap) const {
+    const auto stream = static_cast<cudaStream_t>(device.default_stream());
+    lc::Blas blas(device);
+    const int64_t before = device.bytes_in_use();
     lc::Attention attention(blas, workspace_cap);
     const size_t es = zero3::dtype_size(act);
     auto dqkv = upload(qkv, act), ddout = upload(dout, act);
@@ -453,6 +463,7 @@ class AttentionCase {
     attention.backward(d, q, ld_qkv, q + qw * es, ld_qkv, q + (qw + kw) * es, ld_qkv, out.get(), ldo, lse.as<float>(),
                        ddout->get(), lddo, at(grads, 0), ld_g, at(grads, qw), ld_g, at(grads, qw + kw), ld_g, act);
     EXPECT_GT(attention.workspace_bytes(), 0);
+    EXPECT_EQ(device.bytes_in_use() - before, attention.workspace_bytes()) << "the workspace is not the device's";
     AttentionRun r;
     r.workspace_bytes = attention.workspace_bytes();
     r.out = download(out.get(), static_cast<size_t>(tokens * ldo), act, stream);
@@ -487,23 +498,23 @@ TEST_F(CudaOps, AttentionGroupedQueryForwardAndBackward) {
   for (DType act : kActs) {
     SCOPED_TRACE(std::string(zero3::dtype_name(act)) + " GQA 4/2");
     AttentionCase c(act, 2, 29, 4, 2, 16);
-    c.expect_close(c.gpu(stream_), c.cpu());
+    c.expect_close(c.gpu(*device_), c.cpu());
   }
   for (DType act : kActs) {
     SCOPED_TRACE(std::string(zero3::dtype_name(act)) + " MHA 3/3, 1 sequence of 40");
     AttentionCase c(act, 1, 40, 3, 3, 16);
-    c.expect_close(c.gpu(stream_), c.cpu());
+    c.expect_close(c.gpu(*device_), c.cpu());
   }
   for (DType act : kActs) {
     SCOPED_TRACE(std::string(zero3::dtype_name(act)) + " MQA 6/1");
     AttentionCase c(act, 3, 17, 6, 1, 8);
-    c.expect_close(c.gpu(stream_), c.cpu());
+    c.expect_close(c.gpu(*device_), c.cpu());
   }
   // Rows longer than the softmax kernels' block: each thread takes several keys of a row.
   for (DType act : kActs) {
     SCOPED_TRACE(std::string(zero3::dtype_name(act)) + " GQA 4/2, 1 sequence of 300");
     AttentionCase c(act, 1, 300, 4, 2, 8);
-    c.expect_close(c.gpu(stream_), c.cpu());
+    c.expect_close(c.gpu(*device_), c.cpu());
   }
 }
 
@@ -515,10 +526,10 @@ TEST_F(CudaOps, AttentionChunksOfKvHeads) {
   for (DType act : kActs) {
     AttentionCase c(act, 2, 29, 6, 3, 8);
     const AttentionRun want = c.cpu();
-    const int64_t unchunked = c.gpu(stream_).workspace_bytes;
+    const int64_t unchunked = c.gpu(*device_).workspace_bytes;
     for (int64_t cap : {int64_t{8000}, int64_t{14000}, int64_t{25000}}) {
       SCOPED_TRACE(std::string(zero3::dtype_name(act)) + " GQA 6/3, workspace cap " + std::to_string(cap));
-      const AttentionRun got = c.gpu(stream_, cap);
+      const AttentionRun got = c.gpu(*device_, cap);
       c.expect_close(got, want);
       // The backward's plan is the larger one: the workspace shrinks when the cap splits the backward.
       const int64_t backward_per_kv_head = 29 * 29 * (act == DType::f32 ? 8 : 12);
@@ -527,7 +538,7 @@ TEST_F(CudaOps, AttentionChunksOfKvHeads) {
       }
     }
   }
-  lc::Blas blas(stream_);
+  lc::Blas blas(*device_);
   EXPECT_THROW(lc::Attention(blas, 0), zero3::InvalidArgument);
 }
 
@@ -562,7 +573,7 @@ TEST_F(CudaOps, LmHeadLossRowsGradientsAndSum) {
       for (int64_t chunk : {int64_t{16}, int64_t{0}, int64_t{1000}}) {
         SCOPED_TRACE(std::string(zero3::dtype_name(act)) + " vocab " + std::to_string(vocab) + " chunk_rows " +
                      std::to_string(chunk));
-        lc::Blas blas(stream_);
+        lc::Blas blas(*device_);
         lc::LmHeadLoss loss(blas);
         auto ddw = upload(dw0, DType::f32);
         DeviceBuffer dx(x.size() * zero3::dtype_size(act)), row_loss(static_cast<size_t>(n) * 4), sum(8);
@@ -662,7 +673,7 @@ TEST_F(CudaOps, LmHeadLossInvalidAndIgnoredTargets) {
     std::vector<float> dx_ref(static_cast<size_t>(hidden)), dw_ref(w.size(), 0.0f);
     const auto result = llama3::lm_head_cross_entropy<float>(x.data(), w.data(), targets.data(), 1, hidden, vocab, 0.5f,
                                                              dx_ref.data(), dw_ref.data(), 0);
-    lc::Blas blas(stream_);
+    lc::Blas blas(*device_);
     lc::LmHeadLoss loss(blas);
     auto dxd = upload(x, act), dwd = upload(w, act);
     DeviceBuffer dx(x.size() * zero3::dtype_size(act)), dw(w.size() * 4), row_loss(static_cast<size_t>(n) * 4);
@@ -706,7 +717,7 @@ TEST_F(CudaOps, TwoRunsGiveTheSameBits) {
   for (DType act : kActs) {
     SCOPED_TRACE(std::string(zero3::dtype_name(act)));
     AttentionCase c(act, 2, 29, 4, 2, 16);
-    const AttentionRun a = c.gpu(stream_), b = c.gpu(stream_);
+    const AttentionRun a = c.gpu(*device_), b = c.gpu(*device_);
     EXPECT_EQ(encode(a.out, act), encode(b.out, act));
     EXPECT_EQ(a.lse, b.lse);
     EXPECT_EQ(encode(a.grads, act), encode(b.grads, act));
@@ -721,7 +732,7 @@ TEST_F(CudaOps, TwoRunsGiveTheSameBits) {
           dx(x.size() * zero3::dtype_size(act)), dw(static_cast<size_t>(n) * 4);
       lc::rmsnorm_forward(dxd->get(), dwd->get(), y.get(), rstd.as<float>(), rows, n, 1e-5f, act, stream_);
       lc::rmsnorm_backward(dxd->get(), dwd->get(), rstd.as<float>(), ddy->get(), dx.get(), dw.as<float>(), rows, n,
-                           false, act, stream_);
+                           false, act, *device_);
       dws.push_back(bytes_of(dw.get(), dw.bytes(), stream_));
     }
     EXPECT_EQ(dws[0], dws[1]);
@@ -739,9 +750,9 @@ TEST_F(CudaOps, UnsupportedTypesAndShapesAreNamed) {
   EXPECT_THROW(lc::rope_forward(buf.get(), 8, 2, 1, 7, buf.as<float>(), buf.as<float>(), DType::f32, stream_),
                zero3::InvalidArgument);  // odd head_dim
   EXPECT_THROW(lc::rmsnorm_backward(buf.get(), buf.get(), nullptr, buf.get(), buf.get(), nullptr, 2, 4, false,
-                                    DType::f32, stream_),
+                                    DType::f32, *device_),
                zero3::InvalidArgument);  // no rstd
-  lc::Blas blas(stream_);
+  lc::Blas blas(*device_);
   lc::Attention attention(blas);
   lc::AttentionDims d{1, 4, 3, 2, 8};  // 2 kv heads do not divide 3 heads
   EXPECT_THROW(

@@ -1,10 +1,8 @@
-#include "device/cuda/caching_allocator.hpp"
+#include "device/cuda/pinned_host_cache.hpp"
 
 #include <bit>
-#include <optional>
 
 #include "device/cuda/cuda_check.hpp"
-#include "device/cuda/cuda_device_guard.hpp"
 #include "zero3/error.hpp"
 #include "zero3/log.hpp"
 
@@ -19,53 +17,32 @@ size_t round_up(size_t x, size_t to) { return (x + to - 1) / to * to; }
 
 }  // namespace
 
-size_t CachingAllocator::size_class(size_t bytes) {
+size_t PinnedHostCache::size_class(size_t bytes) {
   if (bytes <= kMinBlock) return kMinBlock;
   if (bytes > kSmallLimit) return round_up(bytes, kLargeGranule);
   size_t p = std::bit_floor(bytes);
   return round_up(bytes, p / 4);
 }
 
-CachingAllocator::CachingAllocator(int device, MemoryKind kind) : device_(device), kind_(kind) {}
+PinnedHostCache::PinnedHostCache(int device) : device_(device) {}
 
-std::string CachingAllocator::where() const {
-  return log::concat("cuda:", device_, kind_ == MemoryKind::pinned_host ? " pinned host memory" : "");
-}
+std::string PinnedHostCache::where() const { return log::concat("cuda:", device_, " pinned host memory"); }
 
-cudaError_t CachingAllocator::raw_alloc(void** ptr, size_t bytes) {
-  if (kind_ == MemoryKind::pinned_host) return cudaHostAlloc(ptr, bytes, cudaHostAllocPortable);
-  return cudaMalloc(ptr, bytes);
-}
-
-void CachingAllocator::raw_free(void* ptr) {
-  if (kind_ == MemoryKind::pinned_host) {
-    cudaFreeHost(ptr);
-  } else {
-    cudaFree(ptr);
-  }
-}
-
-CachingAllocator::~CachingAllocator() {
+PinnedHostCache::~PinnedHostCache() {
   std::lock_guard<std::mutex> lock(mu_);
   if (!live_.empty()) {
     log::warn(where(), ": ", live_.size(), " allocations (", stats_.bytes_in_use,
               " bytes) still live when the device was destroyed; they are not freed");
   }
   // At process exit the CUDA runtime may already be gone; every call below then fails harmlessly.
-  std::optional<CudaDeviceGuard> guard;
-  try {
-    guard.emplace(guard_device());
-  } catch (const std::exception&) {
-    cudaGetLastError();
-  }
   for (Pending& p : pending_) {
     cudaEventSynchronize(p.event);
     cudaEventDestroy(p.event);
-    raw_free(p.ptr);
+    cudaFreeHost(p.ptr);
   }
   pending_.clear();
   for (auto& [klass, blocks] : free_) {
-    for (void* b : blocks) raw_free(b);
+    for (void* b : blocks) cudaFreeHost(b);
   }
   free_.clear();
   for (cudaEvent_t e : events_) cudaEventDestroy(e);
@@ -73,13 +50,13 @@ CachingAllocator::~CachingAllocator() {
   cudaGetLastError();
 }
 
-void* CachingAllocator::allocate(size_t bytes) {
+void* PinnedHostCache::allocate(size_t bytes) {
   if (bytes == 0) return nullptr;
   const size_t klass = size_class(bytes);
   std::lock_guard<std::mutex> lock(mu_);
   collect_pending_locked(false);
   void* ptr = take_free_locked(klass);
-  if (ptr == nullptr) ptr = malloc_locked(klass, bytes);
+  if (ptr == nullptr) ptr = alloc_locked(klass, bytes);
   live_.emplace(ptr, Live{klass, bytes});
   ++stats_.allocations;
   stats_.bytes_in_use += static_cast<int64_t>(bytes);
@@ -87,10 +64,9 @@ void* CachingAllocator::allocate(size_t bytes) {
   return ptr;
 }
 
-void* CachingAllocator::malloc_locked(size_t klass, size_t bytes) {
-  CudaDeviceGuard guard(guard_device());
+void* PinnedHostCache::alloc_locked(size_t klass, size_t bytes) {
   void* ptr = nullptr;
-  cudaError_t e = raw_alloc(&ptr, klass);
+  cudaError_t e = cudaHostAlloc(&ptr, klass, cudaHostAllocPortable);
   if (e == cudaErrorMemoryAllocation) {
     cudaGetLastError();
     // Wait for the pending frees: a block of this class may be among them (the host runs ahead of the streams,
@@ -99,25 +75,21 @@ void* CachingAllocator::malloc_locked(size_t klass, size_t bytes) {
     collect_pending_locked(true);
     if (void* freed = take_free_locked(klass)) return freed;
     release_cached_locked();
-    e = raw_alloc(&ptr, klass);
+    e = cudaHostAlloc(&ptr, klass, cudaHostAllocPortable);
   }
   if (e != cudaSuccess) {
     std::string what = cuda_error_detail(e);
-    size_t free_bytes = 0, total_bytes = 0;
-    cudaMemGetInfo(&free_bytes, &total_bytes);
-    cudaGetLastError();
     throw CudaError(log::concat(where(), ": cannot allocate ", bytes, " bytes (block of ", klass, " bytes): ", what,
                                 "; zero3 has ", stats_.bytes_in_use, " bytes in use and ", stats_.bytes_reserved,
-                                " reserved here; the device reports ", free_bytes, " of ", total_bytes,
-                                " bytes free"));
+                                " reserved here"));
   }
-  ++stats_.device_mallocs;
+  ++stats_.host_allocs;
   stats_.bytes_reserved += static_cast<int64_t>(klass);
   if (stats_.bytes_reserved > stats_.peak_bytes_reserved) stats_.peak_bytes_reserved = stats_.bytes_reserved;
   return ptr;
 }
 
-void* CachingAllocator::take_free_locked(size_t klass) {
+void* PinnedHostCache::take_free_locked(size_t klass) {
   auto it = free_.find(klass);
   if (it == free_.end() || it->second.empty()) return nullptr;
   void* ptr = it->second.back();
@@ -127,7 +99,7 @@ void* CachingAllocator::take_free_locked(size_t klass) {
   return ptr;
 }
 
-bool CachingAllocator::take_live_locked(void* ptr, size_t bytes, size_t* klass) {
+bool PinnedHostCache::take_live_locked(void* ptr, size_t bytes, size_t* klass) {
   auto it = live_.find(ptr);
   if (it == live_.end()) {
     log::error(where(), ": deallocate of ", ptr, " (", bytes,
@@ -144,7 +116,7 @@ bool CachingAllocator::take_live_locked(void* ptr, size_t bytes, size_t* klass) 
   return true;
 }
 
-void CachingAllocator::deallocate(void* ptr, size_t bytes) noexcept {
+void PinnedHostCache::deallocate(void* ptr, size_t bytes) noexcept {
   if (ptr == nullptr) return;
   std::lock_guard<std::mutex> lock(mu_);
   size_t klass = 0;
@@ -153,16 +125,14 @@ void CachingAllocator::deallocate(void* ptr, size_t bytes) noexcept {
   stats_.bytes_cached += static_cast<int64_t>(klass);
 }
 
-void CachingAllocator::deallocate_after(void* ptr, size_t bytes, cudaStream_t stream) noexcept {
+void PinnedHostCache::deallocate_after(void* ptr, size_t bytes, cudaStream_t stream) noexcept {
   if (ptr == nullptr) return;
   std::lock_guard<std::mutex> lock(mu_);
   size_t klass = 0;
   if (!take_live_locked(ptr, bytes, &klass)) return;
   cudaEvent_t event = nullptr;
   try {
-    // With the block's device current: `stream` may be the legacy default stream, which means the current
-    // device's.
-    CudaDeviceGuard guard(guard_device());
+    // Under the caller's current device: `stream` may be the legacy default stream, which means that device's.
     event = event_locked();
     ZERO3_CUDA_CHECK(cudaEventRecord(event, stream));
   } catch (const std::exception& e) {
@@ -170,12 +140,7 @@ void CachingAllocator::deallocate_after(void* ptr, size_t bytes, cudaStream_t st
     log::error(where(), ": cannot record the release of a block on its stream (", e.what(),
                "); waiting for the stream instead");
     if (event != nullptr) events_.push_back(event);
-    try {
-      CudaDeviceGuard guard(guard_device());
-      cudaStreamSynchronize(stream);
-    } catch (const std::exception&) {
-      cudaDeviceSynchronize();  // the device cannot even be made current: wait for whatever is current
-    }
+    if (cudaStreamSynchronize(stream) != cudaSuccess) cudaDeviceSynchronize();
     cudaGetLastError();
     free_[klass].push_back(ptr);
     stats_.bytes_cached += static_cast<int64_t>(klass);
@@ -185,19 +150,18 @@ void CachingAllocator::deallocate_after(void* ptr, size_t bytes, cudaStream_t st
   stats_.bytes_pending += static_cast<int64_t>(klass);
 }
 
-cudaEvent_t CachingAllocator::event_locked() {
+cudaEvent_t PinnedHostCache::event_locked() {
   if (!events_.empty()) {
     cudaEvent_t e = events_.back();
     events_.pop_back();
     return e;
   }
-  CudaDeviceGuard guard(guard_device());
   cudaEvent_t e = nullptr;
   ZERO3_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
   return e;
 }
 
-void CachingAllocator::collect_pending_locked(bool wait) {
+void PinnedHostCache::collect_pending_locked(bool wait) {
   size_t kept = 0;
   for (size_t i = 0; i < pending_.size(); ++i) {
     Pending& p = pending_[i];
@@ -218,12 +182,11 @@ void CachingAllocator::collect_pending_locked(bool wait) {
   pending_.resize(kept);
 }
 
-void CachingAllocator::release_cached_locked() {
-  CudaDeviceGuard guard(guard_device());
+void PinnedHostCache::release_cached_locked() {
   for (auto& [klass, blocks] : free_) {
     for (void* b : blocks) {
-      raw_free(b);
-      ++stats_.device_frees;
+      cudaFreeHost(b);
+      ++stats_.host_frees;
       stats_.bytes_reserved -= static_cast<int64_t>(klass);
       stats_.bytes_cached -= static_cast<int64_t>(klass);
     }
@@ -232,13 +195,13 @@ void CachingAllocator::release_cached_locked() {
   cudaGetLastError();
 }
 
-void CachingAllocator::empty_cache() {
+void PinnedHostCache::empty_cache() {
   std::lock_guard<std::mutex> lock(mu_);
   collect_pending_locked(true);
   release_cached_locked();
 }
 
-CachingAllocatorStats CachingAllocator::stats() {
+PinnedHostCacheStats PinnedHostCache::stats() {
   std::lock_guard<std::mutex> lock(mu_);
   collect_pending_locked(false);
   return stats_;

@@ -1,0 +1,61 @@
+// The latency of small collectives: what each call costs before its bytes matter. Part of it is the
+// comparison of the ranks' calls that Gloo makes before any data moves (comm.hpp, "Agreement").
+//
+//   zero3 launch -n 2 -- build/bin/bench_latency [--iters 2000]
+//
+// For all_reduce (1 float), all_gather_into (1 float per rank) and reduce_scatter (1 float per rank), rank 0
+// times each of --iters calls (issue to completion) and prints the minimum, median and 90th percentile in
+// microseconds. Figures only; nothing is asserted.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "support/engine_world.hpp"
+#include "zero3/comm.hpp"
+
+using namespace zero3;
+
+int main(int argc, char** argv) {
+  int iters = 2000;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    if (std::string(argv[i]) == "--iters") {
+      iters = std::atoi(argv[i + 1]);
+    } else {
+      std::fprintf(stderr, "unknown option %s\n", argv[i]);
+      return 2;
+    }
+  }
+  std::shared_ptr<Communicator> comm(connect(testing::host_comm_options(std::chrono::seconds(120))));
+  const auto n = static_cast<size_t>(comm->size());
+  std::vector<float> one(1, 1.0f), all(n, 1.0f), out(n, 0.0f);
+  const std::pair<const char*, std::function<void()>> ops[] = {
+      {"all_reduce", [&] { comm->all_reduce(one.data(), 1, DType::f32, ReduceOp::sum)->wait(); }},
+      {"all_gather_into", [&] { comm->all_gather_into(out.data(), one.data(), 1, DType::f32)->wait(); }},
+      {"reduce_scatter", [&] { comm->reduce_scatter(one.data(), all.data(), 1, DType::f32, ReduceOp::sum)->wait(); }},
+  };
+  if (comm->rank() == 0) {
+    std::printf("bench_latency: %zu ranks (%s), %d calls each; microseconds per call\n", n, comm->backend(), iters);
+    std::printf("%-16s %10s %10s %10s\n", "op", "min", "median", "p90");
+  }
+  for (const auto& [name, op] : ops) {
+    comm->barrier();
+    for (int i = 0; i < 50; ++i) op();  // warm up
+    std::vector<double> us;
+    us.reserve(static_cast<size_t>(iters));
+    for (int i = 0; i < iters; ++i) {
+      const auto t0 = std::chrono::steady_clock::now();
+      op();
+      us.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
+    }
+    std::sort(us.begin(), us.end());
+    if (comm->rank() == 0) {
+      std::printf("%-16s %10.1f %10.1f %10.1f\n", name, us.front(), us[us.size() / 2], us[us.size() * 9 / 10]);
+    }
+  }
+  return 0;
+}
