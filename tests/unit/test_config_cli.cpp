@@ -139,7 +139,7 @@ TEST(ConfigCli, AcceptsEveryConfigInConfigs) {
 TEST(ConfigCli, AcceptsDeepSpeedsZeroPlusPlusTutorialConfig) {
   const std::string file = src("tests/data/configs/real/deepspeed-zeropp-tutorial.json");
   for (const char* precision : {"", " --precision bf16", " --precision fp16"}) {
-    CliResult r = run_zero3("config check " + file + " --world-size 64 --micro-batch 4" + precision);
+    CliResult r = run_zero3("config check " + file + " --world-size 64 --micro-batch 4 --grad-accum 1" + precision);
     ASSERT_EQ(r.status, 0) << precision << ": " << r.err;
     json j = json::parse(r.out);
     EXPECT_EQ(j["zero_optimization"]["zero_quantized_weights"], true);
@@ -148,7 +148,7 @@ TEST(ConfigCli, AcceptsDeepSpeedsZeroPlusPlusTutorialConfig) {
     EXPECT_EQ(j["zero3"]["qwz_block_size"], 2048);
     EXPECT_EQ(j["zero3"]["qgz_block_size"], 2048);
   }
-  CliResult r = run_zero3("config check " + file + " --world-size 64 --micro-batch 4 --precision fp32");
+  CliResult r = run_zero3("config check " + file + " --world-size 64 --micro-batch 4 --grad-accum 1 --precision fp32");
   EXPECT_EQ(r.status, 1);
   EXPECT_NE(r.err.find("zero_optimization.zero_quantized_weights: got true with fp32 compute"), std::string::npos)
       << r.err;
