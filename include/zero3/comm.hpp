@@ -106,6 +106,11 @@ class Communicator {
   // buf = root's buf.
   virtual WorkPtr broadcast(void* buf, size_t count, DType dtype, int root, Stream stream = nullptr) = 0;
 
+  // out[r*count .. (r+1)*count) = rank r's in[rank()*count .. (rank()+1)*count), for every rank r: block j of `in`
+  // goes to rank j (equal splits, as MPI_Alltoall). `in` and `out` hold size()*count elements each and must not
+  // overlap. No arithmetic: the dtype only sizes the elements.
+  virtual WorkPtr all_to_all(void* out, const void* in, size_t count, DType dtype, Stream stream = nullptr) = 0;
+
   // Returns when every rank has entered the barrier (or throws TimeoutError / CommError).
   virtual void barrier() = 0;
 

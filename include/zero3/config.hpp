@@ -68,6 +68,9 @@ struct ZeroConfig {
   int64_t hpz_partition_size = 1;  // zero_hpz_partition_size: ZeRO++ hpZ group; <= 1: off
   int64_t mics_shard_size = -1;    // MiCS shard group; <= 0: off (shard over every rank)
   bool mics_hierarchical_params_gather = false;
+  // ZeRO++ quantized collectives (stage 3, 16-bit compute; docs/quantization.md).
+  bool quantized_weights = false;    // zero_quantized_weights (qwZ): int8 parameter all-gathers
+  bool quantized_gradients = false;  // zero_quantized_gradients (qgZ): int4 all-to-all gradient reduction
   OffloadConfig offload_param = offload_defaults(5);
   OffloadConfig offload_optimizer = offload_defaults(4);
 };
@@ -170,6 +173,8 @@ struct Zero3Section {
   uint64_t seed = 1234;                                      // meta-init RNG seed
   bool check_schedule_every_step = false;                    // debug: compare each scope entry across ranks
   bool nccl_register_buffers = false;
+  int64_t qwz_block_size = 2048;  // elements per fp32 scale of qwZ's int8 messages
+  int64_t qgz_block_size = 2048;  // elements per fp32 scale of qgZ's int4 messages (even)
 };
 
 struct Config {

@@ -82,6 +82,11 @@ struct TrafficPlanOptions {
 //     boundary, all_reduce of the slices across the replicas in buckets of min(reduce_bucket_size, sum of S_u);
 //   stage 0-1: at the boundary, all_reduce of the gradients in buckets of min(reduce_bucket_size, sum of P_u);
 //   stage 1-2: after the step, an all_gather of every unit's slices.
+// ZeRO++ (stage 3, docs/quantization.md): with zero_quantized_weights every gather above of a non-persistent unit
+// over two or more ranks moves quant_message_bytes(n, {8, zero3.qwz_block_size}) bytes per rank instead of n
+// elements (counted as fp32 words); with zero_quantized_gradients each bucket of f elements per rank is reduced by
+// an all-to-all within the node of quant_message_bytes(N f, {4, zero3.qgz_block_size}) bytes per peer and one across
+// the N nodes of quant_message_bytes(f, ...) bytes per peer (ShardLayout::qgz_*_group), instead of the reduce_scatter.
 struct TrafficPlan {
   std::string layout;  // "ZeRO-3 over 8 ranks", "MiCS: shard groups of 2 ranks (one node: HSDP) x 4 replicas", ...
   int64_t world_size = 1;

@@ -36,6 +36,8 @@ const char* collective_name(CollectiveKind kind) {
       return "broadcast";
     case CollectiveKind::barrier:
       return "barrier";
+    case CollectiveKind::all_to_all:
+      return "all_to_all";
   }
   return "an unknown collective";
 }

@@ -11,7 +11,7 @@
 
 namespace zero3::comm {
 
-enum class CollectiveKind : uint8_t { all_gather_into = 1, reduce_scatter, all_reduce, broadcast, barrier };
+enum class CollectiveKind : uint8_t { all_gather_into = 1, reduce_scatter, all_reduce, broadcast, barrier, all_to_all };
 
 // One collective call as the ranks compare it before any data moves (comm.hpp, "Agreement").
 struct CollectiveCall {

@@ -1,5 +1,8 @@
 #include "config/config_checks.hpp"
 
+#include <tuple>
+#include <utility>
+
 #include "config/config_value.hpp"
 #include "zero3/error.hpp"
 
@@ -40,11 +43,42 @@ void check_layouts(const Config& c) {
              "(DeepSpeed keeps one it does not use); for a shard group of one node set mics_shard_size to the ranks "
              "per node alone");
   }
+  for (const auto& [on, path, what] :
+       {std::tuple<bool, const char*, const char*>{z.quantized_weights, "zero_optimization.zero_quantized_weights",
+                                                   "qwZ quantizes the stage-3 parameter all-gathers"},
+        {z.quantized_gradients, "zero_optimization.zero_quantized_gradients",
+         "qgZ replaces the stage-3 gradient reduce-scatter (DeepSpeed's stage 1 and 2 never read the key)"}}) {
+    if (on && z.stage != 3) {
+      fail(c, path,
+           "got true with zero_optimization.stage " + std::to_string(z.stage) + ", expected zero_optimization.stage 3 "
+           "(or false): " + what);
+    }
+  }
+  if (z.quantized_gradients && c.zero3.qgz_block_size % 2 != 0) {
+    fail(c, "zero3.qgz_block_size",
+         "got " + std::to_string(c.zero3.qgz_block_size) +
+             ", expected an even number of elements: qgZ's int4 codes are packed two per byte, and a block must fill "
+             "whole bytes");
+  }
   if (z.mics_hierarchical_params_gather && !mics) {
     fail(c, "zero_optimization.mics_hierarchical_params_gather",
          "got true with zero_optimization.mics_shard_size " + std::to_string(z.mics_shard_size) +
              ", expected a positive mics_shard_size: the hierarchical gather is MiCS's way of gathering a shard group "
              "that spans nodes");
+  }
+}
+
+void check_quantization_precision(const Config& c) {
+  if (c.compute_dtype() != DType::f32) return;
+  for (const auto& [on, path] : {std::pair<bool, const char*>{c.zero.quantized_weights,
+                                                              "zero_optimization.zero_quantized_weights"},
+                                 {c.zero.quantized_gradients, "zero_optimization.zero_quantized_gradients"}}) {
+    if (on) {
+      fail(c, path,
+           "got true with fp32 compute (neither bf16.enabled nor fp16.enabled), expected bf16 or fp16 compute (or "
+           "false): ZeRO++ quantizes the 16-bit weights and gradients of mixed-precision training; an fp32 run "
+           "would lose more than half of its mantissa on every gather");
+    }
   }
 }
 

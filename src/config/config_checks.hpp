@@ -13,4 +13,9 @@ void check_static(const Config& c);
 // the engine runs it too, for configs built in code.
 void check_layouts(const Config& c);
 
+// ZeRO++'s quantized collectives need 16-bit compute: ConfigError naming zero_quantized_weights or
+// zero_quantized_gradients when the config computes in fp32. Only where the precision is known: resolve() runs it
+// when the program's precision or a bf16/fp16 section says it, the engine always.
+void check_quantization_precision(const Config& c);
+
 }  // namespace zero3::config_detail

@@ -35,6 +35,9 @@ class Resolver {
     nvme_paths();
     layout_groups();
     config_detail::check_static(c_);
+    if (in_.precision || c_.bf16.section_given || c_.fp16.section_given) {
+      config_detail::check_quantization_precision(c_);
+    }
     c_.resolved = true;
     for (const std::string& n : notes_) log::info_rank0(c_.source, ": ", n);
   }

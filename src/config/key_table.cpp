@@ -900,14 +900,22 @@ std::vector<KeyEntry> build_table() {
               "min). Must divide the world size, and divide or be a multiple of the ranks per node (from the "
               "launcher, docs/launch.md). Not with mics_shard_size, nor with parameter offload to nvme (or to cpu on "
               "a GPU). docs/architecture.md has the data flow and bytes."),
-      REFUSED("zero_optimization.zero_quantized_weights", "boolean", "false", not_default,
-              "ZeRO++ quantized weight gathers change the values each rank computes with."),
+      KEY_BOOL("zero_optimization.zero_quantized_weights", c.zero.quantized_weights, "false",
+               "ZeRO++ qwZ (stage 3, bf16 or fp16 compute): every all-gather of a non-persistent unit, from the "
+               "primary partition or hpZ's secondary one, sends the slices as int8 codes with one fp32 scale per "
+               "zero3.qwz_block_size elements and dequantizes them into the unit's 16-bit buffer (about half the "
+               "bytes); persistent units are gathered unquantized, as DeepSpeed's. The optimizer's fp32 master "
+               "never sees quantized values. docs/quantization.md has the data flow and error bound."),
       REFUSED("zero_optimization.zero_quantized_nontrainable_weights", "boolean", "false", not_default,
               "Quantized storage of frozen weights changes their values."),
-      REFUSED("zero_optimization.zero_quantized_gradients", "boolean", "false", not_default,
-              "ZeRO++ quantized gradient reduction changes the gradients."),
+      KEY_BOOL("zero_optimization.zero_quantized_gradients", c.zero.quantized_gradients, "false",
+               "ZeRO++ qgZ (stage 3, bf16 or fp16 compute): the gradient reduce-scatter becomes a two-stage "
+               "all-to-all of int4 codes with one fp32 scale per zero3.qgz_block_size elements, within each node "
+               "first and then across the nodes, each stage summing the dequantized parts in fp32 and quantizing "
+               "again; the result is added into the fp32 gradient accumulator. The MiCS replica all-reduce stays "
+               "unquantized. docs/quantization.md has the data flow and error bound."),
       REFUSED("zero_optimization.zeropp_loco_param", "object", "null", present,
-              "LoCo error feedback belongs to quantized gradients, which zero3 does not implement."),
+              "LoCo's error feedback for quantized gradients is not implemented."),
       KEY_INT("zero_optimization.mics_shard_size", c.zero.mics_shard_size, "-1", -1,
               "MiCS (stage 3): parameters, gradients and optimizer state are sharded within groups of this many "
               "consecutive ranks and replicated across the groups; gradients are reduce-scattered within the group "
@@ -1089,6 +1097,13 @@ std::vector<KeyEntry> build_table() {
                "(normally in the first only); every micro-step is compared as a whole at step() regardless."),
       KEY_BOOL("zero3.nccl_register_buffers", c.zero3.nccl_register_buffers, "false",
                "Read; no effect yet: the engine does not register its buffers with NCCL."),
+      KEY_INT("zero3.qwz_block_size", c.zero3.qwz_block_size, "2048", 1,
+              "qwZ: elements per fp32 scale in the int8 weight messages, counted from each slice's start (the last "
+              "block may be partial). DeepSpeed has no key for it and picks about 8000 elements per group per "
+              "tensor. Scales cost 4 bytes per block: 0.2% of the codes at 2048."),
+      KEY_INT("zero3.qgz_block_size", c.zero3.qgz_block_size, "2048", 1,
+              "qgZ: elements per fp32 scale in the int4 gradient messages; must be even (two int4 codes share a "
+              "byte, and a block fills whole bytes). Scales cost 4 bytes per block: 0.4% of the codes at 2048."),
   };
 }
 

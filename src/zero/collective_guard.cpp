@@ -106,6 +106,11 @@ WorkPtr CollectiveGuard::broadcast(void* buf, size_t count, DType dtype, int roo
   return inner_->broadcast(buf, count, dtype, root, stream);
 }
 
+WorkPtr CollectiveGuard::all_to_all(void* out, const void* in, size_t count, DType dtype, Stream stream) {
+  if (count > 0) agree({comm::CollectiveKind::all_to_all, count, dtype});
+  return inner_->all_to_all(out, in, count, dtype, stream);
+}
+
 void CollectiveGuard::barrier() {
   agree({comm::CollectiveKind::barrier});
   inner_->barrier();

@@ -39,6 +39,7 @@ class CollectiveGuard final : public Communicator {
   WorkPtr reduce_scatter(void* out, const void* in, size_t count, DType dtype, ReduceOp op, Stream stream) override;
   WorkPtr all_reduce(void* buf, size_t count, DType dtype, ReduceOp op, Stream stream) override;
   WorkPtr broadcast(void* buf, size_t count, DType dtype, int root, Stream stream) override;
+  WorkPtr all_to_all(void* out, const void* in, size_t count, DType dtype, Stream stream) override;
   void barrier() override;
   // The child is the inner communicator's, unguarded.
   std::unique_ptr<Communicator> split(int color, int key) override { return inner_->split(color, key); }

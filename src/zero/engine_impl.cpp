@@ -54,6 +54,7 @@ EngineImpl::EngineImpl(const Config& config, std::shared_ptr<Communicator> comm,
   ZERO3_REQUIRE(!(config_.fp16.enabled && config_.bf16.enabled), ConfigError,
                 "fp16.enabled and bf16.enabled: both are true; choose one compute precision");
   config_detail::check_layouts(config_);
+  config_detail::check_quantization_precision(config_);
   detect_nodes();
   // On the cpu device everything already lives in host memory, which is what offload to "cpu" asks for:
   // the optimizer step then runs the SIMD CPU Adam (cpu_adam_step) tile by tile, and the parameters need no
@@ -439,7 +440,7 @@ void EngineImpl::materialize() {
   }
   try {
     agree_on_nodes();
-    groups_ = make_process_groups(comm_, layout_);
+    groups_ = make_process_groups(comm_, layout_, config_.zero.quantized_gradients && policy_.shard_grads);
     check_declarations_agree();
   } catch (...) {
     fail(std::current_exception());
@@ -499,10 +500,21 @@ void EngineImpl::materialize() {
   ro.link = groups_.shard.link;
   ro.group = groups_.shard.label;
   ro.traffic = &stats_.reduce_traffic;
+  if (groups_.qgz_intra) {
+    // qgZ: the two-stage int4 all-to-all over the shard group (a stage of one rank is skipped).
+    ro.quantized = true;
+    ro.format = QuantFormat{4, config_.zero3.qgz_block_size};
+    if (groups_.qgz_intra.ranks.size() > 1) ro.intra = groups_.qgz_intra.comm.get();
+    if (groups_.qgz_inter.ranks.size() > 1) ro.inter = groups_.qgz_inter.comm.get();
+    ro.intra_link = groups_.qgz_intra.link;
+    ro.inter_link = groups_.qgz_inter.link;
+  }
   reducer_ = std::make_unique<Reducer>(ro, device_, counters_, *groups_.shard.comm, *queue_);
   if (groups_.replica) {
-    // MiCS: at the boundary the shard groups' sums (already scaled by 1/W) are summed across the replicas.
+    // MiCS: at the boundary the shard groups' sums (already scaled by 1/W) are summed across the replicas,
+    // unquantized (DeepSpeed's MiCS all-reduce is not quantized either).
     ReducerOptions rr = ro;
+    rr.quantized = false;
     rr.mode = ReduceMode::all_reduce;
     rr.pre_scale = rr.post_scale = 1.0f;
     rr.link = groups_.replica.link;
@@ -1015,13 +1027,27 @@ void EngineImpl::issue_gather(UnitState& u, bool prefetch) {
                            : layout_.hierarchical ? groups_.shard_inter_node.label + ", then " +
                                                         groups_.shard_intra_node.label
                                                   : groups_.shard.label;
+  const int pieces = from_secondary ? layout_.hpz_size : partition_size();
+  const bool quantized = gathers_quantized(u) && pieces > 1;
   std::string what = log::concat("all_gather of unit '", u.info.name, "' (", P, " elements, ", dtype_name(ct),
-                                 source, prefetch ? ", prefetch" : "", ") over ", over);
+                                 quantized ? " as int8" : "", source, prefetch ? ", prefetch" : "", ") over ", over);
   int rank = rank_;
-  if (layout_.hierarchical && !from_secondary) {
-    // The inter-node step's output, allocated (on the compute stream) before the gather stream is ordered after it.
-    const auto nodes = static_cast<int64_t>(groups_.shard_inter_node.ranks.size());
-    u.gather_scratch = DeviceBuffer(device_, counters_, MemoryCategory::buffers, static_cast<size_t>(nodes * S) * es);
+  // qwZ (non-persistent units, as DeepSpeed's coordinator fetches them): every rank's piece travels as an int8
+  // message of `words` fp32 words (docs/quantization.md). This rank's piece is quantized into `send`, the
+  // collectives below move messages instead of elements into `recv`, and `recv` is dequantized into `full` in
+  // rank order; the hpZ secondary chunk is then copied from the dequantized weights. The scratch (messages, and
+  // MiCS's hierarchical inter-node stage) is allocated on the compute stream before the gather stream is ordered
+  // after it.
+  const QuantFormat fmt{8, config_.zero3.qwz_block_size};
+  const int64_t piece = from_secondary ? P / layout_.hpz_size : S;  // elements per rank
+  const int64_t words = quantized ? quant_message_bytes(piece, fmt) / 4 : piece;
+  const DType wire = quantized ? DType::f32 : ct;
+  const size_t ws = dtype_size(wire);
+  const int nodes = layout_.hierarchical ? static_cast<int>(groups_.shard_inter_node.ranks.size()) : 0;
+  const int64_t message_words = quantized ? words * (1 + pieces) : 0;
+  if (quantized || layout_.hierarchical) {
+    u.gather_scratch = DeviceBuffer(device_, counters_, MemoryCategory::buffers,
+                                    static_cast<size_t>(message_words + nodes * words) * ws);
   }
   Stream s = nullptr;
   DeviceEvent* gathered = nullptr;
@@ -1048,6 +1074,18 @@ void EngineImpl::issue_gather(UnitState& u, bool prefetch) {
     }
   }
 
+  const void* piece_in = from_secondary ? u.secondary.data() : in;
+  const void* send = piece_in;
+  void* recv = out;
+  void* staged = nullptr;  // MiCS's hierarchical gather: the inter-node stage's pieces
+  if (quantized || layout_.hierarchical) {
+    if (quantized) {
+      send = u.gather_scratch.data();
+      recv = element_ptr(u.gather_scratch.data(), wire, words);
+    }
+    staged = element_ptr(u.gather_scratch.data(), wire, message_words);
+  }
+
   // The collectives, in order, and their traffic.
   struct Part {
     Communicator* comm;
@@ -1058,7 +1096,7 @@ void EngineImpl::issue_gather(UnitState& u, bool prefetch) {
   std::vector<Part> parts;
   auto add = [&](const ProcessGroup& g, void* o, const void* i, int64_t count) {
     parts.push_back({g.comm.get(), o, i, count});
-    count_collective(stats_.gather_traffic, g.link, CollectiveKind::all_gather, count, static_cast<int64_t>(es));
+    count_collective(stats_.gather_traffic, g.link, CollectiveKind::all_gather, count, static_cast<int64_t>(ws));
   };
   struct Copy {
     void* dst = nullptr;
@@ -1066,19 +1104,18 @@ void EngineImpl::issue_gather(UnitState& u, bool prefetch) {
     size_t bytes = 0;
   } fill;
   if (from_secondary) {
-    add(groups_.hpz, out, u.secondary.data(), P / layout_.hpz_size);
+    add(groups_.hpz, recv, send, words);
   } else if (layout_.hierarchical) {
-    // Between the nodes: the slices of the shard group's ranks with this local rank (shard ranks i, L+i, 2L+i, ...);
-    // then node chunk j of the full buffer gathers, within each node, slice j*L+i from local rank i.
-    const int nodes = static_cast<int>(groups_.shard_inter_node.ranks.size());
+    // Between the nodes: the pieces of the shard group's ranks with this local rank (shard ranks i, L+i, 2L+i, ...);
+    // then node chunk j of the result gathers, within each node, piece j*L+i from local rank i.
     const int per_node = layout_.nodes.ranks_per_node;
-    add(groups_.shard_inter_node, u.gather_scratch.data(), in, S);
+    add(groups_.shard_inter_node, staged, send, words);
     for (int j = 0; j < nodes; ++j) {
-      add(groups_.shard_intra_node, element_ptr(out, ct, static_cast<int64_t>(j) * per_node * S),
-          element_ptr(u.gather_scratch.data(), ct, j * S), S);
+      add(groups_.shard_intra_node, element_ptr(recv, wire, static_cast<int64_t>(j) * per_node * words),
+          element_ptr(staged, wire, j * words), words);
     }
   } else {
-    add(groups_.shard, out, in, S);
+    add(groups_.shard, recv, send, words);
     if (u.secondary.allocated()) {
       // hpZ: keep this rank's chunk of the secondary partition for the gathers until the next optimizer step.
       const int64_t chunk = P / layout_.hpz_size;
@@ -1087,23 +1124,36 @@ void EngineImpl::issue_gather(UnitState& u, bool prefetch) {
       u.secondary_valid = true;
     }
   }
+  struct Quantized {
+    bool on = false;
+    QuantFormat fmt;
+    void* send = nullptr;
+    const void* src = nullptr;
+    const void* recv = nullptr;
+    int64_t piece = 0;
+    int pieces = 0;
+  } q;
+  if (quantized) q = {true, fmt, const_cast<void*>(send), piece_in, recv, piece, pieces};
   Device* device = &device_;
-  u.gather_ticket = queue_->submit(what, [parts = std::move(parts), fill, device, ct, what, rank, s, gathered, queue] {
-    try {
-      for (const Part& p : parts) {
-        WorkPtr work = p.comm->all_gather_into(p.out, p.in, static_cast<size_t>(p.count), ct, s);
-        if (s == nullptr) {
-          work->wait();
-        } else {
-          queue->track(log::concat(what, " on rank ", rank), std::move(work));
+  u.gather_ticket =
+      queue_->submit(what, [parts = std::move(parts), fill, q, device, ct, wire, out, what, rank, s, gathered, queue] {
+        try {
+          if (q.on) kernels_of(*device).quantize(q.send, q.src, ct, q.piece, 1, q.fmt, s);
+          for (const Part& p : parts) {
+            WorkPtr work = p.comm->all_gather_into(p.out, p.in, static_cast<size_t>(p.count), wire, s);
+            if (s == nullptr) {
+              work->wait();
+            } else {
+              queue->track(log::concat(what, " on rank ", rank), std::move(work));
+            }
+          }
+          if (q.on) kernels_of(*device).dequantize(out, ct, q.recv, q.piece, q.pieces, q.fmt, s);
+          if (fill.bytes > 0) device->copy(fill.dst, fill.src, fill.bytes, s);
+          if (s != nullptr) gathered->record(s);
+        } catch (const CommError&) {
+          rethrow_comm_error(log::concat(what, " on rank ", rank, " failed: "));
         }
-      }
-      if (fill.bytes > 0) device->copy(fill.dst, fill.src, fill.bytes, s);
-      if (s != nullptr) gathered->record(s);
-    } catch (const CommError&) {
-      rethrow_comm_error(log::concat(what, " on rank ", rank, " failed: "));
-    }
-  });
+      });
   u.gather = GatherState::in_flight;
 }
 

@@ -273,6 +273,8 @@ class EngineImpl {
   std::string divergence_message(const std::vector<std::vector<int64_t>>& all) const;
   std::exception_ptr explain_mismatch(std::exception_ptr error) noexcept;
   const void* claim_param_slice(UnitState& u);
+  // qwZ: the unit's gathers send int8 messages (non-persistent units, as DeepSpeed's coordinator fetches them).
+  bool gathers_quantized(const UnitState& u) const { return config_.zero.quantized_weights && !u.info.persistent; }
   void issue_gather(UnitState& u, bool prefetch);
   void wait_gather(UnitState& u);
   void release_gather(UnitState& u);

@@ -40,7 +40,8 @@ ProcessGroup split(Communicator& world, const ShardLayout& layout, const RankGro
 
 }  // namespace
 
-ProcessGroups make_process_groups(std::shared_ptr<Communicator> world, const ShardLayout& layout) {
+ProcessGroups make_process_groups(std::shared_ptr<Communicator> world, const ShardLayout& layout,
+                                  bool quantized_gradients) {
   const int rank = world->rank();
   ZERO3_REQUIRE(world->size() == layout.nodes.world, InvalidArgument, "process groups: the communicator has ",
                 world->size(), " ranks, the layout ", layout.nodes.world);
@@ -69,6 +70,11 @@ ProcessGroups make_process_groups(std::shared_ptr<Communicator> world, const Sha
             split(*world, layout, layout.shard_intra_node_group(rank), "shard group's intra-node group");
       }
       break;
+  }
+  if (quantized_gradients) {
+    // Every rank splits for both kinds, so that the calls match; a group of one rank is not used.
+    g.qgz_intra = split(*world, layout, layout.qgz_intra_group(rank), "qgZ intra-node group");
+    g.qgz_inter = split(*world, layout, layout.qgz_inter_group(rank), "qgZ inter-node group");
   }
   log::info_rank0("engine layout: ", layout.describe(), " (", layout.nodes.describe(), ")");
   return g;

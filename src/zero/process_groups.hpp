@@ -30,10 +30,16 @@ struct ProcessGroups {
   // MiCS's hierarchical gather: the shard group's ranks with this rank's local rank, and those on its node.
   ProcessGroup shard_inter_node;
   ProcessGroup shard_intra_node;
+  // ZeRO++ qgZ: the shard group's ranks on this node, and its ranks with this local rank (ShardLayout::qgz_*_group);
+  // a group of one rank has no communicator (its stage is skipped).
+  ProcessGroup qgz_intra;
+  ProcessGroup qgz_inter;
 };
 
 // Splits `world` (rank `world->rank()` of the layout's world) into the groups `layout` uses; a plain layout makes
-// none (shard is world). Throws what Communicator::split throws (CommError, TimeoutError).
-ProcessGroups make_process_groups(std::shared_ptr<Communicator> world, const ShardLayout& layout);
+// none (shard is world), `quantized_gradients` adds qgZ's two. Throws what Communicator::split throws (CommError,
+// TimeoutError).
+ProcessGroups make_process_groups(std::shared_ptr<Communicator> world, const ShardLayout& layout,
+                                  bool quantized_gradients = false);
 
 }  // namespace zero3::detail

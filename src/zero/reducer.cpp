@@ -31,6 +31,25 @@ Reducer::Reducer(ReducerOptions options, Device& device, MemoryCounters& counter
   int64_t per = opt_.mode == ReduceMode::reduce_scatter ? std::max<int64_t>(1, opt_.bucket_numel / world_)
                                                         : std::max<int64_t>(1, opt_.bucket_numel);
   chunk_ = std::max<int64_t>(1, std::min(per, opt_.max_useful_numel));
+  if (opt_.quantized) {
+    local_ = opt_.intra ? opt_.intra->size() : 1;
+    nodes_ = opt_.inter ? opt_.inter->size() : 1;
+    ZERO3_REQUIRE(opt_.mode == ReduceMode::reduce_scatter && local_ * nodes_ == world_, InvalidArgument,
+                  "Reducer: qgZ's stages of ", local_, " and ", nodes_, " ranks do not make the group of ", world_);
+  }
+}
+
+Reducer::QuantLayout Reducer::quant_layout(int64_t fill) const {
+  QuantLayout q;
+  q.m1 = quant_message_bytes(nodes_ * fill, opt_.format);
+  q.m2 = quant_message_bytes(fill, opt_.format);
+  q.recv1 = static_cast<size_t>(local_ * q.m1);
+  q.partial = 2 * q.recv1;
+  q.send2 = q.partial + static_cast<size_t>(nodes_ * fill) * 4;
+  q.recv2 = q.send2 + static_cast<size_t>(nodes_ * q.m2);
+  q.result = q.recv2 + static_cast<size_t>(nodes_ * q.m2);
+  q.total = q.result + static_cast<size_t>(fill) * 4;
+  return q;
 }
 
 Reducer::Bucket& Reducer::current() {
@@ -38,7 +57,9 @@ Reducer::Bucket& Reducer::current() {
   if (!b.in.allocated()) {
     int64_t in_numel = opt_.mode == ReduceMode::reduce_scatter ? chunk_ * world_ : chunk_;
     b.in = DeviceBuffer(device_, counters_, MemoryCategory::buffers, in_numel * dtype_size(opt_.comm_dtype));
-    if (opt_.mode == ReduceMode::reduce_scatter) {
+    if (opt_.quantized) {
+      b.out = DeviceBuffer(device_, counters_, MemoryCategory::buffers, quant_layout(chunk_).total);
+    } else if (opt_.mode == ReduceMode::reduce_scatter) {
       b.out = DeviceBuffer(device_, counters_, MemoryCategory::buffers, chunk_ * dtype_size(opt_.comm_dtype));
     }
   }
@@ -65,7 +86,7 @@ void Reducer::add_scatter(const std::string& unit, const void* grad, int64_t sli
     Bucket& b = current();
     int64_t take = std::min(slice_numel - a, chunk_ - b.fill);
     for (int r = 0; r < world_; ++r) {
-      void* dst = static_cast<char*>(b.in.data()) + static_cast<size_t>(r * chunk_ + b.fill) * es;
+      void* dst = static_cast<char*>(b.in.data()) + static_cast<size_t>(slot(r) * chunk_ + b.fill) * es;
       const void* src = element_ptr(grad, opt_.acc_dtype, static_cast<int64_t>(r) * slice_numel + a);
       k.scale_copy(dst, opt_.comm_dtype, src, opt_.acc_dtype, opt_.pre_scale, take, compute_);
     }
@@ -120,10 +141,10 @@ void Reducer::launch() {
     }
   }
   const bool scatter = opt_.mode == ReduceMode::reduce_scatter;
-  std::string what =
-      log::concat(scatter ? "reduce_scatter" : "all_reduce", " of the gradients of unit",
-                  b.units.size() > 1 ? "s " : " ", unit_names(b.units), " (", scatter ? fill * world_ : fill,
-                  " elements, ", dtype_name(opt_.comm_dtype), ")", opt_.group.empty() ? "" : " over ", opt_.group);
+  std::string what = log::concat(!scatter ? "all_reduce" : opt_.quantized ? "qgZ int4 all-to-all reduction" : "reduce_scatter",
+                                 " of the gradients of unit", b.units.size() > 1 ? "s " : " ", unit_names(b.units), " (",
+                                 scatter ? fill * world_ : fill, " elements, ", dtype_name(opt_.comm_dtype), ")",
+                                 opt_.group.empty() ? "" : " over ", opt_.group);
   auto pieces = std::move(b.pieces);
   void* in = b.in.data();
   void* out = scatter ? b.out.data() : b.in.data();
@@ -141,39 +162,97 @@ void Reducer::launch() {
     b.filled->wait_on(s);
     reduced = b.reduced.get();
   }
-  if (opt_.traffic != nullptr) {
-    count_collective(*opt_.traffic, opt_.link, scatter ? CollectiveKind::reduce_scatter : CollectiveKind::all_reduce,
-                     fill, static_cast<int64_t>(es));
-  }
-  b.ticket = queue_.submit(what, [this, what, pieces = std::move(pieces), in, out, fill, scatter, s, reduced] {
-    WorkPtr work;
-    try {
-      if (scatter) {
-        work = comm_.reduce_scatter(out, in, static_cast<size_t>(fill), opt_.comm_dtype, ReduceOp::sum, s);
-      } else {
-        work = comm_.all_reduce(in, static_cast<size_t>(fill), opt_.comm_dtype, ReduceOp::sum, s);
-      }
-      if (s == nullptr) work->wait();
-    } catch (const CommError&) {
-      rethrow_comm_error(log::concat(what, " on rank ", comm_.rank(), " failed: "));
+  if (opt_.quantized) {
+    launch_quantized(b, what, std::move(pieces), in, fill, reduced);
+  } else {
+    if (opt_.traffic != nullptr) {
+      count_collective(*opt_.traffic, opt_.link, scatter ? CollectiveKind::reduce_scatter : CollectiveKind::all_reduce,
+                       fill, static_cast<int64_t>(es));
     }
-    auto& k = kernels_of(device_);
-    for (const Piece& p : pieces) {
-      const void* src =
-          static_cast<const char*>(out) + static_cast<size_t>(p.bucket_offset) * dtype_size(opt_.comm_dtype);
-      void* dst = element_ptr(p.acc, opt_.acc_dtype, p.acc_offset);
-      if (scatter) {
-        k.scale_add(dst, opt_.acc_dtype, src, opt_.comm_dtype, opt_.post_scale, p.length, s);
-      } else {
-        k.scale_copy(dst, opt_.acc_dtype, src, opt_.comm_dtype, opt_.post_scale, p.length, s);
+    b.ticket = queue_.submit(what, [this, what, pieces = std::move(pieces), in, out, fill, scatter, s, reduced] {
+      WorkPtr work;
+      try {
+        if (scatter) {
+          work = comm_.reduce_scatter(out, in, static_cast<size_t>(fill), opt_.comm_dtype, ReduceOp::sum, s);
+        } else {
+          work = comm_.all_reduce(in, static_cast<size_t>(fill), opt_.comm_dtype, ReduceOp::sum, s);
+        }
+        if (s == nullptr) work->wait();
+      } catch (const CommError&) {
+        rethrow_comm_error(log::concat(what, " on rank ", comm_.rank(), " failed: "));
       }
+      auto& k = kernels_of(device_);
+      for (const Piece& p : pieces) {
+        const void* src =
+            static_cast<const char*>(out) + static_cast<size_t>(p.bucket_offset) * dtype_size(opt_.comm_dtype);
+        void* dst = element_ptr(p.acc, opt_.acc_dtype, p.acc_offset);
+        if (scatter) {
+          k.scale_add(dst, opt_.acc_dtype, src, opt_.comm_dtype, opt_.post_scale, p.length, s);
+        } else {
+          k.scale_copy(dst, opt_.acc_dtype, src, opt_.comm_dtype, opt_.post_scale, p.length, s);
+        }
+      }
+      if (s != nullptr) {
+        reduced->record(s);
+        queue_.track(what + " on rank " + std::to_string(comm_.rank()), std::move(work));
+      }
+    });
+  }
+  active_ ^= 1;
+}
+
+void Reducer::launch_quantized(Bucket& b, const std::string& what, std::vector<Piece> pieces, void* in, int64_t fill,
+                               DeviceEvent* reduced) {
+  const QuantLayout q = quant_layout(fill);
+  char* work_area = static_cast<char*>(b.out.data());
+  if (opt_.traffic != nullptr) {
+    if (local_ > 1) count_collective(*opt_.traffic, opt_.intra_link, CollectiveKind::all_to_all, q.m1 / 4, 4);
+    if (nodes_ > 1) count_collective(*opt_.traffic, opt_.inter_link, CollectiveKind::all_to_all, q.m2 / 4, 4);
+  }
+  const Stream s = opt_.stream;
+  b.ticket = queue_.submit(what, [this, what, pieces = std::move(pieces), in, work_area, q, fill, s, reduced] {
+    auto& k = kernels_of(device_);
+    std::vector<WorkPtr> works;
+    auto exchange = [&](Communicator* c, void* out, const void* send, int64_t bytes) {
+      try {
+        WorkPtr work = c->all_to_all(out, send, static_cast<size_t>(bytes / 4), DType::f32, s);
+        if (s == nullptr) {
+          work->wait();
+        } else {
+          works.push_back(std::move(work));
+        }
+      } catch (const CommError&) {
+        rethrow_comm_error(log::concat(what, " on rank ", comm_.rank(), " failed: "));
+      }
+    };
+    // The rows this rank reduces, summed over the node (stage 1) and then over the nodes (stage 2), in fp32.
+    const void* sum = in;
+    DType sum_type = opt_.comm_dtype;
+    if (local_ > 1) {
+      k.quantize(work_area, in, opt_.comm_dtype, nodes_ * fill, local_, opt_.format, s);
+      exchange(opt_.intra, work_area + q.recv1, work_area, q.m1);
+      k.dequantize_sum(reinterpret_cast<float*>(work_area + q.partial), work_area + q.recv1, nodes_ * fill, local_,
+                       opt_.format, s);
+      sum = work_area + q.partial;
+      sum_type = DType::f32;
+    }
+    if (nodes_ > 1) {
+      k.quantize(work_area + q.send2, sum, sum_type, fill, nodes_, opt_.format, s);
+      exchange(opt_.inter, work_area + q.recv2, work_area + q.send2, q.m2);
+      k.dequantize_sum(reinterpret_cast<float*>(work_area + q.result), work_area + q.recv2, fill, nodes_, opt_.format,
+                       s);
+      sum = work_area + q.result;
+      sum_type = DType::f32;
+    }
+    for (const Piece& p : pieces) {
+      k.scale_add(element_ptr(p.acc, opt_.acc_dtype, p.acc_offset), opt_.acc_dtype,
+                  element_ptr(sum, sum_type, p.bucket_offset), sum_type, opt_.post_scale, p.length, s);
     }
     if (s != nullptr) {
       reduced->record(s);
-      queue_.track(what + " on rank " + std::to_string(comm_.rank()), std::move(work));
+      for (WorkPtr& w : works) queue_.track(what + " on rank " + std::to_string(comm_.rank()), std::move(w));
     }
   });
-  active_ ^= 1;
 }
 
 }  // namespace zero3::detail

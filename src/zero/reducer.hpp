@@ -28,6 +28,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/block_quantize.hpp"
 #include "zero/comm_queue.hpp"
 #include "zero/device_buffer.hpp"
 #include "zero/topology.hpp"
@@ -51,6 +52,16 @@ struct ReducerOptions {
   GroupLink link;
   CollectiveTraffic* traffic = nullptr;
   std::string group;  // the group the collectives run over, for messages ("the MiCS replica group of ranks 1, 3")
+  // ZeRO++ qgZ (reduce_scatter only; docs/quantization.md): instead of the reduce_scatter, the bucket's chunks are
+  // laid out by destination (rank (n, l) of N nodes of L ranks at slot l*N + n) and reduced in two all-to-alls of
+  // `format` messages, over `intra` (the group's L ranks on this node) and then `inter` (its N ranks with this
+  // local rank), each stage summing the dequantized messages in fp32 (Device::kernels().dequantize_sum); the fp32
+  // result is added into the accumulator. A null communicator is a stage of one rank, skipped.
+  bool quantized = false;
+  QuantFormat format;
+  Communicator* intra = nullptr;
+  Communicator* inter = nullptr;
+  GroupLink intra_link, inter_link;
 };
 
 class Reducer {
@@ -82,7 +93,7 @@ class Reducer {
   };
   struct Bucket {
     DeviceBuffer in;
-    DeviceBuffer out;
+    DeviceBuffer out;  // qgZ: the messages of both stages, the fp32 partial sum and the fp32 result
     std::vector<Piece> pieces;
     std::vector<std::string> units;
     int64_t fill = 0;
@@ -94,6 +105,17 @@ class Reducer {
   Bucket& current();
   void note_unit(Bucket& b, const std::string& unit);
   void launch();
+  // The bucket slot of rank r's chunk: r, or with qgZ the by-destination order above.
+  int64_t slot(int r) const { return opt_.quantized ? (r % local_) * nodes_ + r / local_ : r; }
+  // qgZ's byte offsets in Bucket::out for chunks of `fill` elements: [stage 1 send | stage 1 receive | partial sum
+  // (fp32, N*fill) | stage 2 send | stage 2 receive | result (fp32, fill)].
+  struct QuantLayout {
+    int64_t m1, m2;  // bytes of one message of each stage
+    size_t recv1, partial, send2, recv2, result, total;
+  };
+  QuantLayout quant_layout(int64_t fill) const;
+  void launch_quantized(Bucket& b, const std::string& what, std::vector<Piece> pieces, void* in, int64_t fill,
+                        DeviceEvent* reduced);
 
   ReducerOptions opt_;
   Device& device_;
@@ -104,6 +126,7 @@ class Reducer {
   std::unique_ptr<DeviceEvent> joined_;
   int world_;
   int64_t chunk_;  // C: elements per rank per bucket (all_reduce: elements per bucket)
+  int local_ = 1, nodes_ = 1;  // qgZ: L and N
   Bucket buckets_[2];
   int active_ = 0;
   int64_t reduced_elements_ = 0;

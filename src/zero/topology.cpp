@@ -134,6 +134,15 @@ RankGroup ShardLayout::shard_inter_node_group(int rank) const {
 
 RankGroup ShardLayout::shard_intra_node_group(int rank) const { return intra_node_group(rank); }
 
+RankGroup ShardLayout::qgz_intra_group(int rank) const {
+  return shard_size <= nodes.ranks_per_node ? shard_group(rank) : intra_node_group(rank);
+}
+
+RankGroup ShardLayout::qgz_inter_group(int rank) const {
+  if (shard_size <= nodes.ranks_per_node) return RankGroup{{rank}, rank};
+  return shard_inter_node_group(rank);
+}
+
 ShardLayout make_shard_layout(const ZeroConfig& z, const NodeLayout& nodes) {
   ShardLayout layout;
   layout.nodes = nodes;
@@ -182,6 +191,7 @@ int64_t ring_bytes_sent(CollectiveKind kind, int group_size, int64_t count, int6
   switch (kind) {
     case CollectiveKind::all_gather:
     case CollectiveKind::reduce_scatter:
+    case CollectiveKind::all_to_all:
       return (g - 1) * count * element_bytes;
     case CollectiveKind::all_reduce:
       return 2 * (g - 1) * count / g * element_bytes;

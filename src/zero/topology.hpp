@@ -86,6 +86,12 @@ struct ShardLayout {
   // spans), and the ranks of its shard group on its node.
   RankGroup shard_inter_node_group(int rank) const;
   RankGroup shard_intra_node_group(int rank) const;
+  // ZeRO++ qgZ's two all-to-all stages over the shard group: its ranks on this rank's node (the shard group itself
+  // when it lies within one node), then its ranks with this rank's local rank, one per node it spans (this rank
+  // alone when it lies within one node). Every member of the first is on the node, every other member of the
+  // second off it.
+  RankGroup qgz_intra_group(int rank) const;
+  RankGroup qgz_inter_group(int rank) const;
 };
 
 // The layout of `zero` (zero_hpz_partition_size, mics_shard_size, mics_hierarchical_params_gather) on `nodes`.
@@ -101,11 +107,12 @@ ShardLayout plan_layout(const ZeroConfig& zero, int64_t world, int64_t ranks_per
 
 // ---- The traffic model (traffic_plan.hpp): a collective is a ring over its group, in the group's order ----
 
-enum class CollectiveKind : uint8_t { all_gather, reduce_scatter, all_reduce };
+enum class CollectiveKind : uint8_t { all_gather, reduce_scatter, all_reduce, all_to_all };
 
 // Bytes one rank sends in a collective over `group_size` ranks: all_gather and reduce_scatter of `count`
-// elements per rank: (g - 1) * count; all_reduce of `count` elements: floor(2 (g - 1) count / g); times
-// `element_bytes`.
+// elements per rank: (g - 1) * count; all_reduce of `count` elements: floor(2 (g - 1) count / g); all_to_all of
+// `count` elements per peer: (g - 1) * count, straight to each peer (not a ring: its bytes count as inter-node when
+// the group's other members are off the node, which holds for the groups qgZ uses); times `element_bytes`.
 int64_t ring_bytes_sent(CollectiveKind kind, int group_size, int64_t count, int64_t element_bytes);
 
 // What the traffic model needs of a group, seen from one of its ranks.

@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "core/check.hpp"
+#include "kernels/block_quantize.hpp"
 #include "zero/gather_simulation.hpp"
 #include "zero/plan_format.hpp"
 #include "zero/topology.hpp"
@@ -76,6 +77,7 @@ TrafficPlan plan_traffic(const ModelDesc& model, const Config& config, const Tra
   const int64_t w = layout.shard_size;
   const int64_t c = static_cast<int64_t>(dtype_size(config.compute_dtype()));
   const int64_t cb = static_cast<int64_t>(dtype_size(config.communication_dtype()));
+  const QuantFormat weights{8, config.zero3.qwz_block_size};
   std::vector<detail::SimulatedUnit> units;
   int64_t total_slice = 0, total_numel = 0;
   for (const UnitDesc& u : model.units) {
@@ -107,17 +109,27 @@ TrafficPlan plan_traffic(const ModelDesc& model, const Config& config, const Tra
     RankTraffic t;
     const GroupLink world = detail::link_of(layout.world_group(), nodes, rank);
     const GroupLink shard = detail::link_of(layout.shard_group(rank), nodes, rank);
+    // qwZ: a gather of a non-persistent unit over two or more ranks moves each rank's piece of n elements as one
+    // int8 message of quant_message_bytes(n) bytes (fp32 words on the wire), else n compute-dtype elements.
+    auto gather = [&](const GroupLink& link, int64_t n, bool quantize) {
+      if (quantize && z.quantized_weights) {
+        count_collective(t.gathers, link, CollectiveKind::all_gather, quant_message_bytes(n, weights) / 4, 4);
+      } else {
+        count_collective(t.gathers, link, CollectiveKind::all_gather, n, c);
+      }
+    };
     // One gather of unit u from its partition (primary).
-    auto partition_gather = [&](int64_t padded) {
+    auto partition_gather = [&](int64_t padded, bool quantize) {
       const int64_t slice = padded / w;
       t.primary_gather_elements += slice;
+      quantize = quantize && w > 1;
       if (layout.hierarchical) {
         const detail::RankGroup inter = layout.shard_inter_node_group(rank);
-        count_collective(t.gathers, detail::link_of(inter, nodes, rank), CollectiveKind::all_gather, slice, c);
+        gather(detail::link_of(inter, nodes, rank), slice, quantize);
         const GroupLink intra = detail::link_of(layout.shard_intra_node_group(rank), nodes, rank);
-        for (int j = 0; j < inter.size(); ++j) count_collective(t.gathers, intra, CollectiveKind::all_gather, slice, c);
+        for (int j = 0; j < inter.size(); ++j) gather(intra, slice, quantize);
       } else {
-        count_collective(t.gathers, shard, CollectiveKind::all_gather, slice, c);
+        gather(shard, slice, quantize);
       }
     };
     if (z.stage == 3) {
@@ -125,21 +137,19 @@ TrafficPlan plan_traffic(const ModelDesc& model, const Config& config, const Tra
         const detail::SimulatedUnit& u = units[i];
         if (u.persistent) {
           const CollectiveTraffic before = t.gathers;
-          partition_gather(u.padded);  // re-gathered after the optimizer step
+          partition_gather(u.padded, false);  // re-gathered after the optimizer step, unquantized
           t.boundary_gathers += t.gathers - before;
           continue;
         }
         const int64_t n = a * gathers[i];
         if (layout.kind == detail::LayoutKind::hpz && n > 0) {
-          partition_gather(u.padded);  // the first after the step fills the secondary partition
+          partition_gather(u.padded, true);  // the first after the step fills the secondary partition
           const GroupLink hpz = detail::link_of(layout.hpz_group(rank), nodes, rank);
           const CollectiveTraffic before = t.gathers;
-          for (int64_t k = 1; k < n; ++k) {
-            count_collective(t.gathers, hpz, CollectiveKind::all_gather, u.padded / layout.hpz_size, c);
-          }
+          for (int64_t k = 1; k < n; ++k) gather(hpz, u.padded / layout.hpz_size, true);
           t.secondary_gathers += t.gathers - before;
         } else {
-          for (int64_t k = 0; k < n; ++k) partition_gather(u.padded);
+          for (int64_t k = 0; k < n; ++k) partition_gather(u.padded, true);
         }
       }
     } else if (z.stage >= 1) {
@@ -149,8 +159,29 @@ TrafficPlan plan_traffic(const ModelDesc& model, const Config& config, const Tra
     if (z.stage >= 2) {
       const int64_t chunk =
           std::max<int64_t>(1, std::min(std::max<int64_t>(1, *z.reduce_bucket_size / w), total_slice));
-      for (int64_t m = 0; m < a; ++m) {
-        count_buckets(t.reductions, shard, CollectiveKind::reduce_scatter, total_slice, chunk, cb);
+      if (z.quantized_gradients) {
+        // qgZ: per bucket of f elements per rank, an all-to-all of int4 messages of N f elements within the node and
+        // one of f elements across the nodes (a stage of one rank is skipped).
+        const detail::RankGroup intra = layout.qgz_intra_group(rank), inter = layout.qgz_inter_group(rank);
+        const GroupLink intra_link = detail::link_of(intra, nodes, rank), inter_link = detail::link_of(inter, nodes, rank);
+        const QuantFormat grads{4, config.zero3.qgz_block_size};
+        auto bucket = [&](int64_t f) {
+          if (intra.size() > 1) {
+            count_collective(t.reductions, intra_link, CollectiveKind::all_to_all,
+                             quant_message_bytes(inter.size() * f, grads) / 4, 4);
+          }
+          if (inter.size() > 1) {
+            count_collective(t.reductions, inter_link, CollectiveKind::all_to_all, quant_message_bytes(f, grads) / 4, 4);
+          }
+        };
+        for (int64_t m = 0; m < a; ++m) {
+          for (int64_t i = 0; i < total_slice / chunk; ++i) bucket(chunk);
+          if (total_slice % chunk != 0) bucket(total_slice % chunk);
+        }
+      } else {
+        for (int64_t m = 0; m < a; ++m) {
+          count_buckets(t.reductions, shard, CollectiveKind::reduce_scatter, total_slice, chunk, cb);
+        }
       }
       if (layout.replicas() > 1) {
         const CollectiveTraffic before = t.reductions;

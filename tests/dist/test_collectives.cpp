@@ -254,6 +254,43 @@ TEST_F(Collectives, AllGatherIsABitExactCopy) {
   }
 }
 
+// Block j of every rank's input lands in rank j's output, at the sender's place; the bits move untouched.
+TEST_F(Collectives, AllToAllIsABitExactTranspose) {
+  for (DType dtype : kDTypes) {
+    for (size_t count : kCounts) {
+      const size_t bytes = count * dtype_size(dtype);
+      std::vector<uint8_t> in(bytes * static_cast<size_t>(size_)), out(in.size(), 0xee);
+      for (int to = 0; to < size_; ++to) {
+        auto block = pattern(bytes, rank_ * 64 + to, static_cast<int>(count));
+        std::memcpy(in.data() + static_cast<size_t>(to) * bytes, block.data(), bytes);
+      }
+      comm_->all_to_all(out.data(), in.data(), count, dtype)->wait();
+      for (int from = 0; from < size_; ++from) {
+        auto want = pattern(bytes, from * 64 + rank_, static_cast<int>(count));
+        EXPECT_EQ(0, std::memcmp(out.data() + static_cast<size_t>(from) * bytes, want.data(), bytes))
+            << label("all_to_all", dtype, count) << ": block from rank " << from;
+      }
+    }
+  }
+  // Arguments: a null buffer, overlapping buffers, and a count of 0.
+  std::vector<float> buf(2 * static_cast<size_t>(size_));
+  EXPECT_THROW(comm_->all_to_all(nullptr, buf.data(), 1, DType::f32), InvalidArgument);
+  EXPECT_THROW(comm_->all_to_all(buf.data(), buf.data(), 1, DType::f32), InvalidArgument);
+  EXPECT_TRUE(comm_->all_to_all(nullptr, nullptr, 0, DType::f32)->is_completed());
+  if (size_ > 1 && comm_->checks_collectives()) {
+    // Counts that differ are compared before any data moves, naming the collective.
+    std::vector<float> in(static_cast<size_t>(size_ * size_), 1.0f), out(in.size(), 0.0f);
+    try {
+      comm_->all_to_all(out.data(), in.data(), static_cast<size_t>(rank_ + 1), DType::f32)->wait();
+      ADD_FAILURE() << "expected CollectiveMismatchError";
+    } catch (const CollectiveMismatchError& e) {
+      EXPECT_NE(std::string(e.what()).find("rank 1 called all_to_all(count=2, dtype=f32)"), std::string::npos)
+          << e.what();
+    }
+    EXPECT_EQ(out, std::vector<float>(out.size(), 0.0f)) << "data moved although the calls differed";
+  }
+}
+
 TEST_F(Collectives, Broadcast) {
   for (DType dtype : kDTypes) {
     for (size_t count : kCounts) {
@@ -391,6 +428,7 @@ TEST_F(Collectives, TimeoutNamesTheCollective) {
   options.backend = comm_->backend();
   options.timeout = 1500ms;
   auto quick = make_communicator(options, g_world->launch, g_world->store);
+  auto quick2 = make_communicator(options, g_world->launch, g_world->store);
   if (rank_ == 0) {
     float v[5] = {};
     auto t0 = std::chrono::steady_clock::now();
@@ -412,6 +450,18 @@ TEST_F(Collectives, TimeoutNamesTheCollective) {
     EXPECT_LT(took, 1500ms + 2s);
     // Broken from now on, and says so at once.
     EXPECT_THROW(quick->all_reduce(v, 5, DType::f32, ReduceOp::sum)->wait(), CommError);
+  }
+  if (rank_ == 0) {
+    // all_to_all's errors name it like the others'.
+    std::vector<float> in(static_cast<size_t>(3 * size_)), out(in.size());
+    try {
+      quick2->all_to_all(out.data(), in.data(), 3, DType::f32)->wait();
+      ADD_FAILURE() << "expected TimeoutError";
+    } catch (const TimeoutError& e) {
+      EXPECT_NE(std::string(e.what()).find("all_to_all(count=3, dtype=f32) on rank 0 of " + std::to_string(size_)),
+                std::string::npos)
+          << e.what();
+    }
   }
   // The others never join that all_reduce; they leave once rank 0 has seen its timeout.
   if (rank_ == 0) store().set("timeout-test/done", {1});

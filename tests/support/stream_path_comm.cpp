@@ -56,6 +56,17 @@ WorkPtr StreamPathComm::reduce_scatter(void* out, const void* in, size_t count, 
       bytes, in, bytes * static_cast<size_t>(size()));
 }
 
+WorkPtr StreamPathComm::all_to_all(void* out, const void* in, size_t count, DType dtype, Stream stream) {
+  note_stream(stream);
+  if (!device_.is_compute(stream)) counts_->side_stream_reductions++;
+  if (count > 0) note_buffers(out, in);
+  auto inner = inner_;
+  const size_t bytes = count * dtype_size(dtype) * static_cast<size_t>(size());
+  return device_.enqueue_collective(
+      stream, [inner, out, in, count, dtype] { inner->all_to_all(out, in, count, dtype)->wait(); }, out, bytes, in,
+      bytes);
+}
+
 WorkPtr StreamPathComm::all_reduce(void* buf, size_t count, DType dtype, ReduceOp op, Stream stream) {
   stream = stream_of(stream);
   note_stream(stream);

@@ -36,6 +36,7 @@ class StreamPathComm final : public Communicator {
   WorkPtr reduce_scatter(void* out, const void* in, size_t count, DType dtype, ReduceOp op, Stream stream) override;
   WorkPtr all_reduce(void* buf, size_t count, DType dtype, ReduceOp op, Stream stream) override;
   WorkPtr broadcast(void* buf, size_t count, DType dtype, int root, Stream stream) override;
+  WorkPtr all_to_all(void* out, const void* in, size_t count, DType dtype, Stream stream) override;
   void barrier() override { inner_->barrier(); }
   std::unique_ptr<Communicator> split(int color, int key) override;
 

@@ -672,9 +672,9 @@ TEST(BlockQuantize, StreamPathDeviceQueuesTheKernelsOnTheirStream) {
   auto* sum = static_cast<float*>(device.allocate(static_cast<size_t>(chunk) * 4));
   device.copy(in, x.bytes.data(), x.bytes.size(), nullptr);
   device.fill_zero(messages, bytes, nullptr);
-  device.kernels().quantize(messages, in, DType::f32, chunk, chunks, f, stream->get());
-  device.kernels().dequantize(back, DType::f32, messages, chunk, chunks, f, stream->get());
-  device.kernels().dequantize_sum(sum, messages, chunk, chunks, f, stream->get());
+  detail::kernels_of(device).quantize(messages, in, DType::f32, chunk, chunks, f, stream->get());
+  detail::kernels_of(device).dequantize(back, DType::f32, messages, chunk, chunks, f, stream->get());
+  detail::kernels_of(device).dequantize_sum(sum, messages, chunk, chunks, f, stream->get());
   EXPECT_EQ(std::vector<uint8_t>(messages, messages + bytes), std::vector<uint8_t>(bytes, 0))
       << "ran before its stream";
   stream->synchronize();

@@ -134,6 +134,26 @@ TEST(ConfigCli, AcceptsEveryConfigInConfigs) {
   }
 }
 
+// DeepSpeed's ZeRO++ tutorial config: hpZ over 16 ranks with qwZ and qgZ, accepted as it stands (the precision is
+// the program's), refused naming the key once the program says fp32.
+TEST(ConfigCli, AcceptsDeepSpeedsZeroPlusPlusTutorialConfig) {
+  const std::string file = src("tests/data/configs/real/deepspeed-zeropp-tutorial.json");
+  for (const char* precision : {"", " --precision bf16", " --precision fp16"}) {
+    CliResult r = run_zero3("config check " + file + " --world-size 64 --micro-batch 4 --grad-accum 1" + precision);
+    ASSERT_EQ(r.status, 0) << precision << ": " << r.err;
+    json j = json::parse(r.out);
+    EXPECT_EQ(j["zero_optimization"]["zero_quantized_weights"], true);
+    EXPECT_EQ(j["zero_optimization"]["zero_quantized_gradients"], true);
+    EXPECT_EQ(j["zero_optimization"]["zero_hpz_partition_size"], 16);
+    EXPECT_EQ(j["zero3"]["qwz_block_size"], 2048);
+    EXPECT_EQ(j["zero3"]["qgz_block_size"], 2048);
+  }
+  CliResult r = run_zero3("config check " + file + " --world-size 64 --micro-batch 4 --grad-accum 1 --precision fp32");
+  EXPECT_EQ(r.status, 1);
+  EXPECT_NE(r.err.find("zero_optimization.zero_quantized_weights: got true with fp32 compute"), std::string::npos)
+      << r.err;
+}
+
 TEST(ConfigCli, CanonicalStagesAndOffloads) {
   for (int stage = 0; stage <= 3; ++stage) {
     CliResult r = run_zero3("config check " + src("configs/zero-stage" + std::to_string(stage) + ".json"));

@@ -564,7 +564,9 @@ TEST(ConfigReader, IgnoredAndRefusedSections) {
   error_of(R"({"data_efficiency": {"enabled": true}})", {"data_efficiency", "not supported"});
   error_of(R"({"compression_training": {"weight_quantization": {}}})", {"compression_training", "not supported"});
   error_of(R"({"zero_optimization": {"zero_quantized_weights": true}})",
-           {"zero_optimization.zero_quantized_weights", "got true", "not supported", "ZeRO++"});
+           {"zero_optimization.zero_quantized_weights", "got true with zero_optimization.stage 0", "stage 3"});
+  error_of(R"({"zero_optimization": {"stage": 2, "zero_quantized_gradients": true}})",
+           {"zero_optimization.zero_quantized_gradients", "got true with zero_optimization.stage 2", "stage 3"});
   // hpZ and MiCS lay out stage 3's partitions: below it they are errors.
   error_of(R"({"zero_optimization": {"zero_hpz_partition_size": 8}})",
            {"zero_optimization.zero_hpz_partition_size", "got 8 with zero_optimization.stage 0", "stage 3"});
@@ -590,6 +592,29 @@ TEST(ConfigReader, LayoutKeys) {
            {"zero_optimization.mics_hierarchical_params_gather", "positive mics_shard_size"});
   error_of(R"({"zero_optimization": {"stage": 3, "zero_hpz_partition_size": -2}})",
            {"zero_optimization.zero_hpz_partition_size"});
+  // ZeRO++'s quantized collectives: stage 3, 16-bit compute, block sizes positive (and even for qgZ's int4).
+  c = parse(R"({"bf16": {"enabled": true}, "zero3": {"qwz_block_size": 512, "qgz_block_size": 64},
+                "zero_optimization": {"stage": 3, "zero_quantized_weights": true, "zero_quantized_gradients": true}})");
+  EXPECT_TRUE(c.zero.quantized_weights);
+  EXPECT_TRUE(c.zero.quantized_gradients);
+  EXPECT_EQ(c.zero3.qwz_block_size, 512);
+  EXPECT_EQ(c.zero3.qgz_block_size, 64);
+  error_of(R"({"zero3": {"qwz_block_size": 0}, "zero_optimization": {"stage": 3, "zero_quantized_weights": true}})",
+           {"zero3.qwz_block_size"});
+  error_of(R"({"zero3": {"qgz_block_size": -4}})", {"zero3.qgz_block_size"});
+  error_of(R"({"zero3": {"qgz_block_size": 99}, "zero_optimization": {"stage": 3, "zero_quantized_gradients": true}})",
+           {"zero3.qgz_block_size", "got 99", "even number", "two per byte"});
+  ResolveInputs fp32;
+  fp32.precision = DType::f32;
+  Config q = parse(R"({"train_batch_size": 8, "zero_optimization": {"stage": 3, "zero_quantized_weights": true}})");
+  try {
+    resolve(q, fp32);
+    FAIL() << "qwZ with fp32 compute was accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("zero_optimization.zero_quantized_weights: got true with fp32 compute"),
+              std::string::npos)
+        << e.what();
+  }
   // The world must be tiled by the groups (resolve knows the world size; the engine checks the nodes too).
   ResolveInputs six;
   six.world_size = 6;

@@ -92,6 +92,9 @@ class NcclNamedComm final : public Communicator {
   WorkPtr broadcast(void* buf, size_t n, DType t, int root, Stream s) override {
     return inner_->broadcast(buf, n, t, root, s);
   }
+  WorkPtr all_to_all(void* out, const void* in, size_t n, DType t, Stream s) override {
+    return inner_->all_to_all(out, in, n, t, s);
+  }
   void barrier() override { inner_->barrier(); }
   std::unique_ptr<Communicator> split(int color, int key) override { return inner_->split(color, key); }
 

@@ -16,6 +16,7 @@
 // the input crosses each link, like NCCL's; all_reduce is gloo's own (a ring) with a 16-bit reduce function.
 #include <gloo/allgather.h>
 #include <gloo/allreduce.h>
+#include <gloo/alltoall.h>
 #include <gloo/barrier.h>
 #include <gloo/broadcast.h>
 #include <gloo/common/error.h>
@@ -282,6 +283,27 @@ class GlooCommunicator final : public Communicator {
       opts.setTag(tag);
       opts.setTimeout(timeout_);
       ::gloo::broadcast(opts);
+    });
+  }
+
+  WorkPtr all_to_all(void* out, const void* in, size_t count, DType dtype, Stream) override {
+    std::string what = "gloo " + describe_collective("all_to_all", count, dtype, rank_, size_);
+    require_buffer(out, "out", count, what);
+    require_buffer(in, "in", count, what);
+    const size_t bytes = count * dtype_size(dtype) * static_cast<size_t>(size_);
+    require_no_partial_overlap(out, bytes, in, bytes, nullptr, what);
+    if (count == 0) return completed_work();
+    return enqueue(what, {CollectiveKind::all_to_all, count, dtype}, [=, this](uint32_t tag) {
+      if (size_ == 1) {
+        std::memcpy(out, in, bytes);
+        return;
+      }
+      ::gloo::AlltoallOptions opts(context_);
+      opts.setInput(static_cast<char*>(const_cast<void*>(in)), bytes);
+      opts.setOutput(static_cast<char*>(out), bytes);
+      opts.setTag(tag);
+      opts.setTimeout(timeout_);
+      ::gloo::alltoall(opts);
     });
   }
 

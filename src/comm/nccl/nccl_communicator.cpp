@@ -303,6 +303,25 @@ WorkPtr NcclCommunicator::broadcast(void* buf, size_t count, DType dtype, int ro
   });
 }
 
+WorkPtr NcclCommunicator::all_to_all(void* out, const void* in, size_t count, DType dtype, Stream stream) {
+  std::string what = "nccl " + describe_collective("all_to_all", count, dtype, rank(), size());
+  require_buffer(out, "out", count, what);
+  require_buffer(in, "in", count, what);
+  const size_t bytes = count * dtype_size(dtype);
+  require_no_partial_overlap(out, bytes * size(), in, bytes * size(), nullptr, what);
+  if (count == 0) return completed_work();
+  return launch(what, stream, [&](ncclComm_t c, cudaStream_t s) {
+    ncclResult_t r = ncclGroupStart();
+    if (r != ncclSuccess) return r;
+    for (int peer = 0; peer < size() && r == ncclSuccess; ++peer) {
+      r = ncclSend(static_cast<const char*>(in) + bytes * peer, count, nccl_dtype(dtype), peer, c, s);
+      if (r == ncclSuccess) r = ncclRecv(static_cast<char*>(out) + bytes * peer, count, nccl_dtype(dtype), peer, c, s);
+    }
+    const ncclResult_t end = ncclGroupEnd();
+    return r != ncclSuccess ? r : end;
+  });
+}
+
 void NcclCommunicator::barrier() {
   std::string what = "nccl barrier on rank " + std::to_string(rank()) + " of " + std::to_string(size());
   launch(what, reinterpret_cast<Stream>(internal_stream_), [&](ncclComm_t c, cudaStream_t s) {

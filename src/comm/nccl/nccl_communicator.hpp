@@ -64,6 +64,8 @@ class NcclCommunicator final : public Communicator {
                          Stream stream = nullptr) override;
   WorkPtr all_reduce(void* buf, size_t count, DType dtype, ReduceOp op, Stream stream = nullptr) override;
   WorkPtr broadcast(void* buf, size_t count, DType dtype, int root, Stream stream = nullptr) override;
+  // ncclSend/ncclRecv to and from every rank inside one ncclGroupStart/ncclGroupEnd.
+  WorkPtr all_to_all(void* out, const void* in, size_t count, DType dtype, Stream stream = nullptr) override;
   // An all_reduce of one float on an internal stream, waited for on the host.
   void barrier() override;
   // ncclCommSplit; the child inherits the device, the timeout, the network and the registration option.
