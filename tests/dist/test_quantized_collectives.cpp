@@ -160,7 +160,8 @@ TEST(QuantizedTraffic, TheEngineCountsWhatThePlanPredicts) {
         // Against the same run unquantized: qwZ sends about half the gather bytes, qgZ fewer reduction bytes.
         Config u = c;
         u.zero.quantized_weights = u.zero.quantized_gradients = false;
-        const RankTraffic& plain_rank = plan_traffic(mlp_desc(plan.dims), u, o).ranks[static_cast<size_t>(comm->rank())];
+        const TrafficPlan unquantized = plan_traffic(mlp_desc(plan.dims), u, o);
+        const RankTraffic& plain_rank = unquantized.ranks[static_cast<size_t>(comm->rank())];
         const int64_t qg = mine.gathers.intra_node_bytes + mine.gathers.inter_node_bytes;
         const int64_t pg = plain_rank.gathers.intra_node_bytes + plain_rank.gathers.inter_node_bytes;
         const int64_t qr = mine.reductions.intra_node_bytes + mine.reductions.inter_node_bytes;
