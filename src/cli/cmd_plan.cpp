@@ -139,37 +139,35 @@ int run_step_time(const std::string& model_path, const std::string& config_path,
   struct Row {
     const char* name;
     int64_t hpz, mics;
-    bool hierarchical, qwz;
-    int qgz_bits;
+    bool hierarchical, qwz, qgz;
   };
   const int64_t L = cluster.gpus_per_node;
-  std::vector<Row> rows = {{"plain", 1, -1, false, false, 0},
-                           {"hpZ, one node", L, -1, false, false, 0},
-                           {"MiCS/HSDP, one node", 1, L, false, false, 0},
-                           {"plain + qwZ + qgZ *", 1, -1, false, true, 4},
-                           {"hpZ + qwZ + qgZ (ZeRO++) *", L, -1, false, true, 4},
-                           {"MiCS/HSDP + qgZ *", 1, L, false, false, 4}};
+  std::vector<Row> rows = {{"plain", 1, -1, false, false, false},
+                           {"hpZ, one node", L, -1, false, false, false},
+                           {"MiCS/HSDP, one node", 1, L, false, false, false},
+                           {"plain + qwZ + qgZ", 1, -1, false, true, true},
+                           {"hpZ + qwZ + qgZ (ZeRO++)", L, -1, false, true, true},
+                           {"MiCS/HSDP + qgZ", 1, L, false, false, true}};
   if (cluster.nodes >= 4 && cluster.nodes % 2 == 0)
-    rows.push_back({"MiCS, two nodes, hierarchical", 1, 2 * L, true, false, 0});
-  std::printf("\nzero3 per layout (the same job; qgZ int4, qwZ int8, %lld-element blocks)\n",
-              static_cast<long long>(options.quantization_block));
+    rows.push_back({"MiCS, two nodes, hierarchical", 1, 2 * L, true, false, false});
+  std::printf("\nzero3 per layout (the same job; qwZ int8 in blocks of %lld, qgZ int4 in blocks of %lld elements)\n",
+              static_cast<long long>(config.zero3.qwz_block_size), static_cast<long long>(config.zero3.qgz_block_size));
   std::vector<std::string> names;
   std::vector<StepTime> times;
+  const bool fp32 = config.compute_dtype() == DType::f32;
   for (const Row& r : rows) {
+    if (fp32 && (r.qwz || r.qgz)) continue;  // ZeRO++ quantizes 16-bit weights and gradients only
     Config c = config;
     c.zero.hpz_partition_size = r.hpz;
     c.zero.mics_shard_size = r.mics;
     c.zero.mics_hierarchical_params_gather = r.hierarchical;
-    StepTimeOptions o = options;
-    o.quantized_weights = r.qwz;
-    o.quantized_gradient_bits = r.qgz_bits;
+    c.zero.quantized_weights = r.qwz;
+    c.zero.quantized_gradients = r.qgz;
     names.push_back(r.name);
-    times.push_back(model_step_time(model, dims, c, cluster, o));
+    times.push_back(model_step_time(model, dims, c, cluster, options));
   }
   std::printf("%s", format_layout_table(names, times, deepspeed, steps).c_str());
-  std::printf(
-      "* the model's estimate of ZeRO++'s data flow: the engine does not issue qwZ and qgZ yet, so these bytes are\n"
-      "  derived from the unquantized plan_traffic(), not counted by it\n");
+  if (fp32) std::printf("(no qwZ/qgZ rows: the config computes in fp32, and ZeRO++ quantizes 16-bit training)\n");
   return 0;
 }
 

@@ -5,8 +5,8 @@
 #include <cstdio>
 #include <sstream>
 
+#include "config/config_checks.hpp"
 #include "core/check.hpp"
-#include "zero/topology.hpp"
 #include "zero3/dtype.hpp"
 #include "zero3/error.hpp"
 #include "zero3/traffic_plan.hpp"
@@ -67,41 +67,6 @@ struct PhaseBytes {
   }
 };
 
-CollectiveTraffic scaled(CollectiveTraffic t, double factor) {
-  t.intra_node_bytes = std::llround(static_cast<double>(t.intra_node_bytes) * factor);
-  t.inter_node_bytes = std::llround(static_cast<double>(t.inter_node_bytes) * factor);
-  return t;
-}
-
-// ZeRO++'s qwZ and qgZ, estimated by the model from the engine's unquantized counts: the engine does not issue them
-// yet (issue 15), so these bytes are ZeRO++'s data flow, not plan_traffic()'s accounting. Once the engine sends
-// quantized collectives, plan_traffic() counts them from the config's keys and this estimate goes.
-//   qwZ: every gather from the primary partition (MiCS's both stages, persistent re-gathers) sends int8 codes plus
-//        one fp32 scale per block instead of `c`-byte elements; hpZ's secondary partition stays 16-bit.
-//   qgZ: each micro-step's reduce-scatter becomes ZeRO++'s hierarchical all-to-all of `bits`-bit codes plus a scale
-//        per block: within the node, each rank sends each other rank of its shard group on the node the part that
-//        rank reduces (slice x N' elements, N' the group's nodes), then across the nodes, each rank sends the ranks
-//        of its local rank their part of that (one slice). An all-to-all is not a ring: the bytes count by the node
-//        of each receiving peer. The boundary (MiCS's all-reduce across replicas) is unchanged.
-// Bytes only: the collectives' counts are left as the unquantized plan's (the model does not use them).
-void estimate_zeropp(PhaseBytes& b, const TrafficPlan& plan, int64_t shard_size, int64_t c,
-                     const StepTimeOptions& o) {
-  const double per_block = 4.0 / static_cast<double>(o.quantization_block);  // an fp32 scale per block
-  if (o.quantized_weights) {
-    const double factor = (1.0 + per_block) / static_cast<double>(c);
-    b.primary_gathers = scaled(b.primary_gathers, factor);
-    b.boundary_gathers = scaled(b.boundary_gathers, factor);
-  }
-  if (o.quantized_gradient_bits != 0) {
-    const double q = static_cast<double>(o.quantized_gradient_bits) / 8 + per_block;  // bytes per element
-    const int64_t per_node = std::min(shard_size, plan.ranks_per_node);              // L'
-    const int64_t group_nodes = shard_size / per_node;                               // N'
-    const double s = static_cast<double>(plan.slice_elements * plan.gradient_accumulation_steps);
-    b.reductions.intra_node_bytes = std::llround(static_cast<double>((per_node - 1) * group_nodes) * s * q);
-    b.reductions.inter_node_bytes = std::llround(static_cast<double>(group_nodes - 1) * s * q);
-  }
-}
-
 }  // namespace
 
 StepTime model_step_time(const ModelDesc& model, const LlamaDims& dims, const Config& config,
@@ -111,9 +76,6 @@ StepTime model_step_time(const ModelDesc& model, const LlamaDims& dims, const Co
   ZERO3_REQUIRE(dims.hidden_size > 0 && dims.num_attention_heads > 0 && dims.num_hidden_layers > 0, InvalidArgument,
                 "model_step_time: the model's Llama dimensions are needed for its FLOPs (a Hugging Face Llama "
                 "config.json, not a unit list)");
-  const bool zeropp = options.quantized_weights || options.quantized_gradient_bits != 0;
-  ZERO3_REQUIRE(!(zeropp && options.flow == DataFlow::deepspeed), InvalidArgument,
-                "model_step_time: the deepspeed flow is plain ZeRO-3; qwZ and qgZ are modelled for the zero3 flow");
   ZERO3_REQUIRE(cluster.world() >= 1, InvalidArgument, "model_step_time: the cluster has no GPUs");
   const int64_t micro_batch = require_batch(config.train_micro_batch_size_per_gpu, "train_micro_batch_size_per_gpu");
   const int64_t ga = require_batch(config.gradient_accumulation_steps, "gradient_accumulation_steps");
@@ -121,21 +83,20 @@ StepTime model_step_time(const ModelDesc& model, const LlamaDims& dims, const Co
 
   ZERO3_REQUIRE(z.stage == 3, ConfigError, "zero_optimization.stage: ", z.stage,
                 "; the step-time model covers stage 3 (parameters gathered every micro-step)");
-  ZERO3_REQUIRE(options.quantized_gradient_bits == 0 || options.quantized_gradient_bits == 4 ||
-                    options.quantized_gradient_bits == 8,
-                InvalidArgument, "model_step_time: quantized gradients have ", options.quantized_gradient_bits,
-                " bits; qgZ sends int4 (4) or int8 (8), or 0 (off)");
-  ZERO3_REQUIRE(options.quantization_block >= 1, InvalidArgument, "model_step_time: a quantization block of ",
-                options.quantization_block, " elements; expected at least 1");
 
   const bool deepspeed = options.flow == DataFlow::deepspeed;
   Config flow_config = config;
-  if (deepspeed) {  // plain ZeRO-3: DeepSpeed's hpZ and MiCS are other data flows
+  if (deepspeed) {  // plain ZeRO-3: DeepSpeed's hpZ, MiCS and ZeRO++ quantization are other data flows
     flow_config.zero.hpz_partition_size = 1;
     flow_config.zero.mics_shard_size = -1;
     flow_config.zero.mics_hierarchical_params_gather = false;
+    flow_config.zero.quantized_weights = false;
+    flow_config.zero.quantized_gradients = false;
   }
-  // The bytes: the engine's own accounting (traffic_plan.hpp), on the cluster's nodes.
+  config_detail::check_layouts(flow_config);  // as the engine: qgZ's block size, the keys' stage
+  config_detail::check_quantization_precision(flow_config);
+  // The bytes: the engine's own accounting (traffic_plan.hpp), on the cluster's nodes; with qwZ and qgZ, the
+  // quantized messages the engine sends.
   TrafficPlanOptions traffic_options;
   traffic_options.world_size = cluster.world();
   traffic_options.ranks_per_node = cluster.gpus_per_node;
@@ -145,10 +106,8 @@ StepTime model_step_time(const ModelDesc& model, const LlamaDims& dims, const Co
   StepTime t;
   t.flow = options.flow;
   t.layout = plan.layout;
-  if (options.quantized_weights) t.layout += " + qwZ";
-  if (options.quantized_gradient_bits != 0)
-    t.layout += " + qgZ (int" + std::to_string(options.quantized_gradient_bits) + ")";
-  if (zeropp) t.layout += " (model's estimate)";
+  if (flow_config.zero.quantized_weights) t.layout += " + qwZ";
+  if (flow_config.zero.quantized_gradients) t.layout += " + qgZ";
   t.grad_accum = static_cast<int>(ga);
   t.tokens_per_gpu = micro_batch * options.seq_len * ga;
   const double micro_flops = 3 * forward_flops_per_token(model, dims, options.seq_len) *
@@ -157,15 +116,13 @@ StepTime model_step_time(const ModelDesc& model, const LlamaDims& dims, const Co
 
   // The busiest node's link and the busiest GPU's intra-node traffic, in the micro-steps and at the boundary.
   const int per_node = cluster.gpus_per_node;
-  const int64_t shard_size = detail::plan_layout(flow_config.zero, cluster.world(), per_node).shard_size;
   int64_t node_micro_inter = 0, node_boundary_inter = 0, max_micro_intra = 0, max_boundary_intra = 0;
   int64_t primary_slice = 0;
   for (int node = 0; node < cluster.nodes; ++node) {
     int64_t micro_inter = 0, boundary_inter = 0;
     for (int r = node * per_node; r < (node + 1) * per_node; ++r) {
       const RankTraffic& rank = plan.ranks[static_cast<size_t>(r)];
-      PhaseBytes b(rank);
-      if (zeropp) estimate_zeropp(b, plan, shard_size, c, options);
+      const PhaseBytes b(rank);
       const CollectiveTraffic micro = b.micro(), boundary = b.boundary();
       micro_inter += micro.inter_node_bytes;
       boundary_inter += boundary.inter_node_bytes;

@@ -13,7 +13,9 @@
 // reductions are issued on the engine's own streams. Every case runs again with the device computing on a
 // caller's stream: then nothing may land on CUDA's legacy default stream. On simulated nodes
 // (`zero3 launch --simulate-nodes`) the same checks cover the layouts for slow links: HSDP, MiCS's hierarchical
-// gather and hpZ, whose groups are split from the test communicator.
+// gather and hpZ, whose groups are split from the test communicator. ZeRO++'s quantized paths (qwZ's int8 gathers,
+// qgZ's two all-to-alls) run under the same checks; their numbers are compared with the same config on the plain cpu
+// device, bit for bit (the unquantized reference differs by the quantization itself).
 // zero3-test-ranks: 1 2 3
 // zero3-test-nodes: 2x2
 #include <gtest/gtest.h>
@@ -45,6 +47,9 @@ struct Variant {
   std::function<void(Config&)> change;
   double tolerance;
   bool layout = false;  // needs simulated nodes (and runs only there)
+  // Compare with the same config on the plain cpu device (same kernels, same collectives: the same bits) instead of
+  // the unquantized reference model, which a quantized run cannot match.
+  bool against_cpu_device = false;
 };
 
 bool simulated_nodes() {
@@ -57,9 +62,12 @@ class StreamPath : public ::testing::TestWithParam<Variant> {};
 void check_against_reference(const Variant& v, StreamSchedule schedule, ComputeStream compute);
 
 // Layouts for slow links need nodes; plain ZeRO runs on one.
-#define SKIP_UNLESS_ON_ITS_NODES()                                                                         \
-  if (GetParam().layout != simulated_nodes()) {                                                          \
+#define SKIP_UNLESS_ON_ITS_NODES()                                                                          \
+  if (GetParam().layout != simulated_nodes()) {                                                             \
     GTEST_SKIP() << (GetParam().layout ? "layouts run on simulated nodes" : "plain ZeRO runs on one node"); \
+  }                                                                                                         \
+  if (GetParam().against_cpu_device && detect_launch().world_size == 1) {                                   \
+    GTEST_SKIP() << "one rank sends no quantized message (its gathers and reductions have no peer)";        \
   }
 
 TEST_P(StreamPath, SameNumbersAsTheReferenceAndOrderedByEvents) {
@@ -80,6 +88,17 @@ TEST_P(StreamPath, OnTheCallersStream) {
   }
 }
 
+EngineRun train(const Config& c, const TrainPlan& plan, const std::shared_ptr<Communicator>& comm, Device& device,
+                ScheduleStats* stats = nullptr) {
+  Engine engine(resolved_for(c, *comm), comm, device);
+  MlpUnits units = declare_mlp(engine, plan.dims);
+  engine.materialize();
+  engine.reset_schedule_stats();
+  EngineRun run = train_mlp(engine, units, plan);
+  if (stats != nullptr) *stats = engine.schedule_stats();
+  return run;
+}
+
 void check_against_reference(const Variant& v, StreamSchedule schedule, ComputeStream compute) {
   StreamPathDevice device(schedule, compute);
   auto comm = std::make_shared<StreamPathComm>(engine_world(), device);
@@ -88,30 +107,34 @@ void check_against_reference(const Variant& v, StreamSchedule schedule, ComputeS
   TrainPlan plan;
   plan.world = comm->size();
   plan.steps = 10;
-  EngineRun run;
   ScheduleStats stats;
-  {
-    Engine engine(resolved_for(c, *comm), comm, device);
-    MlpUnits units = declare_mlp(engine, plan.dims);
-    engine.materialize();
-    engine.reset_schedule_stats();
-    run = train_mlp(engine, units, plan);
-    stats = engine.schedule_stats();
-  }
+  const EngineRun run = train(c, plan, comm, device, &stats);
   EXPECT_EQ(device.bytes_in_use(), 0);
-  ReferenceRun ref = run_reference(c, plan);
   const int rank = comm->rank();
   const size_t gas = 2;
   ASSERT_EQ(run.losses.size(), static_cast<size_t>(plan.steps) * gas);
-  for (size_t t = 0; t < static_cast<size_t>(plan.steps); ++t) {
-    for (size_t k = 0; k < gas; ++k) {
-      double want = ref.losses[t][k][static_cast<size_t>(rank)];
-      EXPECT_NEAR(run.losses[t * gas + k], want, v.tolerance * std::fabs(want)) << "step " << t << ", micro " << k;
+  if (v.against_cpu_device) {
+    const EngineRun want = train(c, plan, engine_world(), cpu_device());
+    ASSERT_EQ(want.losses.size(), run.losses.size());
+    for (size_t i = 0; i < run.losses.size(); ++i) {
+      EXPECT_NEAR(run.losses[i], want.losses[i], v.tolerance * std::fabs(want.losses[i])) << "micro-step " << i;
+      EXPECT_NEAR(run.steps[i].grad_norm, want.steps[i].grad_norm, v.tolerance * want.steps[i].grad_norm)
+          << "micro-step " << i;
     }
-    EXPECT_NEAR(run.steps[t * gas + gas - 1].grad_norm, ref.grad_norms[t], v.tolerance * ref.grad_norms[t]);
+    std::string worst;
+    EXPECT_LE(max_relative_error(run.params, want.params, &worst), v.tolerance) << "at " << worst;
+  } else {
+    ReferenceRun ref = run_reference(c, plan);
+    for (size_t t = 0; t < static_cast<size_t>(plan.steps); ++t) {
+      for (size_t k = 0; k < gas; ++k) {
+        double want = ref.losses[t][k][static_cast<size_t>(rank)];
+        EXPECT_NEAR(run.losses[t * gas + k], want, v.tolerance * std::fabs(want)) << "step " << t << ", micro " << k;
+      }
+      EXPECT_NEAR(run.steps[t * gas + gas - 1].grad_norm, ref.grad_norms[t], v.tolerance * ref.grad_norms[t]);
+    }
+    std::string worst;
+    EXPECT_LE(max_relative_error(run.params, ref.params, &worst), v.tolerance) << "at " << worst;
   }
-  std::string worst;
-  EXPECT_LE(max_relative_error(run.params, ref.params, &worst), v.tolerance) << "at " << worst;
 
   device.synchronize();
   const StreamPathUsage u = device.usage();
@@ -122,6 +145,17 @@ void check_against_reference(const Variant& v, StreamSchedule schedule, ComputeS
     EXPECT_GE(comm->side_stream_gathers(), stats.all_gathers) << "stage-3 gathers must run on the gather stream";
     EXPECT_GE(u.compute_waits, stats.all_gathers) << "the compute stream must wait for every gather";
   }
+}
+
+void quantized(Config& c, bool weights, bool gradients) {
+  c.bf16.enabled = true;
+  c.zero.param_persistence_threshold = 0;
+  c.zero.max_reuse_distance = 0;
+  c.zero.reduce_bucket_size = 150;  // several qgZ buckets a micro-step
+  c.zero.quantized_weights = weights;
+  c.zero3.qwz_block_size = 16;
+  c.zero.quantized_gradients = gradients;
+  c.zero3.qgz_block_size = 32;
 }
 
 const Variant kVariants[] = {
@@ -151,6 +185,17 @@ const Variant kVariants[] = {
        c.communication_data_type = DType::f32;
      },
      5e-3, true},
+    // ZeRO++ (bf16, small blocks so that slices hold several and a partial one; every unit gathered again in
+    // backward): the same bits as on the cpu device, tolerance 0.
+    {"qwz", 3, [](Config& c) { quantized(c, true, false); }, 0, false, true},
+    {"qgz", 3, [](Config& c) { quantized(c, false, true); }, 0, false, true},
+    {"qwz_qgz", 3, [](Config& c) { quantized(c, true, true); }, 0, false, true},
+    {"hpz_qwz_qgz", 3,
+     [](Config& c) {
+       quantized(c, true, true);
+       c.zero.hpz_partition_size = detect_launch().local_world_size;
+     },
+     0, true, true},
 };
 
 INSTANTIATE_TEST_SUITE_P(Engine, StreamPath, ::testing::ValuesIn(kVariants),

@@ -100,9 +100,9 @@ TEST(ClusterDesc, NamesTheFieldOfEveryBadFigure) {
   EXPECT_NE(cluster_error(with("nodes", "1000000")).find("gpus_per_node: 2 on 1000000 nodes make 2000000 GPUs"),
             std::string::npos);
   // Every figure the model uses is required, each named when missing.
-  for (const char* field : {"nodes", "gpus_per_node", "gpu_bf16_tflops", "gpu_memory_gb_s", "pcie_gb_s", "nic_gbit_s",
-                            "cpu_memory_gb_s", "nvme_gb_s", "matmul_efficiency", "pcie_efficiency",
-                            "nccl_link_efficiency", "collective_efficiency"}) {
+  for (const char* field :
+       {"nodes", "gpus_per_node", "gpu_bf16_tflops", "gpu_memory_gb_s", "pcie_gb_s", "nic_gbit_s", "cpu_memory_gb_s",
+        "nvme_gb_s", "matmul_efficiency", "pcie_efficiency", "nccl_link_efficiency", "collective_efficiency"}) {
     EXPECT_NE(cluster_error(with(field, "")).find(std::string("c.json: ") + field + ": missing"), std::string::npos)
         << field;
   }
@@ -210,54 +210,64 @@ TEST(StepTimeModel, OffloadCopiesOfEachDataFlow) {
   EXPECT_EQ(d.gpu_d2h_bytes, 2 * 188 + 188);
 }
 
-// ZeRO++, as the model estimates it from the unquantized plan (the engine does not issue qwZ and qgZ yet), per step
-// of 2 micro-steps on the tiny Llama (slices of 47 elements over 4 ranks on 2 nodes x 2):
-//   qwZ: rank 1's 1128 bytes of gathers across nodes become int8 codes plus a 4-byte scale per 2048 elements:
-//        1128 x (1 + 4 / 2048) / 2 = 565.1, 565 bytes; its reductions (564 bytes) stay. Node 0: 1129 bytes.
-//   qgZ (int4, 0.5 + 4 / 2048 bytes an element): the reduce-scatter becomes an all-to-all within the node (the one
-//        local peer gets 2 slices, N' = 2 nodes) and then across (the one peer of the same local rank on the other
-//        node gets one slice): per rank 2 x 47 x 0.50195 = 47.2, 47 bytes across nodes a step; 2 x 94 x 0.50195 =
-//        94.4, 94 within. Every rank sends across now: node 0's link carries 2 x 47 for reductions.
-TEST(StepTimeModel, ZeroPlusPlusEstimate) {
+// ZeRO++ from the config's keys: the model's bytes are plan_traffic()'s count of the quantized messages the engine
+// sends, per step of 2 micro-steps on the tiny Llama (slices of 8, 30 and 9 elements over 4 ranks on 2 nodes x 2,
+// 2048-element blocks: one fp32 scale per message):
+//   qwZ: a slice of n elements travels as quant_message_bytes(n, int8) = n rounded up to 4, plus 4 bytes: 12, 36
+//        and 16, 64 bytes a round of gathers against 94 in bf16. Rank 1 (ring neighbour on node 1) sends 3 x 64 per
+//        round, 4 rounds a step: 768 bytes across nodes; its bf16 reductions (564 bytes) stay. Node 0: 1332 bytes.
+//   qgZ: one bucket of f = 47 elements a micro-step; an all-to-all within the node of int4 messages of 2 x 47
+//        elements (47 bytes of codes, 48 with padding, + 4: 52 bytes to the one local peer) and one across the
+//        nodes of 47 elements (24 + 4 = 28 bytes to the one peer on the other node). Every rank sends across now:
+//        node 0's link carries 2 ranks x 2 micro-steps x 28 = 112 bytes of reductions.
+TEST(StepTimeModel, ZeroPlusPlusFromTheEnginesAccounting) {
   ClusterDesc cl = parse_cluster_desc(kCluster, "c.json");
   ModelDesc m = llama_model_desc(tiny_dims(), "tiny");
   StepTimeOptions o;
   o.seq_len = 3;
-  o.quantized_weights = true;
-  StepTime w = model_step_time(m, tiny_dims(), tiny_config(), cl, o);
-  EXPECT_EQ(w.node_inter_bytes, 565 + 564);
-  EXPECT_EQ(w.layout, "ZeRO-3 over 4 ranks + qwZ (model's estimate)");
-  o.quantized_gradient_bits = 4;
-  StepTime wg = model_step_time(m, tiny_dims(), tiny_config(), cl, o);
-  EXPECT_EQ(wg.node_inter_bytes, 565 + 2 * 47);
-  EXPECT_EQ(wg.cluster_inter_bytes, 2 * (565 + 2 * 47));
-  EXPECT_EQ(wg.gpu_intra_bytes, 565 + 94);  // rank 0: its gathers' ring neighbour is on its node
-  o.quantized_weights = false;
-  EXPECT_EQ(model_step_time(m, tiny_dims(), tiny_config(), cl, o).node_inter_bytes, 1128 + 2 * 47);
+  Config qwz = tiny_config();
+  qwz.zero.quantized_weights = true;
+  StepTime w = model_step_time(m, tiny_dims(), qwz, cl, o);
+  EXPECT_EQ(w.node_inter_bytes, 768 + 564);
+  EXPECT_EQ(w.layout, "ZeRO-3 over 4 ranks + qwZ");
+  Config both = qwz;
+  both.zero.quantized_gradients = true;
+  StepTime wg = model_step_time(m, tiny_dims(), both, cl, o);
+  EXPECT_EQ(wg.layout, "ZeRO-3 over 4 ranks + qwZ + qgZ");
+  EXPECT_EQ(wg.node_inter_bytes, 768 + 2 * 2 * 28);
+  EXPECT_EQ(wg.cluster_inter_bytes, 2 * (768 + 2 * 2 * 28));
+  EXPECT_EQ(wg.gpu_intra_bytes, 768 + 2 * 52);  // rank 0: its gathers' ring neighbour is on its node
+  Config qgz = tiny_config();
+  qgz.zero.quantized_gradients = true;
+  EXPECT_EQ(model_step_time(m, tiny_dims(), qgz, cl, o).node_inter_bytes, 1128 + 2 * 2 * 28);
+  // The block sizes are the config's: blocks of 2 elements give 5 scales to a slice of 9 elements (12 + 20 bytes).
+  Config small_blocks = qwz;
+  small_blocks.zero3.qwz_block_size = 2;
+  EXPECT_EQ(model_step_time(m, tiny_dims(), small_blocks, cl, o).node_inter_bytes,
+            4 * 3 * ((8 + 16) + (32 + 60) + (12 + 20)) + 564);
 
-  // hpZ: only the first gather of each unit after the step reads the primary partition (int8): (8 + 30 + 9) x 3 x 2 =
-  // 282 bytes, int8 282 x 0.50098 = 141.3, 141 (across nodes from rank 1, within from rank 0). The other 3 gathers
-  // of each unit read the secondary partition within the node and stay 16-bit: 3 x (16 + 60 + 18) x 2 = 564 bytes;
-  // rank 0's reductions (564 bytes) stay on its node too.
+  // hpZ: only the first gather of each unit after the step reads the primary partition: one round, 3 x 64 = 192
+  // bytes with qwZ (282 in bf16), across nodes from rank 1, within from rank 0. The other 3 gathers of each unit
+  // read the secondary partition within the node, quantized too (as DeepSpeed's): chunks of 16, 60 and 18 elements,
+  // messages of 20, 64 and 24 bytes, 3 x 108 = 324 bytes (564 in bf16); rank 0's reductions (564) stay on its node.
   Config hpz = tiny_config();
   hpz.zero.hpz_partition_size = 2;
-  o.quantized_weights = true;
-  o.quantized_gradient_bits = 0;
-  StepTime h = model_step_time(m, tiny_dims(), hpz, cl, o);
-  o.quantized_weights = false;
   StepTime h16 = model_step_time(m, tiny_dims(), hpz, cl, o);
+  hpz.zero.quantized_weights = true;
+  StepTime h = model_step_time(m, tiny_dims(), hpz, cl, o);
   EXPECT_EQ(h16.node_inter_bytes, 282 + 564);
-  EXPECT_EQ(h.node_inter_bytes, 141 + 564);
+  EXPECT_EQ(h.node_inter_bytes, 192 + 564);
   EXPECT_EQ(h16.gpu_intra_bytes, 282 + 564 + 564);
-  EXPECT_EQ(h.gpu_intra_bytes, 141 + 564 + 564);
+  EXPECT_EQ(h.gpu_intra_bytes, 192 + 324 + 564);
 }
 
-// DeepSpeed's flow is plain ZeRO-3 whatever the layout keys say; zero3's follows them.
+// DeepSpeed's flow is plain ZeRO-3 whatever the layout and quantization keys say; zero3's follows them.
 TEST(StepTimeModel, DeepSpeedFlowIgnoresLayoutKeys) {
   ClusterDesc cl = parse_cluster_desc(kCluster, "c.json");
   ModelDesc m = llama_model_desc(tiny_dims(), "tiny");
   Config c = tiny_config();
   c.zero.mics_shard_size = 2;
+  c.zero.quantized_gradients = true;
   StepTimeOptions o;
   o.seq_len = 3;
   StepTime z = model_step_time(m, tiny_dims(), c, cl, o);
@@ -296,14 +306,16 @@ TEST(StepTimeModel, Errors) {
   Config mics3 = tiny_config();
   mics3.zero.mics_shard_size = 3;
   EXPECT_NE(message(mics3, o, tiny_dims()).find("mics_shard_size"), std::string::npos);
-  StepTimeOptions ds_qwz = o;
-  ds_qwz.flow = DataFlow::deepspeed;
-  ds_qwz.quantized_weights = true;
-  EXPECT_NE(message(tiny_config(), ds_qwz, tiny_dims()).find("qwZ and qgZ are modelled for the zero3 flow"),
+  // ZeRO++ as the engine checks it: 16-bit compute, an even qgZ block.
+  Config fp32_qwz = tiny_config();
+  fp32_qwz.bf16.enabled = false;
+  fp32_qwz.zero.quantized_weights = true;
+  EXPECT_NE(message(fp32_qwz, o, tiny_dims()).find("zero_optimization.zero_quantized_weights: got true with fp32"),
             std::string::npos);
-  StepTimeOptions bits = o;
-  bits.quantized_gradient_bits = 2;
-  EXPECT_NE(message(tiny_config(), bits, tiny_dims()).find("quantized gradients have 2 bits"), std::string::npos);
+  Config odd_block = tiny_config();
+  odd_block.zero.quantized_gradients = true;
+  odd_block.zero3.qgz_block_size = 3;
+  EXPECT_NE(message(odd_block, o, tiny_dims()).find("zero3.qgz_block_size: got 3"), std::string::npos);
 }
 
 std::string run(const std::string& cmd, int* status) {
