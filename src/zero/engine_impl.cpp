@@ -1012,6 +1012,11 @@ void EngineImpl::issue_gather(UnitState& u, bool prefetch) {
   std::string what = log::concat("all_gather of unit '", u.info.name, "' (", P, " elements, ", dtype_name(ct),
                                  source, prefetch ? ", prefetch" : "", ")");
   int rank = rank_;
+  if (layout_.hierarchical && !from_secondary) {
+    // The inter-node step's output, allocated (on the compute stream) before the gather stream is ordered after it.
+    const auto nodes = static_cast<int64_t>(groups_.shard_inter_node.ranks.size());
+    u.gather_scratch = DeviceBuffer(device_, counters_, MemoryCategory::buffers, static_cast<size_t>(nodes * S) * es);
+  }
   Stream s = nullptr;
   DeviceEvent* gathered = nullptr;
   CommQueue* queue = queue_.get();
@@ -1061,7 +1066,6 @@ void EngineImpl::issue_gather(UnitState& u, bool prefetch) {
     // then node chunk j of the full buffer gathers, within each node, slice j*L+i from local rank i.
     const int nodes = static_cast<int>(groups_.shard_inter_node.ranks.size());
     const int per_node = layout_.nodes.ranks_per_node;
-    u.gather_scratch = DeviceBuffer(device_, counters_, MemoryCategory::buffers, static_cast<size_t>(nodes * S) * es);
     add(groups_.shard_inter_node, u.gather_scratch.data(), in, S);
     for (int j = 0; j < nodes; ++j) {
       add(groups_.shard_intra_node, element_ptr(out, ct, static_cast<int64_t>(j) * per_node * S),
