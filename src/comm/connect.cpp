@@ -1,5 +1,7 @@
+#include <atomic>
 #include <memory>
 
+#include "comm/bootstrap/tcp_store.hpp"
 #include "comm/registry.hpp"
 #include "core/env.hpp"
 #include "zero3/error.hpp"
@@ -28,7 +30,11 @@ std::unique_ptr<Communicator> connect(const CommOptions& requested) {
     if (!alone) {
       log::info_rank0("zero3 store at ", host, ":", port, " (port from ", launch.store_port_origin, ")");
     }
-    auto tcp = make_tcp_store(host, port, launch.rank == 0, options.timeout);
+    // This process's connects are numbered, so that a rank already at its next connect does not join the store
+    // rank 0 still serves for the previous one (TcpStore, `generation`).
+    static std::atomic<uint32_t> connects{0};
+    auto tcp = std::make_shared<bootstrap::TcpStore>(host, port, launch.rank == 0, options.timeout,
+                                                     bootstrap::TcpStoreServerOptions{}, ++connects);
     store = make_prefix_store(std::move(tcp), "zero3");
   }
   return make_communicator(options, launch, std::move(store));

@@ -254,6 +254,42 @@ TEST(TcpStore, ConnectRetriesUntilTheServerStarts) {
   if (!start_error.empty()) GTEST_SKIP() << "port " << port << " was taken: " << start_error;
 }
 
+// A rank at its next connect must not join the store rank 0 still serves for the previous one (it would wait
+// there for keys rank 0 writes into its new store): it retries until the store of its own generation answers.
+TEST(TcpStore, AClientOfTheNextConnectWaitsForRankZerosNextStore) {
+  TcpStoreServerOptions o = fast_options();
+  o.generation = 1;
+  auto old_server = std::make_unique<TcpStoreServer>("127.0.0.1", 0, o);
+  const int port = old_server->port();
+  {
+    TcpStoreClient first("127.0.0.1", port, 3s, 10s, 1);
+    first.set("connect", bytes("1"));
+  }
+  std::unique_ptr<TcpStoreServer> next_server;
+  std::string start_error;
+  std::thread rank0([&] {
+    std::this_thread::sleep_for(300ms);  // the client below meets the old server first
+    old_server.reset();
+    try {
+      TcpStoreServerOptions n = fast_options();
+      n.generation = 2;
+      next_server = std::make_unique<TcpStoreServer>("127.0.0.1", port, n);
+      TcpStoreClient own("127.0.0.1", port, 3s, 10s, 2);
+      own.set("connect", bytes("2"));
+    } catch (const CommError& e) {
+      start_error = e.what();  // a parallel test took the port in the meantime
+    }
+  });
+  try {
+    TcpStoreClient client("127.0.0.1", port, 5s, 10s, 2);
+    EXPECT_EQ(text(client.get("connect")), "2");
+  } catch (const CommError& e) {
+    if (start_error.empty()) ADD_FAILURE() << e.what();
+  }
+  rank0.join();
+  if (!start_error.empty()) GTEST_SKIP() << "port " << port << " was taken: " << start_error;
+}
+
 TEST(TcpStore, ConnectGivesUpAtTheTimeout) {
   int port;
   {

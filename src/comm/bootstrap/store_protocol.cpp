@@ -22,13 +22,16 @@ const char* op_name(Op op) {
   return "?";
 }
 
-std::vector<uint8_t> handshake() {
+std::vector<uint8_t> handshake(uint32_t generation) {
   std::vector<uint8_t> out(kMagic, kMagic + 4);
   put_u32(out, kVersion);
+  put_u32(out, generation);
   return out;
 }
 
 bool is_handshake(const uint8_t* p) { return std::memcmp(p, kMagic, 4) == 0 && get_u32(p + 4) == kVersion; }
+
+uint32_t handshake_generation(const uint8_t* p) { return get_u32(p + 8); }
 
 namespace {
 

@@ -1,7 +1,7 @@
 // The TCP store's wire format. Little-endian integers; every frame is length-prefixed and bounded so the
 // server can reject a frame from its first four bytes.
 //
-//   handshake, both ways:   "Z3ST" u32 version
+//   handshake, both ways:   "Z3ST" u32 version u32 generation   (generation: see TcpStore; 0 = any)
 //   request frame:          u32 body_len | u8 op | u32 timeout_ms | u32 field_count | (u32 len, bytes)*
 //   reply frame:            u32 body_len | u8 status | payload
 //
@@ -24,8 +24,8 @@
 namespace zero3::bootstrap::protocol {
 
 constexpr char kMagic[4] = {'Z', '3', 'S', 'T'};
-constexpr uint32_t kVersion = 1;
-constexpr size_t kHandshakeBytes = 8;
+constexpr uint32_t kVersion = 2;
+constexpr size_t kHandshakeBytes = 12;
 
 constexpr size_t kMaxKeyBytes = 4096;
 constexpr size_t kMaxValueBytes = size_t{1} << 20;
@@ -61,8 +61,9 @@ inline int64_t get_i64(const uint8_t* p) {
   return static_cast<int64_t>(u);
 }
 
-std::vector<uint8_t> handshake();
+std::vector<uint8_t> handshake(uint32_t generation = 0);
 bool is_handshake(const uint8_t* p);
+uint32_t handshake_generation(const uint8_t* p);
 
 // A whole request frame (length prefix included). Throws InvalidArgument for a key or value over the bounds.
 std::vector<uint8_t> encode_request(const Request& request);

@@ -27,6 +27,9 @@ struct TcpStoreServerOptions {
   // failed): then the server stops at once.
   std::chrono::milliseconds linger = std::chrono::seconds(10);
   size_t max_clients = 4096;
+  // Sent in the handshake: a client of another non-zero generation retries until a server of its own answers
+  // (TcpStore).
+  uint32_t generation = 0;
   size_t max_keys = size_t{1} << 20;
   size_t max_total_bytes = size_t{1} << 30;
   size_t max_unread_reply_bytes = size_t{64} << 20;
@@ -65,8 +68,10 @@ class TcpStoreClient final : public Store {
   // or may have died before it served: the wait cannot tell the two apart, so it is not silent. After
   // `first_note` without a connection it logs a warning naming the address, the last error and the time left,
   // then again every 3 x `first_note`.
+  // A server answering with another non-zero `generation` than this client's is not the one it looks for: the
+  // client retries as if nobody listened (TcpStore).
   TcpStoreClient(const std::string& host, int port, std::chrono::milliseconds timeout,
-                 std::chrono::milliseconds first_note = std::chrono::seconds(10));
+                 std::chrono::milliseconds first_note = std::chrono::seconds(10), uint32_t generation = 0);
 
   void set(const std::string& key, const std::vector<uint8_t>& value) override;
   std::vector<uint8_t> get(const std::string& key) override;
@@ -91,8 +96,12 @@ class TcpStoreClient final : public Store {
 // What make_tcp_store returns: the client, plus the server when this process serves.
 class TcpStore final : public Store {
  public:
+  // `generation` (0: any) tells apart the stores one address serves in turn: a program that connects, tears
+  // down and connects again (the same number of times on every rank) numbers its connects 1, 2, ...; a rank that
+  // is already at connect k+1 while rank 0 still serves connect k's store must not join that old store (it
+  // would wait there for keys rank 0 writes into the new one), so it retries until rank 0's store k+1 answers.
   TcpStore(const std::string& host, int port, bool is_server, std::chrono::milliseconds timeout,
-           TcpStoreServerOptions server_options = {});
+           TcpStoreServerOptions server_options = {}, uint32_t generation = 0);
   ~TcpStore() override;
 
   void set(const std::string& key, const std::vector<uint8_t>& value) override { client_->set(key, value); }

@@ -32,7 +32,7 @@ struct TcpStoreClient::Reply {
 };
 
 TcpStoreClient::TcpStoreClient(const std::string& host, int port, std::chrono::milliseconds timeout,
-                               std::chrono::milliseconds first_note)
+                               std::chrono::milliseconds first_note, uint32_t generation)
     : address_(host + ":" + std::to_string(port)), timeout_(timeout) {
   if (timeout.count() <= 0)
     throw InvalidArgument("store timeout must be positive, got " + std::to_string(timeout.count()) + " ms");
@@ -44,7 +44,7 @@ TcpStoreClient::TcpStoreClient(const std::string& host, int port, std::chrono::m
   while (true) {
     try {
       Fd fd = connect_once(host, port, std::min(deadline, Clock::now() + std::chrono::seconds(5)));
-      auto hello = proto::handshake();
+      auto hello = proto::handshake(generation);
       send_all(fd.get(), hello.data(), hello.size(), deadline, address_);
       uint8_t answer[proto::kHandshakeBytes];
       recv_all(fd.get(), answer, sizeof(answer), deadline, address_);
@@ -52,6 +52,11 @@ TcpStoreClient::TcpStoreClient(const std::string& host, int port, std::chrono::m
         throw InvalidArgument("the service at " + address_ +
                               " is not a zero3 store (wrong greeting); if that port belongs to something else "
                               "(torchrun's own store, another job), set ZERO3_STORE_PORT");
+      }
+      const uint32_t served = proto::handshake_generation(answer);
+      if (generation != 0 && served != 0 && served != generation) {
+        throw CommError("the store there serves rank 0's connect #" + std::to_string(served) + ", this process is at #" +
+                        std::to_string(generation) + " (rank 0 has not opened that one yet)");
       }
       fd_ = std::move(fd);
       return;
@@ -173,13 +178,14 @@ bool TcpStoreClient::check(const std::vector<std::string>& keys) {
 }
 
 TcpStore::TcpStore(const std::string& host, int port, bool is_server, std::chrono::milliseconds timeout,
-                   TcpStoreServerOptions server_options)
+                   TcpStoreServerOptions server_options, uint32_t generation)
     : port_(port) {
   if (is_server) {
+    server_options.generation = generation;
     server_ = std::make_unique<TcpStoreServer>(host, port, server_options);
     port_ = server_->port();
   }
-  client_ = std::make_unique<TcpStoreClient>(host, port_, timeout);
+  client_ = std::make_unique<TcpStoreClient>(host, port_, timeout, std::chrono::seconds(10), generation);
 }
 
 TcpStore::~TcpStore() {

@@ -294,7 +294,7 @@ void Server::process(Client& c) {
       }
       c.in_pos += proto::kHandshakeBytes;
       c.greeted = true;
-      auto hello = proto::handshake();
+      auto hello = proto::handshake(options_.generation);
       c.out.insert(c.out.end(), hello.begin(), hello.end());
       flush(c);
       continue;
