@@ -483,6 +483,7 @@ void EngineImpl::materialize() {
                     : policy_.shard_grads    ? largest_slice * partition_size()
                                              : largest_numel;
   ro.max_useful_numel = policy_.shard_grads ? total_slice : total_numel;
+  ro.largest_unit_numel = policy_.shard_grads ? largest_slice * partition_size() : largest_numel;
   // DeepSpeed's averaging: each micro-step's gradient counts 1/gradient_accumulation_steps; over ranks,
   // prescale_gradients divides before the sum, otherwise gradient_predivide_factor is divided out before
   // and the rest of 1/world after it.
@@ -505,6 +506,7 @@ void EngineImpl::materialize() {
     rr.mode = ReduceMode::all_reduce;
     rr.pre_scale = rr.post_scale = 1.0f;
     rr.link = groups_.replica.link;
+    rr.largest_unit_numel = largest_slice;
     replica_reducer_ = std::make_unique<Reducer>(rr, device_, counters_, *groups_.replica.comm, *queue_);
   }
 

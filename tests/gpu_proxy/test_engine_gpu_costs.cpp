@@ -126,7 +126,7 @@ constexpr int64_t kSteps = 5;
 Measured train(const Variant& v, Device& device, StreamPathDevice* path, std::shared_ptr<Communicator> comm,
                StreamPathComm* path_comm) {
   Measured run;
-  Config c = config_of(v);
+  Config c = resolved_for(config_of(v), *comm);
   Engine engine(c, comm, device);
   const MlpUnits mlp = declare_mlp(engine, MlpDims{});
   engine.materialize();
