@@ -36,7 +36,7 @@ CollectiveGuard::CollectiveGuard(std::shared_ptr<Communicator> inner, Device& de
 
 void CollectiveGuard::agree(const comm::CollectiveCall& call) {
   const int world = inner_->size();
-  if (world == 1) return;
+  if (world == 1 || !checking_) return;
   if (call.count >= kPiece * kPiece) {
     throw InvalidArgument(log::concat(inner_->backend(), " ", comm::describe_call(call),
                                       ": a count of 2^48 elements or more is not supported"));
@@ -59,6 +59,11 @@ void CollectiveGuard::agree(const comm::CollectiveCall& call) {
     float* dev_mine = dev + static_cast<size_t>(world) * kFloats;
     encode(call, mine);
     const Stream s = stream_->get();
+    // The device buffer is ordered on the compute stream (stream-ordered allocation); the guard's stream uses it
+    // after that point.
+    if (!allocated_) allocated_ = device_.make_event();
+    allocated_->record(device_.default_stream());
+    allocated_->wait_on(s);
     device_.copy(dev_mine, mine, kFloats * sizeof(float), s);
     WorkPtr work = inner_->all_gather_into(dev, dev_mine, kFloats, DType::f32, s);
     device_.copy(host, dev, static_cast<size_t>(world) * kFloats * sizeof(float), s);

@@ -153,7 +153,12 @@ EngineImpl::EngineImpl(const Config& config, std::shared_ptr<Communicator> comm,
                   "communicator over host memory (gloo, or local for one process); nccl works on GPU memory only");
   }
   // Ranks whose schedules differ must not reach a library that cannot tell (nccl: a hang or wrong bytes).
-  if (world_ > 1 && !comm_->checks_collectives()) comm_ = std::make_shared<CollectiveGuard>(comm_, device);
+  if (world_ > 1 && !comm_->checks_collectives()) {
+    auto guard = std::make_shared<CollectiveGuard>(comm_, device);
+    guard_ = guard.get();
+    comm_ = std::move(guard);
+  }
+  defer_agreement_ = gather_stream_ != nullptr && world_ > 1;
   reset_events();
   // With streams, a task only enqueues its collective, so tasks run inline: overlap comes from the streams.
   queue_ = std::make_unique<CommQueue>(overlap_ && gather_stream_ == nullptr);
@@ -724,8 +729,10 @@ void EngineImpl::store_compute_slice(UnitState& u) {
 }
 
 void EngineImpl::before_host_slice_write(UnitState& u) {
-  // The gather stream may still be copying the slice up for the unit's last all-gather.
-  if (u.slice_read) u.slice_read->synchronize();
+  // The gather stream may still be copying the slice up for the unit's last all-gather. At the boundary the host
+  // has usually waited past it already (the statistics' read follows the compute stream's wait for every gather),
+  // which the event's query tells without waiting.
+  if (u.slice_read && !u.slice_read->done()) u.slice_read->synchronize();
 }
 
 void EngineImpl::write_compute_copy(void* dst, bool dst_on_host, DType dtype, const float* src, bool src_on_host,
@@ -826,7 +833,8 @@ std::string EngineImpl::schedule_position() const {
                      : log::concat("micro-step ", micro_steps_, " (optimizer step ", global_steps_, ")");
 }
 
-std::string EngineImpl::divergence_message(const std::vector<std::vector<int64_t>>& all) const {
+std::string EngineImpl::divergence_message(const std::vector<std::vector<int64_t>>& all,
+                                           const std::string& where) const {
   size_t longest = 0;
   for (const auto& h : all) longest = std::max(longest, h.size());
   for (size_t i = 0; i < longest; ++i) {
@@ -841,8 +849,8 @@ std::string EngineImpl::divergence_message(const std::vector<std::vector<int64_t
       detail += log::concat(detail.empty() ? "" : "; ", ranks.size() == 1 ? "rank " : "ranks ", rank_list(ranks), " ",
                             describe_code(c));
     }
-    return log::concat("the ranks entered units in different orders at scope event ", i, " of ", schedule_position(),
-                       ": ", detail,
+    return log::concat("the ranks entered units in different orders at scope event ", i, " of ",
+                       where.empty() ? schedule_position() : where, ": ", detail,
                        ". Every rank must open and close the same unit scopes in the same order (the collectives of "
                        "ZeRO depend on it); this is rank ",
                        rank_, ".");
@@ -1164,6 +1172,20 @@ void EngineImpl::prefetch_after_entry() {
   for (UnitId id : plan) issue_gather(units_[static_cast<size_t>(id.index)], true);
 }
 
+// The next micro-step's first units along the recorded order (the same rule as after an entry: the next unit
+// always, more within stage3_prefetch_bucket_size and stage3_max_live_parameters), issued at the end of step(), so
+// that they are gathered while the host prepares the next micro-step and its first scope finds them.
+void EngineImpl::prefetch_next_micro_step() {
+  if (!policy_.shard_params || evaluating_ || !schedule_->has_trace()) return;
+  const int64_t before = stats_.prefetches;
+  prefetch_after_entry();
+  stats_.boundary_prefetches += stats_.prefetches - before;
+}
+
+void EngineImpl::guard_calls(bool checking) {
+  if (guard_ != nullptr) guard_->set_checking(checking);
+}
+
 void EngineImpl::end_micro_step_schedule() {
   if (policy_.shard_params) {
     for (UnitState& u : units_) {
@@ -1190,6 +1212,7 @@ UnitScope EngineImpl::enter(UnitId unit, Phase phase) {
   ScheduleEvent event{unit, phase};
   try {
     const int64_t code = event_code(unit, phase, false);
+    guard_calls(checking_order());
     if (checking_order()) check_order(code, log::concat(what, "('", u.info.name, "')"));
     record_event(code);
     schedule_->record(event);

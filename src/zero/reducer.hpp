@@ -14,8 +14,8 @@
 // The copy into the bucket applies the pre-scale and converts to communication_data_type; adding into the
 // accumulator applies the post-scale and converts to grad_accum_dtype. The communicator is the group the
 // gradients are reduced over: every rank, or MiCS's shard group (reduce-scatter) and replica group (all-reduce).
-// The buckets form a ring of reduce_buckets_in_flight(...) buckets: one fills on the training thread while the others are
-// reduced by the communication queue; a bucket is waited for only when the ring comes back to it.
+// The buckets form a ring of reduce_buckets_in_flight(...) buckets: one fills on the training thread while the others
+// are reduced by the communication queue; a bucket is waited for only when the ring comes back to it.
 //
 // With a reduce stream (cuda), a bucket is filled on the device's default stream (the compute stream), the
 // reduce stream waits for it through an event, runs the collective and the adds into the accumulators, and

@@ -52,8 +52,9 @@
 namespace zero3::testing {
 
 // Calls that block the host until the device has reached a point of a stream. Each call counts once, whether
-// or not the work was done already (on a GPU that depends on timing; the count is what the code asks for), except as said for collective waits.
-// Event and Work queries (DeviceEvent::done, Work::is_completed) never block and are not counted.
+// or not the work was done already (on a GPU that depends on timing; the count is what the code asks for), except as
+// said for collective waits. Event and Work queries (DeviceEvent::done, Work::is_completed) never block and are not
+// counted.
 struct HostSyncs {
   int64_t stream_synchronize = 0;  // DeviceStream::synchronize
   int64_t event_synchronize = 0;   // DeviceEvent::synchronize of a recorded event

@@ -98,7 +98,7 @@ void CudaKernels::quantize(void* dst, const void* src, DType src_type, int64_t c
   check_quant_args("quantize", f, chunk, chunks);
   if (chunk == 0 || chunks == 0) return;
   CudaDeviceGuard guard(device_);
-  cuda::launch_quantize(dst, src, src_type, chunk, chunks, f, as_cuda(stream));
+  cuda::launch_quantize(dst, src, src_type, chunk, chunks, f, stream_of(stream));
 }
 
 void CudaKernels::dequantize(void* dst, DType dst_type, const void* src, int64_t chunk, int64_t chunks,
@@ -106,7 +106,7 @@ void CudaKernels::dequantize(void* dst, DType dst_type, const void* src, int64_t
   check_quant_args("dequantize", f, chunk, chunks);
   if (chunk == 0 || chunks == 0) return;
   CudaDeviceGuard guard(device_);
-  cuda::launch_dequantize(dst, dst_type, src, chunk, chunks, f, as_cuda(stream));
+  cuda::launch_dequantize(dst, dst_type, src, chunk, chunks, f, stream_of(stream));
 }
 
 void CudaKernels::dequantize_sum(float* dst, const void* src, int64_t chunk, int64_t chunks, const QuantFormat& f,
@@ -114,7 +114,7 @@ void CudaKernels::dequantize_sum(float* dst, const void* src, int64_t chunk, int
   check_quant_args("dequantize_sum", f, chunk, chunks);
   if (chunk == 0) return;
   CudaDeviceGuard guard(device_);
-  cuda::launch_dequantize_sum(dst, src, chunk, chunks, f, as_cuda(stream));
+  cuda::launch_dequantize_sum(dst, src, chunk, chunks, f, stream_of(stream));
 }
 
 }  // namespace zero3::detail
