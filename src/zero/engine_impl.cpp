@@ -1072,6 +1072,11 @@ void EngineImpl::issue_gather(UnitState& u, bool prefetch) {
     const int nodes = static_cast<int>(groups_.shard_inter_node.ranks.size());
     const int per_node = layout_.nodes.ranks_per_node;
     u.gather_scratch = DeviceBuffer(device_, counters_, MemoryCategory::buffers, static_cast<size_t>(nodes * S) * es);
+    if (s != nullptr) {
+      // The scratch is ordered on the compute stream after the event above: the gather stream waits again.
+      u.gather_ready->record(compute_);
+      u.gather_ready->wait_on(s);
+    }
     add(groups_.shard_inter_node, u.gather_scratch.data(), in, S);
     for (int j = 0; j < nodes; ++j) {
       add(groups_.shard_intra_node, element_ptr(out, ct, static_cast<int64_t>(j) * per_node * S),

@@ -401,6 +401,8 @@ StepResult EngineImpl::step() {
     if (micro_steps_ % gas_ != 0) {
       result.loss_scale = loss_scaler_.scale();
       result.global_step = global_steps_;
+      // Within the accumulation window the parameters do not change: the next micro-step's first units are
+      // gathered now. After an optimizer step every gathered unit is released, as the engine has always done.
       prefetch_next_micro_step();
       prefetch_param_reads();  // the next micro-step's first units
       return result;
@@ -417,7 +419,6 @@ StepResult EngineImpl::step() {
       result.lr = adam_hyper_at(adam_, *lr_scheduler_, applied_steps_ - 1).lr;
       result.loss_scale = loss_scaler_.scale();
       log::info_rank0("step ", global_steps_, ": no backward_scope since the last optimizer step; nothing applied");
-      prefetch_next_micro_step();
       prefetch_param_reads();
       return result;
     }
@@ -443,7 +444,6 @@ StepResult EngineImpl::step() {
       result.loss_scale = loss_scaler_.scale();
       log::info_rank0("step ", global_steps_, ": Inf/NaN in the gradients, step skipped (loss scale now ",
                       loss_scaler_.scale(), ")");
-      prefetch_next_micro_step();
       prefetch_param_reads();
       return result;
     }
@@ -468,9 +468,8 @@ StepResult EngineImpl::step() {
         wait_gather(u);
       }
     }
+    prefetch_param_reads();  // the new slices of the next micro-step's first units
     zero_grads();
-    prefetch_next_micro_step();  // after the optimizer's writes, which the gathers wait for on the compute stream
-    prefetch_param_reads();      // the new slices of the next micro-step's first units
     result.applied = true;
     result.loss_scale = loss_scaler_.scale();
     if (config_.steps_per_print > 0 && global_steps_ % config_.steps_per_print == 0) {

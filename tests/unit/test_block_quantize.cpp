@@ -403,7 +403,7 @@ TEST(BlockQuantize, NonFiniteValuesPoisonTheirBlockOnly) {
             ASSERT_EQ(std::isnan(element_of(back, out, static_cast<size_t>(i))), in_bad_block)
                 << what << " -> " << dtype_name(out) << " element " << i;
           }
-          detail::GradStats stats = cpu->kernels().grad_stats(back.data(), out, n);
+          detail::GradStats stats = detail::kernels_of(*cpu).grad_stats(back.data(), out, n);
           EXPECT_EQ(stats.non_finite, block) << what << " -> " << dtype_name(out);
         }
         // The reduction carries it too: a NaN block in one message is a NaN block of the sum.
@@ -640,7 +640,7 @@ TEST(BlockQuantize, VectorBodiesMatchTheScalarReferenceBitForBit) {
 
 TEST(BlockQuantize, CpuDeviceKernelsAreTheCpuDrivers) {
   auto cpu = make_cpu_device();
-  detail::DeviceKernels& k = cpu->kernels();
+  detail::DeviceKernels& k = detail::kernels_of(*cpu);
   QuantFormat f{4, 128};
   const int64_t chunk = 5000, chunks = 3;
   Typed x = make_typed(block_values(chunk * chunks, 128, 77, -2.0, 2.0), DType::bf16);
@@ -720,7 +720,7 @@ TEST(BlockQuantize, BadArgumentsAreNamed) {
             }).find("dequantize_sum: chunk = -1"),
             std::string::npos);
   auto cpu = make_cpu_device();
-  EXPECT_THROW(cpu->kernels().quantize(m, &x, DType::f32, 1, 1, {8, -4}), InvalidArgument);
+  EXPECT_THROW(detail::kernels_of(*cpu).quantize(m, &x, DType::f32, 1, 1, {8, -4}), InvalidArgument);
   for (CpuIsa isa : {CpuIsa::avx2, CpuIsa::avx512}) {
     if (cpu_isa_supported(isa)) continue;
     EXPECT_THROW(quantize_cpu(m, &x, DType::f32, 1, 1, {8, 16}, isa), Unsupported);
