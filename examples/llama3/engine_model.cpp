@@ -5,6 +5,7 @@
 #include <fstream>
 #include <set>
 
+#include "backend/lm_head_plan.hpp"
 #include "hf_weights.hpp"
 #include "zero3/dtype.hpp"
 #include "zero3/error.hpp"
@@ -325,7 +326,6 @@ ActivationEstimate estimate_activations(const ModelConfig& c, const BatchShape& 
   e.layer_inputs = runner.layer_inputs;
   e.layer_caches = runner.caches;
   e.workspace = runner.workspace + runner.batch;
-  const int64_t chunk = std::min(n, default_loss_chunk_rows(c.vocab_size));
   const int64_t scores = s.seq * s.seq;
   if (cuda) {
     // cuda/attention.cu's backward plan (the larger one): per kv head of a chunk, f32 scores and dP, with bf16
@@ -335,11 +335,13 @@ ActivationEstimate estimate_activations(const ModelConfig& c, const BatchShape& 
     const int64_t heads =
         std::clamp<int64_t>((int64_t{1} << 30) / std::max<int64_t>(per_head, 1), 1, c.num_key_value_heads);
     e.attention = heads * per_head + (copies ? 2 * s.seq * c.kv_dim() * 4 : 0);
-    e.loss_chunk = chunk * c.vocab_size * (4 + (copies ? act_bytes : 0));
+    // The LM head's planned chunk of logits (backend/lm_head_plan.hpp), within its 1 GiB cap.
+    e.loss_chunk = plan_lm_head_chunks(n, c.hidden_size, c.vocab_size, act_bytes, true, true).workspace_bytes;
     // Row losses; the embedding grouping: at most n rows, n + 1 offsets and n token ids.
     e.workspace += n * 4 + (3 * n + 1) * 4;
   } else {
-    e.attention = 2 * scores * 4;                   // P and dP of one head (ops/attention.cpp)
+    e.attention = 2 * scores * 4;  // P and dP of one head (ops/attention.cpp)
+    const int64_t chunk = std::min(n, default_loss_chunk_rows(c.vocab_size));
     e.loss_chunk = chunk * (c.vocab_size + 1) * 4;  // logits and row losses (ops/cross_entropy.cpp)
   }
   const std::vector<UnitLayout> units = model_unit_layouts(c);

@@ -2,8 +2,12 @@
 
 namespace llama3 {
 
+int64_t flop_parameters(const ModelConfig& c) {
+  return c.num_parameters() - (c.tie_word_embeddings ? 0 : c.vocab_size * c.hidden_size);
+}
+
 double model_flops_per_token(const ModelConfig& c, int64_t seq_len) {
-  return 6.0 * static_cast<double>(c.num_parameters()) + 12.0 * static_cast<double>(c.num_hidden_layers) *
+  return 6.0 * static_cast<double>(flop_parameters(c)) + 12.0 * static_cast<double>(c.num_hidden_layers) *
                                                              static_cast<double>(c.hidden_size) *
                                                              static_cast<double>(seq_len);
 }

@@ -1,8 +1,11 @@
 // Model FLOPs utilisation (MFU) as llama3_train prints it, and as tools/fsdp2_reference.py computes it for the
-// PyTorch side of scripts/gpu-llama3-bench.sh:
+// PyTorch side of scripts/gpu-llama3-bench.sh, in PaLM's and torchtitan's convention:
 //
-//   FLOPs per token = 6 * parameters + 12 * layers * hidden * seq    (PaLM's count: forward + backward of every
-//                                                                      weight, plus attention's QK^T and PV)
+//   FLOPs per token = 6 * N + 12 * layers * hidden * seq    (forward + backward of every weight that multiplies,
+//                                                             plus attention's QK^T and PV, the causal mask not
+//                                                             subtracted)
+//   N               = the parameters without the input embedding table (a lookup, no FLOPs); the LM head is a
+//                     GEMM and is counted; a tied model's one matrix counts once, as the LM head
 //   MFU             = FLOPs per token * tokens/s per GPU / the GPU's peak dense bf16 FLOP/s
 //
 // Recomputation (activation checkpointing) is not counted: MFU is about the model's FLOPs, not the hardware's.
@@ -17,6 +20,9 @@
 #include "model_config.hpp"
 
 namespace llama3 {
+
+// N above: num_parameters() less vocab * hidden for an untied model, num_parameters() for a tied one.
+int64_t flop_parameters(const ModelConfig& config);
 
 double model_flops_per_token(const ModelConfig& config, int64_t seq_len);
 

@@ -211,7 +211,9 @@ void ModelRunner::embed_backward(float* g) {
 }
 
 // y = h + mlp(post_attention_layernorm(h)), h = x + attn(input_layernorm(x)); the cache keeps what backward
-// reads. (llama_model.cpp's layer_forward.)
+// reads. (llama_model.cpp's layer_forward.) y null: the recomputation of a checkpointed layer, which stops once the
+// cache, xn_ (the second norm's output) and mlp_act_ (SwiGLU's) hold what backward reads: the down projection and
+// the residual add after it produce only the layer's output, which backward never reads.
 void ModelRunner::forward_into(const void* w, const void* x, void* y, Cache& cache) {
   const ModelConfig& c = config_;
   const int64_t n = shape_.tokens(), hid = c.hidden_size, inter = c.intermediate_size, qkv_dim = c.qkv_dim();
@@ -229,21 +231,21 @@ void ModelRunner::forward_into(const void* w, const void* x, void* y, Cache& cac
   // Attention block.
   ops_.rmsnorm_forward(x, W(kInputLayernorm), xn_.ptr, rstd1, n, hid, eps_);
   linear_forward(xn_.ptr, hid, W(kQProj), qkv, qkv_dim, hid, qkv_dim);  // q|k|v in one GEMM
-  ops_.rope_forward(qkv, qkv_dim, n, c.num_attention_heads, c.head_dim, cos, sin);
-  ops_.rope_forward(act_at(qkv, q_dim), qkv_dim, n, c.num_key_value_heads, c.head_dim, cos, sin);
+  // The k heads follow the q heads in each row with the same head_dim: one rotation over both.
+  ops_.rope_forward(qkv, qkv_dim, n, c.num_attention_heads + c.num_key_value_heads, c.head_dim, cos, sin);
   ops_.attention_forward(
       AttentionShape{shape_.batch, shape_.seq, c.num_attention_heads, c.num_key_value_heads, c.head_dim}, qkv, qkv_dim,
       act_at(qkv, q_dim), qkv_dim, act_at(qkv, q_dim + kv_dim), qkv_dim, cache.attn.ptr, q_dim, lse);
-  linear_forward(cache.attn.ptr, q_dim, W(kOProj), y, hid, q_dim, hid);
-  ops_.add(x, y, cache.h.ptr, n * hid);
+  linear_forward(cache.attn.ptr, q_dim, W(kOProj), y_.ptr, hid, q_dim, hid);
 
-  // MLP block.
-  ops_.rmsnorm_forward(cache.h.ptr, W(kPostAttentionLayernorm), xn_.ptr, rstd2, n, hid, eps_);
+  // MLP block: h = x + o (the residual add fused with the norm that reads it).
+  ops_.add_rmsnorm_forward(x, y_.ptr, cache.h.ptr, W(kPostAttentionLayernorm), xn_.ptr, rstd2, n, hid, eps_);
   linear_forward(xn_.ptr, hid, W(kGateProj), cache.gu.ptr, 2 * inter, hid, 2 * inter);  // gate|up
   ops_.swiglu_forward(cache.gu.ptr, mlp_act_.ptr, n, inter);
+  cache.valid = true;
+  if (y == nullptr) return;
   linear_forward(mlp_act_.ptr, inter, W(kDownProj), y, hid, inter, hid);
   ops_.add(cache.h.ptr, y, y, n * hid);
-  cache.valid = true;
 }
 
 void ModelRunner::layer_forward(int64_t layer, const void* w) {
@@ -256,7 +258,6 @@ void ModelRunner::layer_backward(int64_t layer, const void* w, float* g) {
   const ModelConfig& c = config_;
   const int64_t n = shape_.tokens(), hid = c.hidden_size, inter = c.intermediate_size, qkv_dim = c.qkv_dim();
   const int64_t q_dim = c.q_dim(), kv_dim = c.kv_dim();
-  const size_t E = ops_.act_size();
   const float* cos = static_cast<const float*>(cos_.ptr);
   const float* sin = static_cast<const float*>(sin_.ptr);
   auto W = [&](LayerParam p) { return act_at(w, offsets_[p]); };
@@ -267,7 +268,7 @@ void ModelRunner::layer_backward(int64_t layer, const void* w, float* g) {
 
   Cache& cache = cache_of(layer);
   if (checkpointing_) {
-    forward_into(w, x, y_.ptr, cache);
+    forward_into(w, x, nullptr, cache);  // leaves xn_ and mlp_act_ as the MLP backward reads them
   } else if (!cache.valid || cache.shape.batch != shape_.batch || cache.shape.seq != shape_.seq) {
     throw zero3::InvalidArgument("ModelRunner::layer_backward: layer " + std::to_string(layer) +
                                  " has no forward activations for this batch; run layer_forward first or turn "
@@ -276,18 +277,21 @@ void ModelRunner::layer_backward(int64_t layer, const void* w, float* g) {
   const void* h = cache.h.ptr;
   void* dh = dh_.ptr;
 
-  // MLP block: y = h + down(swiglu(gate_up(norm2(h)))).
-  ops_.rmsnorm_forward(h, W(kPostAttentionLayernorm), xn_.ptr, nullptr, n, hid, eps_);
-  ops_.swiglu_forward(cache.gu.ptr, mlp_act_.ptr, n, inter);
+  // MLP block: y = h + down(swiglu(gate_up(norm2(h)))). Without checkpointing later layers have overwritten the
+  // workspace: norm2(h) and swiglu recomputed from the cache.
+  if (!checkpointing_) {
+    ops_.rmsnorm_forward(h, W(kPostAttentionLayernorm), xn_.ptr, nullptr, n, hid, eps_);
+    ops_.swiglu_forward(cache.gu.ptr, mlp_act_.ptr, n, inter);
+  }
   void* dact = dmid_.ptr;
   linear_backward(mlp_act_.ptr, inter, W(kDownProj), dy, hid, dact, inter, G(kDownProj), inter, hid, false);
   void* dgu = dwide_.ptr;
   ops_.swiglu_backward(cache.gu.ptr, dact, dgu, n, inter);
   void* dxn2 = y_.ptr;  // free here: a recomputed forward's output is not needed
   linear_backward(xn_.ptr, hid, W(kGateProj), dgu, 2 * inter, dxn2, hid, G(kGateProj), hid, 2 * inter, false);
-  ops_.copy(dh, dy, static_cast<size_t>(n * hid) * E);
-  ops_.rmsnorm_backward(h, W(kPostAttentionLayernorm), static_cast<const float*>(cache.rstd2.ptr), dxn2, dh,
-                        G(kPostAttentionLayernorm), n, hid, true);
+  // dh = dy (the residual branch) + the norm's input gradient.
+  ops_.rmsnorm_backward(h, W(kPostAttentionLayernorm), static_cast<const float*>(cache.rstd2.ptr), dxn2, dy, dh,
+                        G(kPostAttentionLayernorm), n, hid);
 
   // Attention block: h = x + o(attention(rope(qkv(norm1(x))))).
   void* dattn = dmid_.ptr;
@@ -299,14 +303,13 @@ void ModelRunner::layer_backward(int64_t layer, const void* w, float* g) {
       act_at(qkv, q_dim), qkv_dim, act_at(qkv, q_dim + kv_dim), qkv_dim, cache.attn.ptr, q_dim,
       static_cast<const float*>(cache.lse.ptr), dattn, q_dim, dqkv, qkv_dim, act_at(dqkv, q_dim), qkv_dim,
       act_at(dqkv, q_dim + kv_dim), qkv_dim);
-  ops_.rope_backward(dqkv, qkv_dim, n, c.num_attention_heads, c.head_dim, cos, sin);
-  ops_.rope_backward(act_at(dqkv, q_dim), qkv_dim, n, c.num_key_value_heads, c.head_dim, cos, sin);
+  ops_.rope_backward(dqkv, qkv_dim, n, c.num_attention_heads + c.num_key_value_heads, c.head_dim, cos, sin);
   ops_.rmsnorm_forward(x, W(kInputLayernorm), xn_.ptr, nullptr, n, hid, eps_);
   void* dxn1 = y_.ptr;
   linear_backward(xn_.ptr, hid, W(kQProj), dqkv, qkv_dim, dxn1, hid, G(kQProj), hid, qkv_dim, false);
-  ops_.copy(dx, dh, static_cast<size_t>(n * hid) * E);
-  ops_.rmsnorm_backward(x, W(kInputLayernorm), static_cast<const float*>(cache.rstd1.ptr), dxn1, dx, G(kInputLayernorm),
-                        n, hid, true);
+  // dx = dh + the norm's input gradient (dx aliases dy, read for the last time above).
+  ops_.rmsnorm_backward(x, W(kInputLayernorm), static_cast<const float*>(cache.rstd1.ptr), dxn1, dh, dx,
+                        G(kInputLayernorm), n, hid);
 }
 
 LossResult ModelRunner::head_forward_backward(const void* w, float* g, const LossOptions& opt, const void* embed_w,
@@ -343,12 +346,11 @@ LossResult ModelRunner::head(const void* w, float* g, const void* embed_w, float
   void* dxn = g != nullptr ? dh_.ptr : nullptr;  // their gradient (none without g)
   ops_.rmsnorm_forward(x, norm, xn, rstd, n, hid, eps_);
   const float grad_scale = normalizer > 0 ? static_cast<float>(1.0 / normalizer) : 0.0f;
-  int64_t chunk = opt.chunk_rows > 0 ? opt.chunk_rows : default_loss_chunk_rows(vocab);
-  chunk = std::min(chunk, std::max<int64_t>(n, 1));
+  // opt.chunk_rows <= 0: the backend's own chunk (the CPU's cache-sized one, the GPU's planned one).
   const CrossEntropyResult ce =
       ops_.lm_head_cross_entropy(xn, lm_head, static_cast<const int32_t*>(targets_.ptr), host_targets_.data(), n, hid,
-                                 vocab, grad_scale, dxn, lm_head_grad, chunk);
-  if (g != nullptr) ops_.rmsnorm_backward(x, norm, rstd, dxn, dx_.ptr, g, n, hid, false);
+                                 vocab, grad_scale, dxn, lm_head_grad, opt.chunk_rows);
+  if (g != nullptr) ops_.rmsnorm_backward(x, norm, rstd, dxn, nullptr, dx_.ptr, g, n, hid);
   LossResult r;
   r.loss_sum = ce.loss_sum;
   r.count = ce.count;

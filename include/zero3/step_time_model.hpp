@@ -1,7 +1,7 @@
 // The time of one optimizer step of a ZeRO stage-3 run on a cluster (cluster_desc.hpp), before anything runs:
-// from the bytes each rank sends in its collectives (the engine's own accounting, traffic_plan.hpp's ring model,
-// per layout), the bytes each GPU copies to and from host memory, the FLOPs of the model, and the optimizer's
-// memory traffic. docs/performance-model.md explains the model, its inputs and their sources, and its
+// from the bytes each rank sends in its collectives (plan_traffic(), traffic_plan.hpp: the engine's own accounting,
+// the one ScheduleStats counts and the topology benchmark measures), the bytes each GPU copies to and from host
+// memory, the FLOPs of the model, and the optimizer's memory traffic. docs/performance-model.md explains the model, its inputs and their sources, and its
 // calibration against a measured DeepSpeed run.
 //
 // Two data flows of the same config and model:
@@ -9,7 +9,9 @@
 //              Config::communication_dtype() and accumulated on the device in grad_accum_dtype (fp32 by default);
 //              with offload_optimizer, the accumulated gradients go down once per optimizer step and, unless the
 //              parameter slices live in host memory, the new parameters come up once; with offload_param, each
-//              gather from the primary partition first copies the rank's slice up. Optionally ZeRO++'s qwZ and qgZ.
+//              gather from the primary partition first copies the rank's slice up. Optionally ZeRO++'s qwZ and qgZ:
+//              the engine does not issue them yet, so their bytes are the model's estimate of ZeRO++'s data flow
+//              from the unquantized plan (step_time_model.cpp, estimate_zeropp), and their layout says so.
 //   deepspeed  DeepSpeed's plain ZeRO-3 (runtime/zero/stage3.py, partition_parameters.py) of the same config: every
 //              gather over all ranks (hpZ and MiCS keys ignored), gradients reduced in communication_dtype(); with
 //              offload_param every gather first copies the partition up; with offload_optimizer the gradient
@@ -58,7 +60,8 @@ struct StepTime {
   double flops_per_gpu = 0;    // per optimizer step
 
   // Bytes per optimizer step.
-  int64_t node_inter_bytes = 0;  // what one node's ranks send to other nodes (its link's load)
+  int64_t node_inter_bytes = 0;     // what the busiest node's ranks send to other nodes (its link's load)
+  int64_t cluster_inter_bytes = 0;  // what all nodes' ranks send to other nodes: every link's load, summed
   int64_t gpu_intra_bytes = 0;   // the most one rank sends to ranks of its node
   int64_t gpu_h2d_bytes = 0;     // the most one GPU copies from host memory
   int64_t gpu_d2h_bytes = 0;     // the most one GPU copies to host memory

@@ -51,6 +51,15 @@ struct CollectiveTraffic {
 struct RankTraffic {
   CollectiveTraffic gathers;     // parameter all-gathers (ScheduleStats::gather_traffic)
   CollectiveTraffic reductions;  // gradient reductions (ScheduleStats::reduce_traffic)
+
+  // Parts of the two that a model of the step's time (step_time_model.hpp) needs apart; already counted above.
+  CollectiveTraffic boundary_gathers;     // once per optimizer step, after it: persistent units' re-gathers (stage 3),
+                                          // every unit's gather (stage 1-2)
+  CollectiveTraffic boundary_reductions;  // once per optimizer step, at the boundary: MiCS's all-reduce across
+                                          // replicas (stage 2-3), the gradients' all-reduce (stage 0-1)
+  CollectiveTraffic secondary_gathers;    // hpZ's gathers from the secondary partition (the others read the primary)
+  int64_t primary_gather_elements = 0;    // elements of this rank's own slices that its gathers from the primary
+                                          // partition send: what offload_param copies to the device before them
 };
 
 struct TrafficPlanOptions {
@@ -79,6 +88,7 @@ struct TrafficPlan {
   int64_t ranks_per_node = 1;
   int64_t nodes = 1;
   int64_t gradient_accumulation_steps = 1;
+  int64_t slice_elements = 0;      // elements of one rank's slices over all units (padded): its gradient partition
   std::vector<RankTraffic> ranks;  // by rank
 
   // The bytes node `node`'s ranks send to other nodes: what its link carries out, per optimizer step.

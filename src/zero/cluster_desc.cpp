@@ -78,7 +78,7 @@ ClusterDesc parse_cluster_desc(const std::string& json_text, const std::string& 
   json j;
   try {
     j = json::parse(json_text, nullptr, true, /*ignore_comments=*/true);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // parse_error, and out_of_range for a number no double holds
     throw ConfigError(source + ": not valid JSON: " + e.what());
   }
   ZERO3_REQUIRE(j.is_object(), ConfigError, source, ": expected a JSON object of named cluster figures");
@@ -104,6 +104,9 @@ ClusterDesc parse_cluster_desc(const std::string& json_text, const std::string& 
   };
   c.nodes = static_cast<int>(get(kNodes));
   c.gpus_per_node = static_cast<int>(get(kGpusPerNode));
+  ZERO3_REQUIRE(static_cast<int64_t>(c.nodes) * c.gpus_per_node <= 1000000, ConfigError, source, ": gpus_per_node: ",
+                c.gpus_per_node, " on ", c.nodes, " nodes make ", static_cast<int64_t>(c.nodes) * c.gpus_per_node,
+                " GPUs; the model takes at most 1000000 in all");
   c.gpu_bf16_tflops = get(kTflops);
   c.gpu_memory_gb_s = get(kGpuMemory);
   c.pcie_gb_s = get(kPcie);

@@ -32,7 +32,7 @@ comm::CollectiveCall decode(const float* in) {
 }  // namespace
 
 CollectiveGuard::CollectiveGuard(std::shared_ptr<Communicator> inner, Device& device)
-    : inner_(std::move(inner)), device_(device), stream_(device_.make_stream()) {}
+    : inner_(std::move(inner)), device_(device), stream_(device_.make_stream()), allocated_(device_.make_event()) {}
 
 void CollectiveGuard::agree(const comm::CollectiveCall& call) {
   const int world = inner_->size();
@@ -59,9 +59,7 @@ void CollectiveGuard::agree(const comm::CollectiveCall& call) {
     float* dev_mine = dev + static_cast<size_t>(world) * kFloats;
     encode(call, mine);
     const Stream s = stream_->get();
-    // The device buffer is ordered on the compute stream (stream-ordered allocation); the guard's stream uses it
-    // after that point.
-    if (!allocated_) allocated_ = device_.make_event();
+    // allocate() ordered the memory on the compute stream: the guard's stream goes after it.
     allocated_->record(device_.default_stream());
     allocated_->wait_on(s);
     device_.copy(dev_mine, mine, kFloats * sizeof(float), s);

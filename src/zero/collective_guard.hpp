@@ -59,7 +59,7 @@ class CollectiveGuard final : public Communicator {
   std::shared_ptr<Communicator> inner_;
   Device& device_;
   std::unique_ptr<DeviceStream> stream_;
-  std::unique_ptr<DeviceEvent> allocated_;  // compute stream: after the allocation of a comparison's buffer
+  std::unique_ptr<DeviceEvent> allocated_;  // recorded on the compute stream after each call's allocation
   uint64_t calls_ = 0;
   bool checking_ = true;
 };

@@ -503,6 +503,7 @@ void EngineImpl::materialize() {
   }
   ro.stream = reduce_stream_ ? reduce_stream_->get() : nullptr;
   ro.link = groups_.shard.link;
+  ro.group = groups_.shard.label;
   ro.traffic = &stats_.reduce_traffic;
   reducer_ = std::make_unique<Reducer>(ro, device_, counters_, *groups_.shard.comm, *queue_);
   if (groups_.replica) {
@@ -512,6 +513,7 @@ void EngineImpl::materialize() {
     rr.pre_scale = rr.post_scale = 1.0f;
     rr.link = groups_.replica.link;
     rr.largest_unit_numel = largest_slice;
+    rr.group = groups_.replica.label;
     replica_reducer_ = std::make_unique<Reducer>(rr, device_, counters_, *groups_.replica.comm, *queue_);
   }
 
@@ -1019,9 +1021,18 @@ void EngineImpl::issue_gather(UnitState& u, bool prefetch) {
   if (swapped_slice != nullptr) in = swapped_slice;
   void* out = u.full.data();
   const char* source = from_secondary ? ", hpZ secondary partition" : layout_.hierarchical ? ", hierarchical" : "";
+  const std::string over = from_secondary         ? groups_.hpz.label
+                           : layout_.hierarchical ? groups_.shard_inter_node.label + ", then " +
+                                                        groups_.shard_intra_node.label
+                                                  : groups_.shard.label;
   std::string what = log::concat("all_gather of unit '", u.info.name, "' (", P, " elements, ", dtype_name(ct),
-                                 source, prefetch ? ", prefetch" : "", ")");
+                                 source, prefetch ? ", prefetch" : "", ") over ", over);
   int rank = rank_;
+  if (layout_.hierarchical && !from_secondary) {
+    // The inter-node step's output, allocated (on the compute stream) before the gather stream is ordered after it.
+    const auto nodes = static_cast<int64_t>(groups_.shard_inter_node.ranks.size());
+    u.gather_scratch = DeviceBuffer(device_, counters_, MemoryCategory::buffers, static_cast<size_t>(nodes * S) * es);
+  }
   Stream s = nullptr;
   DeviceEvent* gathered = nullptr;
   CommQueue* queue = queue_.get();
@@ -1071,12 +1082,6 @@ void EngineImpl::issue_gather(UnitState& u, bool prefetch) {
     // then node chunk j of the full buffer gathers, within each node, slice j*L+i from local rank i.
     const int nodes = static_cast<int>(groups_.shard_inter_node.ranks.size());
     const int per_node = layout_.nodes.ranks_per_node;
-    u.gather_scratch = DeviceBuffer(device_, counters_, MemoryCategory::buffers, static_cast<size_t>(nodes * S) * es);
-    if (s != nullptr) {
-      // The scratch is ordered on the compute stream after the event above: the gather stream waits again.
-      u.gather_ready->record(compute_);
-      u.gather_ready->wait_on(s);
-    }
     add(groups_.shard_inter_node, u.gather_scratch.data(), in, S);
     for (int j = 0; j < nodes; ++j) {
       add(groups_.shard_intra_node, element_ptr(out, ct, static_cast<int64_t>(j) * per_node * S),

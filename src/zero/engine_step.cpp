@@ -52,7 +52,7 @@ void EngineImpl::publish_params(UnitState& u) {
   count_collective(stats_.gather_traffic, groups_.shard.link, CollectiveKind::all_gather, S,
                    static_cast<int64_t>(dtype_size(ct)));
   run_collective(log::concat("all_gather of the parameters of unit '", u.info.name, "' (", u.info.padded_numel,
-                             " elements, ", dtype_name(ct), ")"),
+                             " elements, ", dtype_name(ct), ") over ", groups_.shard.label),
                  [=, s = compute_] { comm->all_gather_into(out, in, static_cast<size_t>(S), ct, s)->wait(); });
   stats_.gathered_elements += u.info.padded_numel;
 }
@@ -148,7 +148,7 @@ EngineImpl::BoundaryValues EngineImpl::read_boundary(bool stats) {
       k.grad_stats_to_f32(acc, values + kAgree, compute_);
       const ReduceOp op = policy_.shard_optimizer ? ReduceOp::sum : ReduceOp::max;
       Communicator* comm = groups_.shard.comm.get();
-      issue_collective("all_reduce of the gradient statistics (Inf/NaN count, squared norm)",
+      issue_collective("all_reduce of the gradient statistics (Inf/NaN count, squared norm) over " + groups_.shard.label,
                        [&] { return comm->all_reduce(values + kAgree, 2, DType::f32, op, compute_); });
     }
     device_.copy(host, values, value_bytes, compute_);
@@ -491,8 +491,9 @@ void EngineImpl::all_reduce_host(float* values, size_t count, ReduceOp op) {
   Communicator* comm = comm_.get();
   DeviceMirror buf(&device_, values, count);  // the communicator's memory: a device copy for nccl
   try {
-    run_collective(log::concat("all_reduce_host of ", count, " value(s) (", reduce_op_name(op), ")"),
-                   [&] { comm->all_reduce(buf.get(), count, DType::f32, op)->wait(); });
+    run_collective(
+        log::concat("all_reduce_host of ", count, " value(s) (", reduce_op_name(op), ") over all ", world_, " ranks"),
+        [&] { comm->all_reduce(buf.get(), count, DType::f32, op)->wait(); });
   } catch (...) {
     fail(std::current_exception());
   }
@@ -533,9 +534,9 @@ void EngineImpl::gather_master_params(UnitId unit, float* out) {
   }
   Communicator* comm = groups_.shard.comm.get();
   try {
-    run_collective(log::concat("all_gather of the fp32 master parameters of unit '", u.info.name, "'"), [&] {
-      comm->all_gather_into(all.data(), in, static_cast<size_t>(S), DType::f32, compute_)->wait();
-    });
+    run_collective(
+        log::concat("all_gather of the fp32 master parameters of unit '", u.info.name, "' over ", groups_.shard.label),
+        [&] { comm->all_gather_into(all.data(), in, static_cast<size_t>(S), DType::f32, compute_)->wait(); });
   } catch (...) {
     fail(std::current_exception());
   }

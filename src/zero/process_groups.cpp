@@ -9,6 +9,20 @@
 namespace zero3::detail {
 namespace {
 
+// "the hpZ group of ranks 2, 3"; past 8 members "ranks 0, 8, 16, ..., 504 (64 ranks)".
+std::string group_label(const char* what, const RankGroup& group) {
+  std::string s = log::concat("the ", what, " of ranks ");
+  const size_t n = group.ranks.size();
+  for (size_t i = 0; i < n; ++i) {
+    if (n > 8 && i == 3) {
+      s += log::concat("..., ", group.ranks.back(), " (", n, " ranks)");
+      break;
+    }
+    s += log::concat(i > 0 ? ", " : "", group.ranks[i]);
+  }
+  return s;
+}
+
 ProcessGroup split(Communicator& world, const ShardLayout& layout, const RankGroup& group, const char* what) {
   const int rank = world.rank();
   ProcessGroup g;
@@ -20,6 +34,7 @@ ProcessGroup split(Communicator& world, const ShardLayout& layout, const RankGro
   }
   g.ranks = group;
   g.link = link_of(group, layout.nodes, rank);
+  g.label = group_label(what, group);
   return g;
 }
 
@@ -34,6 +49,7 @@ ProcessGroups make_process_groups(std::shared_ptr<Communicator> world, const Sha
   g.world.comm = world;
   g.world.ranks = layout.world_group();
   g.world.link = link_of(g.world.ranks, layout.nodes, rank);
+  g.world.label = log::concat("all ", world->size(), " ranks");
   g.shard = g.world;
   switch (layout.kind) {
     case LayoutKind::plain:

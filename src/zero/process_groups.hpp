@@ -4,6 +4,7 @@
 #pragma once
 
 #include <memory>
+#include <string>
 
 #include "zero/topology.hpp"
 #include "zero3/comm.hpp"
@@ -15,6 +16,7 @@ struct ProcessGroup {
   std::shared_ptr<Communicator> comm;  // null for a group the layout does not use
   RankGroup ranks;
   GroupLink link;
+  std::string label;  // for messages: "the MiCS replica group of ranks 1, 3", "all 4 ranks"
 
   explicit operator bool() const { return comm != nullptr; }
 };

@@ -1,12 +1,27 @@
 #include "zero/rank_agreement.hpp"
 
 #include <algorithm>
+#include <functional>
 
 #include "core/check.hpp"
 #include "zero3/error.hpp"
 #include "zero3/log.hpp"
 
 namespace zero3::detail {
+namespace {
+
+// Runs `fn` (a collective over `comm`, every rank) on the queue and waits; a CommError names `what` and the group.
+void run_over(CommQueue& queue, Communicator& comm, const std::string& what, const std::function<void()>& fn) {
+  queue.wait(queue.submit(what, [&] {
+    try {
+      fn();
+    } catch (const CommError&) {
+      rethrow_comm_error(log::concat(what, " over all ", comm.size(), " ranks on rank ", comm.rank(), " failed: "));
+    }
+  }));
+}
+
+}  // namespace
 
 std::vector<float> hash_to_floats(uint64_t hash) {
   constexpr uint64_t kMask = (uint64_t{1} << 22) - 1;
@@ -57,9 +72,8 @@ bool ranks_agree(CommQueue& queue, Communicator& comm, const std::vector<float>&
     buf[n + i] = -values[i];
   }
   DeviceMirror dbuf(device, buf.data(), buf.size());
-  auto ticket = queue.submit(
-      what, [&] { comm.all_reduce(dbuf.get(), buf.size(), DType::f32, ReduceOp::max, dbuf.stream())->wait(); });
-  queue.wait(ticket);
+  run_over(queue, comm, what,
+           [&] { comm.all_reduce(dbuf.get(), buf.size(), DType::f32, ReduceOp::max, dbuf.stream())->wait(); });
   dbuf.copy_back();
   for (size_t i = 0; i < n; ++i) {
     if (buf[i] != -buf[n + i]) return false;
@@ -81,9 +95,8 @@ std::vector<std::vector<int64_t>> gather_from_ranks(CommQueue& queue, Communicat
   {
     DeviceMirror dlengths(device, lengths.data(), lengths.size());
     DeviceMirror dmine(device, &mine, 1);
-    queue.wait(queue.submit(what + " (lengths)", [&] {
-      comm.all_gather_into(dlengths.get(), dmine.get(), 1, DType::f32, dmine.stream())->wait();
-    }));
+    run_over(queue, comm, what + " (lengths)",
+             [&] { comm.all_gather_into(dlengths.get(), dmine.get(), 1, DType::f32, dmine.stream())->wait(); });
     dlengths.copy_back();
   }
   size_t longest = 0;
@@ -94,9 +107,9 @@ std::vector<std::vector<int64_t>> gather_from_ranks(CommQueue& queue, Communicat
   {
     DeviceMirror dall(device, all.data(), all.size());
     DeviceMirror dpadded(device, padded.data(), padded.size());
-    queue.wait(queue.submit(what + " (values)", [&] {
+    run_over(queue, comm, what + " (values)", [&] {
       comm.all_gather_into(dall.get(), dpadded.get(), padded.size(), DType::f32, dpadded.stream())->wait();
-    }));
+    });
     dall.copy_back();
   }
   std::vector<std::vector<int64_t>> out(static_cast<size_t>(world));

@@ -129,9 +129,10 @@ void Reducer::launch() {
     }
   }
   const bool scatter = opt_.mode == ReduceMode::reduce_scatter;
-  std::string what = log::concat(scatter ? "reduce_scatter" : "all_reduce", " of the gradients of unit",
-                                 b.units.size() > 1 ? "s " : " ", unit_names(b.units), " (",
-                                 scatter ? fill * world_ : fill, " elements, ", dtype_name(opt_.comm_dtype), ")");
+  std::string what =
+      log::concat(scatter ? "reduce_scatter" : "all_reduce", " of the gradients of unit",
+                  b.units.size() > 1 ? "s " : " ", unit_names(b.units), " (", scatter ? fill * world_ : fill,
+                  " elements, ", dtype_name(opt_.comm_dtype), ")", opt_.group.empty() ? "" : " over ", opt_.group);
   auto pieces = std::move(b.pieces);
   void* in = b.in.data();
   void* out = scatter ? b.out.data() : b.in.data();

@@ -53,6 +53,7 @@ struct ReducerOptions {
   // Where the collectives' bytes are counted (traffic_plan.hpp), seen from this rank's place in the group.
   GroupLink link;
   CollectiveTraffic* traffic = nullptr;
+  std::string group;  // the group the collectives run over, for messages ("the MiCS replica group of ranks 1, 3")
 };
 
 // The ring's length: enough buckets to hold the largest unit's reduction while the next bucket fills,

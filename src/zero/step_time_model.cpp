@@ -1,14 +1,15 @@
 #include "zero3/step_time_model.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <sstream>
 
 #include "core/check.hpp"
-#include "zero/step_traffic.hpp"
 #include "zero/topology.hpp"
 #include "zero3/dtype.hpp"
 #include "zero3/error.hpp"
+#include "zero3/traffic_plan.hpp"
 
 namespace zero3 {
 namespace {
@@ -37,6 +38,70 @@ double forward_flops_per_token(const ModelDesc& model, const LlamaDims& d, int64
   return 2 * matmul + 4 * context * q_width * static_cast<double>(d.num_hidden_layers);
 }
 
+// One rank's bytes of one optimizer step from plan_traffic(), by when they go and what they are.
+struct PhaseBytes {
+  // During the micro-steps.
+  CollectiveTraffic primary_gathers;    // from the primary partition
+  CollectiveTraffic secondary_gathers;  // hpZ's, from the secondary partition
+  CollectiveTraffic reductions;
+  // Once per step, outside them.
+  CollectiveTraffic boundary_gathers;
+  CollectiveTraffic boundary_reductions;
+
+  explicit PhaseBytes(const RankTraffic& t)
+      : primary_gathers(t.gathers - t.boundary_gathers - t.secondary_gathers),
+        secondary_gathers(t.secondary_gathers),
+        reductions(t.reductions - t.boundary_reductions),
+        boundary_gathers(t.boundary_gathers),
+        boundary_reductions(t.boundary_reductions) {}
+  CollectiveTraffic micro() const {
+    CollectiveTraffic m = primary_gathers;
+    m += secondary_gathers;
+    m += reductions;
+    return m;
+  }
+  CollectiveTraffic boundary() const {
+    CollectiveTraffic m = boundary_gathers;
+    m += boundary_reductions;
+    return m;
+  }
+};
+
+CollectiveTraffic scaled(CollectiveTraffic t, double factor) {
+  t.intra_node_bytes = std::llround(static_cast<double>(t.intra_node_bytes) * factor);
+  t.inter_node_bytes = std::llround(static_cast<double>(t.inter_node_bytes) * factor);
+  return t;
+}
+
+// ZeRO++'s qwZ and qgZ, estimated by the model from the engine's unquantized counts: the engine does not issue them
+// yet (issue 15), so these bytes are ZeRO++'s data flow, not plan_traffic()'s accounting. Once the engine sends
+// quantized collectives, plan_traffic() counts them from the config's keys and this estimate goes.
+//   qwZ: every gather from the primary partition (MiCS's both stages, persistent re-gathers) sends int8 codes plus
+//        one fp32 scale per block instead of `c`-byte elements; hpZ's secondary partition stays 16-bit.
+//   qgZ: each micro-step's reduce-scatter becomes ZeRO++'s hierarchical all-to-all of `bits`-bit codes plus a scale
+//        per block: within the node, each rank sends each other rank of its shard group on the node the part that
+//        rank reduces (slice x N' elements, N' the group's nodes), then across the nodes, each rank sends the ranks
+//        of its local rank their part of that (one slice). An all-to-all is not a ring: the bytes count by the node
+//        of each receiving peer. The boundary (MiCS's all-reduce across replicas) is unchanged.
+// Bytes only: the collectives' counts are left as the unquantized plan's (the model does not use them).
+void estimate_zeropp(PhaseBytes& b, const TrafficPlan& plan, int64_t shard_size, int64_t c,
+                     const StepTimeOptions& o) {
+  const double per_block = 4.0 / static_cast<double>(o.quantization_block);  // an fp32 scale per block
+  if (o.quantized_weights) {
+    const double factor = (1.0 + per_block) / static_cast<double>(c);
+    b.primary_gathers = scaled(b.primary_gathers, factor);
+    b.boundary_gathers = scaled(b.boundary_gathers, factor);
+  }
+  if (o.quantized_gradient_bits != 0) {
+    const double q = static_cast<double>(o.quantized_gradient_bits) / 8 + per_block;  // bytes per element
+    const int64_t per_node = std::min(shard_size, plan.ranks_per_node);              // L'
+    const int64_t group_nodes = shard_size / per_node;                               // N'
+    const double s = static_cast<double>(plan.slice_elements * plan.gradient_accumulation_steps);
+    b.reductions.intra_node_bytes = std::llround(static_cast<double>((per_node - 1) * group_nodes) * s * q);
+    b.reductions.inter_node_bytes = std::llround(static_cast<double>(group_nodes - 1) * s * q);
+  }
+}
+
 }  // namespace
 
 StepTime model_step_time(const ModelDesc& model, const LlamaDims& dims, const Config& config,
@@ -54,6 +119,15 @@ StepTime model_step_time(const ModelDesc& model, const LlamaDims& dims, const Co
   const int64_t ga = require_batch(config.gradient_accumulation_steps, "gradient_accumulation_steps");
   const ZeroConfig& z = config.zero;
 
+  ZERO3_REQUIRE(z.stage == 3, ConfigError, "zero_optimization.stage: ", z.stage,
+                "; the step-time model covers stage 3 (parameters gathered every micro-step)");
+  ZERO3_REQUIRE(options.quantized_gradient_bits == 0 || options.quantized_gradient_bits == 4 ||
+                    options.quantized_gradient_bits == 8,
+                InvalidArgument, "model_step_time: quantized gradients have ", options.quantized_gradient_bits,
+                " bits; qgZ sends int4 (4) or int8 (8), or 0 (off)");
+  ZERO3_REQUIRE(options.quantization_block >= 1, InvalidArgument, "model_step_time: a quantization block of ",
+                options.quantization_block, " elements; expected at least 1");
+
   const bool deepspeed = options.flow == DataFlow::deepspeed;
   Config flow_config = config;
   if (deepspeed) {  // plain ZeRO-3: DeepSpeed's hpZ and MiCS are other data flows
@@ -61,47 +135,53 @@ StepTime model_step_time(const ModelDesc& model, const LlamaDims& dims, const Co
     flow_config.zero.mics_shard_size = -1;
     flow_config.zero.mics_hierarchical_params_gather = false;
   }
-  const detail::NodeLayout nodes =
-      detail::make_node_layout(cluster.world(), cluster.gpus_per_node, "the cluster description's gpus_per_node");
-  const detail::ShardLayout layout = detail::make_shard_layout(flow_config.zero, nodes);
-  detail::StepTrafficOptions traffic_options;
-  traffic_options.grad_accum = static_cast<int>(ga);
-  if (options.quantized_weights) traffic_options.weights = {8, options.quantization_block};
-  traffic_options.gradients = {options.quantized_gradient_bits, options.quantization_block};
+  // The bytes: the engine's own accounting (traffic_plan.hpp), on the cluster's nodes.
+  TrafficPlanOptions traffic_options;
+  traffic_options.world_size = cluster.world();
+  traffic_options.ranks_per_node = cluster.gpus_per_node;
+  const TrafficPlan plan = plan_traffic(model, flow_config, traffic_options);
+  const int64_t c = static_cast<int64_t>(dtype_size(config.compute_dtype()));
 
   StepTime t;
   t.flow = options.flow;
-  t.layout = layout.describe();
+  t.layout = plan.layout;
   if (options.quantized_weights) t.layout += " + qwZ";
   if (options.quantized_gradient_bits != 0)
     t.layout += " + qgZ (int" + std::to_string(options.quantized_gradient_bits) + ")";
+  if (zeropp) t.layout += " (model's estimate)";
   t.grad_accum = static_cast<int>(ga);
   t.tokens_per_gpu = micro_batch * options.seq_len * ga;
   const double micro_flops = 3 * forward_flops_per_token(model, dims, options.seq_len) *
                              static_cast<double>(micro_batch * options.seq_len);  // backward: twice the forward
   t.flops_per_gpu = micro_flops * static_cast<double>(ga);
 
-  // Traffic of node 0's ranks (every node carries the same).
+  // The busiest node's link and the busiest GPU's intra-node traffic, in the micro-steps and at the boundary.
   const int per_node = cluster.gpus_per_node;
+  const int64_t shard_size = detail::plan_layout(flow_config.zero, cluster.world(), per_node).shard_size;
   int64_t node_micro_inter = 0, node_boundary_inter = 0, max_micro_intra = 0, max_boundary_intra = 0;
-  int64_t owned = 0, primary_slice = 0;
-  for (int r = 0; r < per_node; ++r) {
-    const detail::StepTraffic s = detail::plan_step_traffic(model, flow_config, layout, r, traffic_options);
-    CollectiveTraffic micro = s.forward_gathers;
-    micro += s.backward_gathers;
-    micro += s.reductions;
-    node_micro_inter += micro.inter_node_bytes;
-    node_boundary_inter += s.boundary.inter_node_bytes;
-    max_micro_intra = std::max(max_micro_intra, micro.intra_node_bytes);
-    max_boundary_intra = std::max(max_boundary_intra, s.boundary.intra_node_bytes);
-    owned = s.owned_elements;  // equal on every rank (padded slices)
-    primary_slice = std::max(primary_slice, s.primary_slice_elements);
+  int64_t primary_slice = 0;
+  for (int node = 0; node < cluster.nodes; ++node) {
+    int64_t micro_inter = 0, boundary_inter = 0;
+    for (int r = node * per_node; r < (node + 1) * per_node; ++r) {
+      const RankTraffic& rank = plan.ranks[static_cast<size_t>(r)];
+      PhaseBytes b(rank);
+      if (zeropp) estimate_zeropp(b, plan, shard_size, c, options);
+      const CollectiveTraffic micro = b.micro(), boundary = b.boundary();
+      micro_inter += micro.inter_node_bytes;
+      boundary_inter += boundary.inter_node_bytes;
+      t.cluster_inter_bytes += micro.inter_node_bytes + boundary.inter_node_bytes;
+      max_micro_intra = std::max(max_micro_intra, micro.intra_node_bytes);
+      max_boundary_intra = std::max(max_boundary_intra, boundary.intra_node_bytes);
+      primary_slice = std::max(primary_slice, rank.primary_gather_elements);
+    }
+    node_micro_inter = std::max(node_micro_inter, micro_inter);
+    node_boundary_inter = std::max(node_boundary_inter, boundary_inter);
   }
+  const int64_t owned = plan.slice_elements;
   t.node_inter_bytes = node_micro_inter + node_boundary_inter;
   t.gpu_intra_bytes = max_micro_intra + max_boundary_intra;
 
   // Copies between the GPU and host memory, per optimizer step: during the micro-steps and at the boundary.
-  const int64_t c = static_cast<int64_t>(dtype_size(config.compute_dtype()));
   const bool param_off = z.offload_param.device != OffloadDevice::none;
   const bool optimizer_off = z.offload_optimizer.device != OffloadDevice::none;
   int64_t micro_h2d = 0, micro_d2h = 0, step_h2d = 0, step_d2h = 0;
@@ -201,6 +281,7 @@ std::string format_step_times(const std::vector<std::string>& headers, const std
   row("TFLOP per GPU per step", [](const StepTime& c) { return fmt("%.4g", c.flops_per_gpu / 1e12); });
   out << "bytes per optimizer step\n";
   row("  node link: sent to other nodes", [](const StepTime& c) { return gigabytes(c.node_inter_bytes); });
+  row("  all nodes' links together", [](const StepTime& c) { return gigabytes(c.cluster_inter_bytes); });
   row("  intra-node: sent by the busiest GPU", [](const StepTime& c) { return gigabytes(c.gpu_intra_bytes); });
   row("  PCIe host->GPU, busiest GPU", [](const StepTime& c) { return gigabytes(c.gpu_h2d_bytes); });
   row("  PCIe GPU->host, busiest GPU", [](const StepTime& c) { return gigabytes(c.gpu_d2h_bytes); });

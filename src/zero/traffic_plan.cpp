@@ -86,6 +86,7 @@ TrafficPlan plan_traffic(const ModelDesc& model, const Config& config, const Tra
     total_slice += slice;
     total_numel += p;
   }
+  plan.slice_elements = total_slice;
   std::vector<int64_t> gathers(units.size(), 0);
   if (z.stage == 3) {
     ZERO3_REQUIRE(z.prefetch_bucket_size && z.param_persistence_threshold, ConfigError,
@@ -109,6 +110,7 @@ TrafficPlan plan_traffic(const ModelDesc& model, const Config& config, const Tra
     // One gather of unit u from its partition (primary).
     auto partition_gather = [&](int64_t padded) {
       const int64_t slice = padded / w;
+      t.primary_gather_elements += slice;
       if (layout.hierarchical) {
         const detail::RankGroup inter = layout.shard_inter_node_group(rank);
         count_collective(t.gathers, detail::link_of(inter, nodes, rank), CollectiveKind::all_gather, slice, c);
@@ -122,22 +124,27 @@ TrafficPlan plan_traffic(const ModelDesc& model, const Config& config, const Tra
       for (size_t i = 0; i < units.size(); ++i) {
         const detail::SimulatedUnit& u = units[i];
         if (u.persistent) {
+          const CollectiveTraffic before = t.gathers;
           partition_gather(u.padded);  // re-gathered after the optimizer step
+          t.boundary_gathers += t.gathers - before;
           continue;
         }
         const int64_t n = a * gathers[i];
         if (layout.kind == detail::LayoutKind::hpz && n > 0) {
           partition_gather(u.padded);  // the first after the step fills the secondary partition
           const GroupLink hpz = detail::link_of(layout.hpz_group(rank), nodes, rank);
+          const CollectiveTraffic before = t.gathers;
           for (int64_t k = 1; k < n; ++k) {
             count_collective(t.gathers, hpz, CollectiveKind::all_gather, u.padded / layout.hpz_size, c);
           }
+          t.secondary_gathers += t.gathers - before;
         } else {
           for (int64_t k = 0; k < n; ++k) partition_gather(u.padded);
         }
       }
     } else if (z.stage >= 1) {
       for (const auto& u : units) count_collective(t.gathers, world, CollectiveKind::all_gather, u.padded / w, c);
+      t.boundary_gathers = t.gathers;
     }
     if (z.stage >= 2) {
       const int64_t chunk =
@@ -146,13 +153,16 @@ TrafficPlan plan_traffic(const ModelDesc& model, const Config& config, const Tra
         count_buckets(t.reductions, shard, CollectiveKind::reduce_scatter, total_slice, chunk, cb);
       }
       if (layout.replicas() > 1) {
+        const CollectiveTraffic before = t.reductions;
         const int64_t across = std::max<int64_t>(1, std::min(*z.reduce_bucket_size, total_slice));
         count_buckets(t.reductions, detail::link_of(layout.replica_group(rank), nodes, rank),
                       CollectiveKind::all_reduce, total_slice, across, cb);
+        t.boundary_reductions += t.reductions - before;
       }
     } else {
       const int64_t chunk = std::max<int64_t>(1, std::min(*z.reduce_bucket_size, total_numel));
       count_buckets(t.reductions, world, CollectiveKind::all_reduce, total_numel, chunk, cb);
+      t.boundary_reductions = t.reductions;
     }
     plan.ranks.push_back(t);
   }

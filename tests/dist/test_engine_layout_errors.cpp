@@ -1,12 +1,15 @@
 // Layouts that do not fit the job are errors before anything is allocated, on every rank, naming the key, its value
-// and the world's layout: a group size that does not fit the simulated nodes (at construction), and nodes that do not
-// hold the same number of ranks (at materialize, where the ranks compare what their launcher said). Plain ZeRO-3 on
-// such nodes runs on, counting every rank as one node.
+// and the world's layout: a group size that does not fit the simulated nodes, and nodes that do not hold the same
+// number of ranks (at materialize, where the ranks compare what their launcher said: the engine then holds no byte);
+// hpZ or MiCS below stage 3, both together, and hpZ with parameter offload (at construction). Plain ZeRO-3 on such
+// nodes runs on, counting every rank as one node.
 // zero3-test-ranks: 4
 // zero3-test-nodes: 2x2
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
+#include <filesystem>
+#include <memory>
 #include <string>
 
 #include "support/engine_world.hpp"
@@ -22,6 +25,7 @@ namespace {
 // The engine's own check (resolve() checks the group sizes against the world size too, without the nodes): the
 // config is resolved with the plain layout, then given the layout to check.
 std::string materialize_error(const Config& c) {
+  std::unique_ptr<Engine> engine;
   try {
     Config plain = c;
     plain.zero.mics_shard_size = -1;
@@ -31,10 +35,25 @@ std::string materialize_error(const Config& c) {
     resolved.zero.mics_shard_size = c.zero.mics_shard_size;
     resolved.zero.mics_hierarchical_params_gather = c.zero.mics_hierarchical_params_gather;
     resolved.zero.hpz_partition_size = c.zero.hpz_partition_size;
-    Engine engine(resolved, engine_world(), cpu_device());
-    declare_mlp(engine, MlpDims{});
-    engine.materialize();
+    engine = std::make_unique<Engine>(resolved, engine_world(), cpu_device());
+    declare_mlp(*engine, MlpDims{});
+    engine->materialize();
   } catch (const ConfigError& e) {
+    // Before any allocation: the engine that refused holds nothing.
+    if (engine) {
+      EXPECT_EQ(engine->memory().peak_total, 0) << "allocated before the error: " << e.what();
+    }
+    return e.what();
+  }
+  return "";
+}
+
+// The error of constructing an engine with `c` (resolved as is), or "" when it constructs.
+template <typename E>
+std::string construction_error(const Config& c) {
+  try {
+    Engine engine(resolved_for(c, *engine_world()), engine_world(), cpu_device());
+  } catch (const E& e) {
     return e.what();
   }
   return "";
@@ -61,13 +80,43 @@ TEST(LayoutErrors, AGroupThatDoesNotFitTheNodes) {
 
 // A config built in code gets the checks of one read from a file.
 TEST(LayoutErrors, BelowStage3OrTogether) {
-  Config c = equivalence_config(2);
-  c.zero.hpz_partition_size = 2;
-  EXPECT_THROW(Engine(resolved_for(c, *engine_world()), engine_world(), cpu_device()), ConfigError);
-  c = equivalence_config(3);
+  for (int stage : {1, 2}) {
+    Config c = equivalence_config(stage);
+    c.zero.hpz_partition_size = 2;
+    std::string e = construction_error<ConfigError>(c);
+    EXPECT_NE(e.find("zero_optimization.zero_hpz_partition_size: got 2 with zero_optimization.stage " +
+                     std::to_string(stage) + ", expected zero_optimization.stage 3"),
+              std::string::npos)
+        << e;
+    c = equivalence_config(stage);
+    c.zero.mics_shard_size = 2;
+    e = construction_error<ConfigError>(c);
+    EXPECT_NE(e.find("zero_optimization.mics_shard_size: got 2 with zero_optimization.stage " + std::to_string(stage) +
+                     ", expected zero_optimization.stage 3"),
+              std::string::npos)
+        << e;
+  }
+  Config c = equivalence_config(3);
   c.zero.hpz_partition_size = 2;
   c.zero.mics_shard_size = 2;
-  EXPECT_THROW(Engine(resolved_for(c, *engine_world()), engine_world(), cpu_device()), ConfigError);
+  const std::string e = construction_error<ConfigError>(c);
+  EXPECT_NE(e.find("zero_optimization.zero_hpz_partition_size: got 2 with zero_optimization.mics_shard_size 2, "
+                   "expected one of the two"),
+            std::string::npos)
+      << e;
+}
+
+// hpZ's secondary partition is not built for offloaded parameters: refused at construction, naming the key, its
+// value and the offload.
+TEST(LayoutErrors, HpzWithParameterOffload) {
+  Config c = equivalence_config(3);
+  c.bf16.enabled = true;  // parameter offload to nvme on the cpu device needs 16-bit compute
+  c.zero.hpz_partition_size = 2;
+  c.zero.offload_param.device = OffloadDevice::nvme;
+  c.zero.offload_param.nvme_path = std::filesystem::temp_directory_path().string();
+  const std::string e = construction_error<Unsupported>(c);
+  EXPECT_NE(e.find("zero_optimization.zero_hpz_partition_size: 2 with offload_param.device = nvme"), std::string::npos)
+      << e;
 }
 
 // Nodes of 2, 1 and 1 ranks, as an uneven Slurm allocation reports them: the launcher's variables are set by hand

@@ -56,10 +56,14 @@ class StreamPath : public ::testing::TestWithParam<Variant> {};
 
 void check_against_reference(const Variant& v, StreamSchedule schedule, ComputeStream compute);
 
-TEST_P(StreamPath, SameNumbersAsTheReferenceAndOrderedByEvents) {
-  if (GetParam().layout != simulated_nodes()) {
-    GTEST_SKIP() << (GetParam().layout ? "layouts run on simulated nodes" : "plain ZeRO runs on one node");
+// Layouts for slow links need nodes; plain ZeRO runs on one.
+#define SKIP_UNLESS_ON_ITS_NODES()                                                                         \
+  if (GetParam().layout != simulated_nodes()) {                                                          \
+    GTEST_SKIP() << (GetParam().layout ? "layouts run on simulated nodes" : "plain ZeRO runs on one node"); \
   }
+
+TEST_P(StreamPath, SameNumbersAsTheReferenceAndOrderedByEvents) {
+  SKIP_UNLESS_ON_ITS_NODES();
   for (StreamSchedule schedule : {StreamSchedule::lazy, StreamSchedule::eager_side_streams}) {
     SCOPED_TRACE(schedule == StreamSchedule::lazy ? "side streams run when waited for" : "side streams run at once");
     check_against_reference(GetParam(), schedule, ComputeStream::legacy);
@@ -69,9 +73,7 @@ TEST_P(StreamPath, SameNumbersAsTheReferenceAndOrderedByEvents) {
 // The device computes on a stream of the caller's (make_device("cuda", stream)): the engine's compute work lands
 // there and nothing on CUDA's legacy default stream, which is not ordered with it.
 TEST_P(StreamPath, OnTheCallersStream) {
-  if (GetParam().layout != simulated_nodes()) {
-    GTEST_SKIP() << (GetParam().layout ? "layouts run on simulated nodes" : "plain ZeRO runs on one node");
-  }
+  SKIP_UNLESS_ON_ITS_NODES();
   for (StreamSchedule schedule : {StreamSchedule::lazy, StreamSchedule::eager_side_streams}) {
     SCOPED_TRACE(schedule == StreamSchedule::lazy ? "side streams run when waited for" : "side streams run at once");
     check_against_reference(GetParam(), schedule, ComputeStream::callers);

@@ -42,6 +42,7 @@ TEST(Timeout, AGatherNobodyJoinsNamesTheUnit) {
   }
   double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   EXPECT_NE(message.find("all_gather of unit 'fc1'"), std::string::npos) << message;
+  EXPECT_NE(message.find(") over all 2 ranks on rank 0 failed: "), std::string::npos) << "the group: " << message;
   EXPECT_NE(message.find("rank 0"), std::string::npos) << message;
   EXPECT_LT(waited, 30.0);
   RecordProperty("message", message);

@@ -149,11 +149,11 @@ class CudaQuantizeTest : public ::testing::Test {
                              std::to_string(chunks);
     const size_t bytes = static_cast<size_t>(chunks * quant_message_bytes(chunk, f));
     std::vector<uint8_t> want(bytes, 0xab);
-    cpu_->kernels().quantize(want.data(), x.data(), t, chunk, chunks, f);
+    detail::kernels_of(*cpu_).quantize(want.data(), x.data(), t, chunk, chunks, f);
     GpuBuffer in(*gpu_, x);
     GpuBuffer messages(*gpu_, bytes);
     messages.fill(0xab);  // padding must be written, not left over
-    gpu_->kernels().quantize(messages.data(), in.data(), t, chunk, chunks, f, stream_->get());
+    detail::kernels_of(*gpu_).quantize(messages.data(), in.data(), t, chunk, chunks, f, stream_->get());
     stream_->synchronize();
     ASSERT_TRUE(same_bytes(want, messages.download(), what));
 
@@ -161,17 +161,17 @@ class CudaQuantizeTest : public ::testing::Test {
     for (DType out : kTypes) {
       const size_t out_bytes = static_cast<size_t>(chunk * chunks) * dtype_size(out);
       std::vector<uint8_t> back(out_bytes);
-      cpu_->kernels().dequantize(back.data(), out, want.data(), chunk, chunks, f);
+      detail::kernels_of(*cpu_).dequantize(back.data(), out, want.data(), chunk, chunks, f);
       GpuBuffer gpu_back(*gpu_, out_bytes);
-      gpu_->kernels().dequantize(gpu_back.data(), out, cpu_messages.data(), chunk, chunks, f, stream_->get());
+      detail::kernels_of(*gpu_).dequantize(gpu_back.data(), out, cpu_messages.data(), chunk, chunks, f, stream_->get());
       stream_->synchronize();
       ASSERT_TRUE(
           same_elements(back, gpu_back.download(), out, what + " dequantized to " + std::string(dtype_name(out))));
     }
     std::vector<uint8_t> sum(static_cast<size_t>(chunk) * 4);
-    cpu_->kernels().dequantize_sum(reinterpret_cast<float*>(sum.data()), want.data(), chunk, chunks, f);
+    detail::kernels_of(*cpu_).dequantize_sum(reinterpret_cast<float*>(sum.data()), want.data(), chunk, chunks, f);
     GpuBuffer gpu_sum(*gpu_, sum.size());
-    gpu_->kernels().dequantize_sum(static_cast<float*>(gpu_sum.data()), cpu_messages.data(), chunk, chunks, f,
+    detail::kernels_of(*gpu_).dequantize_sum(static_cast<float*>(gpu_sum.data()), cpu_messages.data(), chunk, chunks, f,
                                    stream_->get());
     stream_->synchronize();
     ASSERT_TRUE(same_elements(sum, gpu_sum.download(), DType::f32, what + " summed"));
@@ -211,7 +211,7 @@ TEST_F(CudaQuantizeTest, KernelsRunOnTheGivenStream) {
   QuantFormat f{4, 256};
   std::vector<uint8_t> x = hostile_bytes(n, 256, DType::f32, 5);
   std::vector<uint8_t> want(static_cast<size_t>(quant_message_bytes(n, f)));
-  cpu_->kernels().quantize(want.data(), x.data(), DType::f32, n, 1, f);
+  detail::kernels_of(*cpu_).quantize(want.data(), x.data(), DType::f32, n, 1, f);
   GpuBuffer in(*gpu_, x);
   GpuBuffer out(*gpu_, want.size());
   out.fill(0);
@@ -220,7 +220,7 @@ TEST_F(CudaQuantizeTest, KernelsRunOnTheGivenStream) {
     while (!static_cast<std::atomic<bool>*>(flag)->load()) std::this_thread::yield();
   };
   ASSERT_EQ(cudaLaunchHostFunc(reinterpret_cast<cudaStream_t>(stream_->get()), hold, &release), cudaSuccess);
-  gpu_->kernels().quantize(out.data(), in.data(), DType::f32, n, 1, f, stream_->get());
+  detail::kernels_of(*gpu_).quantize(out.data(), in.data(), DType::f32, n, 1, f, stream_->get());
   std::this_thread::sleep_for(std::chrono::milliseconds(20));
   EXPECT_EQ(out.download(), std::vector<uint8_t>(want.size(), 0)) << "the kernel ran before its stream reached it";
   release = true;
@@ -230,10 +230,10 @@ TEST_F(CudaQuantizeTest, KernelsRunOnTheGivenStream) {
 
 TEST_F(CudaQuantizeTest, BadArgumentsAreRefusedBeforeLaunch) {
   GpuBuffer buf(*gpu_, 64);
-  EXPECT_THROW(gpu_->kernels().quantize(buf.data(), buf.data(), DType::f32, 4, 1, QuantFormat{3, 16}), InvalidArgument);
-  EXPECT_THROW(gpu_->kernels().dequantize(buf.data(), DType::f32, buf.data(), 4, 1, QuantFormat{4, 5}),
+  EXPECT_THROW(detail::kernels_of(*gpu_).quantize(buf.data(), buf.data(), DType::f32, 4, 1, QuantFormat{3, 16}), InvalidArgument);
+  EXPECT_THROW(detail::kernels_of(*gpu_).dequantize(buf.data(), DType::f32, buf.data(), 4, 1, QuantFormat{4, 5}),
                InvalidArgument);
-  EXPECT_THROW(gpu_->kernels().dequantize_sum(static_cast<float*>(buf.data()), buf.data(), 4, -2, QuantFormat{8, 16}),
+  EXPECT_THROW(detail::kernels_of(*gpu_).dequantize_sum(static_cast<float*>(buf.data()), buf.data(), 4, -2, QuantFormat{8, 16}),
                InvalidArgument);
 }
 

@@ -133,7 +133,7 @@ constexpr int64_t kSteps = 5;
 Measured train(const Variant& v, Device& device, StreamPathDevice* path, std::shared_ptr<Communicator> comm,
                StreamPathComm* path_comm) {
   Measured run;
-  Config c = resolved_for(config_of(v), *comm);
+  const Config c = resolved_for(config_of(v), *comm);
   Engine engine(c, comm, device);
   const MlpUnits mlp = declare_mlp(engine, MlpDims{});
   engine.materialize();
@@ -192,7 +192,7 @@ void expect_steady_state_costs(const Variant& v, const std::vector<MicroStep>& s
     EXPECT_EQ(m.device_allocations, 0) << "the stream-ordered pool grew in steady state";
     EXPECT_EQ(m.host_allocations, 0) << "the pinned host cache grew in steady state";
     EXPECT_EQ(m.syncs.device_synchronize, 0);
-    EXPECT_EQ(m.syncs.stream_synchronize, 0);
+    EXPECT_EQ(m.syncs.stream_synchronize, 0) << "the collective guard compared a call in steady state";
     EXPECT_EQ(m.syncs.pageable_copies, 0);
     EXPECT_EQ(m.syncs.blocking_kernels, 0);
     EXPECT_EQ(m.syncs.synchronous_copies, 0);

@@ -8,6 +8,7 @@
 #include <memory>
 #include <string>
 
+#include "support/engine_world.hpp"
 #include "zero3/comm.hpp"
 #include "zero3/device.hpp"
 #include "zero3/engine.hpp"
@@ -87,12 +88,13 @@ TEST(DeviceStreams, TheEngineRefusesADeviceZero3DidNotMake) {
   ForeignDevice device;
   Config c;
   c.gradient_clipping = 1.0;
+  c.train_micro_batch_size_per_gpu = 1;
   CommOptions o;
   o.backend = "local";
   LaunchInfo launch;
   std::shared_ptr<Communicator> comm = make_communicator(o, launch, nullptr);
   try {
-    Engine engine(c, comm, device);
+    Engine engine(testing::resolved_for(c, *comm), comm, device);
     ADD_FAILURE() << "the engine took a device zero3 did not make";
   } catch (const InvalidArgument& e) {
     EXPECT_NE(std::string(e.what()).find("device \"foreign\" is not one of zero3's devices"), std::string::npos)

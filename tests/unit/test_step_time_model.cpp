@@ -89,6 +89,23 @@ TEST(ClusterDesc, NamesTheFieldOfEveryBadFigure) {
             std::string::npos);
   EXPECT_NE(cluster_error(with("flow_limit_gbit_s", "5")).find("flows_per_node: missing"), std::string::npos);
   EXPECT_NE(cluster_error(with("flows_per_node", "2")).find("flow_limit_gbit_s: missing"), std::string::npos);
+  EXPECT_NE(cluster_error(with("pcie_efficiency", "0")).find("pcie_efficiency: 0 is not a fraction"),
+            std::string::npos);
+  std::string infinite = kCluster;
+  infinite.replace(infinite.find("8e-7"), 4, "1e999");  // JSON text whose number overflows a double
+  EXPECT_NE(cluster_error(infinite).find("c.json: not valid JSON"), std::string::npos);
+  EXPECT_NE(cluster_error(infinite).find("1e999"), std::string::npos);
+  EXPECT_NE(cluster_error(with("name", "4")).find("name: expected a string"), std::string::npos);
+  EXPECT_EQ(cluster_error(with("nodes", "1000")), "");  // 2000 GPUs
+  EXPECT_NE(cluster_error(with("nodes", "1000000")).find("gpus_per_node: 2 on 1000000 nodes make 2000000 GPUs"),
+            std::string::npos);
+  // Every figure the model uses is required, each named when missing.
+  for (const char* field : {"nodes", "gpus_per_node", "gpu_bf16_tflops", "gpu_memory_gb_s", "pcie_gb_s", "nic_gbit_s",
+                            "cpu_memory_gb_s", "nvme_gb_s", "matmul_efficiency", "pcie_efficiency",
+                            "nccl_link_efficiency", "collective_efficiency"}) {
+    EXPECT_NE(cluster_error(with(field, "")).find(std::string("c.json: ") + field + ": missing"), std::string::npos)
+        << field;
+  }
   EXPECT_NE(cluster_error("[1, 2]").find("expected a JSON object"), std::string::npos);
   EXPECT_NE(cluster_error("{").find("not valid JSON"), std::string::npos);
   EXPECT_THROW(load_cluster_desc("/nonexistent/cluster.json"), ConfigError);
@@ -140,6 +157,7 @@ TEST(StepTimeModel, HandComputedStep) {
   EXPECT_DOUBLE_EQ(t.flops_per_gpu, 2 * 6192.0);
   EXPECT_NEAR(t.compute_s, 6.192, 1e-9);
   EXPECT_EQ(t.node_inter_bytes, 2 * 846);
+  EXPECT_EQ(t.cluster_inter_bytes, 2 * 2 * 846);  // node 1's rank 3 sends to rank 0 as much
   EXPECT_EQ(t.gpu_intra_bytes, 2 * 846);
   EXPECT_NEAR(t.inter_node_s, 8.46, 1e-9);
   EXPECT_NEAR(t.intra_node_s, 4.23, 1e-9);
@@ -190,6 +208,48 @@ TEST(StepTimeModel, OffloadCopiesOfEachDataFlow) {
   c.grad_accum_dtype = DType::f32;
   d = model_step_time(m, tiny_dims(), c, cl, o);
   EXPECT_EQ(d.gpu_d2h_bytes, 2 * 188 + 188);
+}
+
+// ZeRO++, as the model estimates it from the unquantized plan (the engine does not issue qwZ and qgZ yet), per step
+// of 2 micro-steps on the tiny Llama (slices of 47 elements over 4 ranks on 2 nodes x 2):
+//   qwZ: rank 1's 1128 bytes of gathers across nodes become int8 codes plus a 4-byte scale per 2048 elements:
+//        1128 x (1 + 4 / 2048) / 2 = 565.1, 565 bytes; its reductions (564 bytes) stay. Node 0: 1129 bytes.
+//   qgZ (int4, 0.5 + 4 / 2048 bytes an element): the reduce-scatter becomes an all-to-all within the node (the one
+//        local peer gets 2 slices, N' = 2 nodes) and then across (the one peer of the same local rank on the other
+//        node gets one slice): per rank 2 x 47 x 0.50195 = 47.2, 47 bytes across nodes a step; 2 x 94 x 0.50195 =
+//        94.4, 94 within. Every rank sends across now: node 0's link carries 2 x 47 for reductions.
+TEST(StepTimeModel, ZeroPlusPlusEstimate) {
+  ClusterDesc cl = parse_cluster_desc(kCluster, "c.json");
+  ModelDesc m = llama_model_desc(tiny_dims(), "tiny");
+  StepTimeOptions o;
+  o.seq_len = 3;
+  o.quantized_weights = true;
+  StepTime w = model_step_time(m, tiny_dims(), tiny_config(), cl, o);
+  EXPECT_EQ(w.node_inter_bytes, 565 + 564);
+  EXPECT_EQ(w.layout, "ZeRO-3 over 4 ranks + qwZ (model's estimate)");
+  o.quantized_gradient_bits = 4;
+  StepTime wg = model_step_time(m, tiny_dims(), tiny_config(), cl, o);
+  EXPECT_EQ(wg.node_inter_bytes, 565 + 2 * 47);
+  EXPECT_EQ(wg.cluster_inter_bytes, 2 * (565 + 2 * 47));
+  EXPECT_EQ(wg.gpu_intra_bytes, 565 + 94);  // rank 0: its gathers' ring neighbour is on its node
+  o.quantized_weights = false;
+  EXPECT_EQ(model_step_time(m, tiny_dims(), tiny_config(), cl, o).node_inter_bytes, 1128 + 2 * 47);
+
+  // hpZ: only the first gather of each unit after the step reads the primary partition (int8): (8 + 30 + 9) x 3 x 2 =
+  // 282 bytes, int8 282 x 0.50098 = 141.3, 141 (across nodes from rank 1, within from rank 0). The other 3 gathers
+  // of each unit read the secondary partition within the node and stay 16-bit: 3 x (16 + 60 + 18) x 2 = 564 bytes;
+  // rank 0's reductions (564 bytes) stay on its node too.
+  Config hpz = tiny_config();
+  hpz.zero.hpz_partition_size = 2;
+  o.quantized_weights = true;
+  o.quantized_gradient_bits = 0;
+  StepTime h = model_step_time(m, tiny_dims(), hpz, cl, o);
+  o.quantized_weights = false;
+  StepTime h16 = model_step_time(m, tiny_dims(), hpz, cl, o);
+  EXPECT_EQ(h16.node_inter_bytes, 282 + 564);
+  EXPECT_EQ(h.node_inter_bytes, 141 + 564);
+  EXPECT_EQ(h16.gpu_intra_bytes, 282 + 564 + 564);
+  EXPECT_EQ(h.gpu_intra_bytes, 141 + 564 + 564);
 }
 
 // DeepSpeed's flow is plain ZeRO-3 whatever the layout keys say; zero3's follows them.

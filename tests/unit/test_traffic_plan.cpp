@@ -56,6 +56,17 @@ TEST(TrafficPlan, PlainZero3SendsEveryGatherAndReductionAcrossFromTheLastRankOfA
     EXPECT_EQ(t.gathers.intra_node_bytes, exit ? 0 : gathers) << r;
     EXPECT_EQ(t.reductions.inter_node_bytes, exit ? reductions : 0) << r;
   }
+  // The parts a step-time model needs apart: b's re-gather after the step is the boundary, every gather reads the
+  // primary partition (2 x (2 x 8 + 2 x 7 + 26) + 2 slice elements), and the slices total 43 elements.
+  EXPECT_EQ(p.slice_elements, 43);
+  for (int r = 0; r < 4; ++r) {
+    const RankTraffic& t = p.ranks[static_cast<size_t>(r)];
+    EXPECT_EQ(t.boundary_gathers.collectives, 1) << r;
+    EXPECT_EQ(t.boundary_gathers.inter_node_bytes + t.boundary_gathers.intra_node_bytes, 2 * 3 * 2) << r;
+    EXPECT_EQ(t.boundary_reductions, CollectiveTraffic{}) << r;
+    EXPECT_EQ(t.secondary_gathers, CollectiveTraffic{}) << r;
+    EXPECT_EQ(t.primary_gather_elements, 2 * (2 * 8 + 2 * 7 + 26) + 2) << r;
+  }
   EXPECT_EQ(p.node_inter_node_bytes(0), gathers + reductions);
   EXPECT_EQ(p.max_node_inter_node_bytes(), gathers + reductions);
   EXPECT_NE(format_traffic_plan(p).find("zero3 traffic plan: ZeRO-3 over 4 ranks, 2 micro-step(s)"), std::string::npos);
@@ -76,7 +87,11 @@ TEST(TrafficPlan, HsdpCrossesNodesOnlyForTheAllReduceAcrossReplicas) {
     EXPECT_EQ(t.reductions.inter_node_collectives, 3) << r;
     EXPECT_EQ(t.reductions.inter_node_bytes, 84 * 2) << r;
     EXPECT_EQ(t.reductions.intra_node_bytes, 2 * 84 * 2) << r;  // reduce-scatter over 2, both micro-steps
+    EXPECT_EQ(t.boundary_reductions.collectives, 3) << r;         // the all-reduce across replicas, once per step
+    EXPECT_EQ(t.boundary_reductions.inter_node_bytes, 84 * 2) << r;
+    EXPECT_EQ(t.boundary_reductions.intra_node_bytes, 0) << r;
   }
+  EXPECT_EQ(p.slice_elements, 84);
   const TrafficPlan plain = plan_traffic(crafted(), config(), two_nodes_of_two());
   EXPECT_EQ(p.max_node_inter_node_bytes(), 2 * 84 * 2);  // 336 against plain ZeRO-3's 1200 per node
   EXPECT_EQ(plain.max_node_inter_node_bytes(), 1200);
@@ -96,6 +111,10 @@ TEST(TrafficPlan, HpzGathersTheFirstTimeOverEveryRankThenWithinTheNode) {
     const int64_t secondary = (3 * 16 + 3 * 14 + 52) * 1 * 2;
     EXPECT_EQ(t.gathers.inter_node_bytes, r % 2 == 1 ? world : 0) << r;
     EXPECT_EQ(t.gathers.intra_node_bytes, (r % 2 == 1 ? 0 : world) + secondary) << r;
+    EXPECT_EQ(t.secondary_gathers.collectives, 7) << r;
+    EXPECT_EQ(t.secondary_gathers.intra_node_bytes, secondary) << r;
+    EXPECT_EQ(t.secondary_gathers.inter_node_bytes, 0) << r;
+    EXPECT_EQ(t.primary_gather_elements, 8 + 7 + 26 + 2) << r;
   }
 }
 

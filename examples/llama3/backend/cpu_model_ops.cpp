@@ -70,9 +70,16 @@ void CpuModelOps::rmsnorm_forward(const void* x, const void* w, void* y, float* 
   llama3::rmsnorm_forward<float>(f(x), f(w), f(y), rstd, rows, n, eps);
 }
 
-void CpuModelOps::rmsnorm_backward(const void* x, const void* w, const float* rstd, const void* dy, void* dx, float* dw,
-                                   int64_t rows, int64_t n, bool accumulate_dx) {
-  llama3::rmsnorm_backward<float>(f(x), f(w), rstd, f(dy), f(dx), dw, rows, n, accumulate_dx);
+void CpuModelOps::add_rmsnorm_forward(const void* a, const void* b, void* h, const void* w, void* y, float* rstd,
+                                      int64_t rows, int64_t n, float eps) {
+  add(a, b, h, rows * n);
+  llama3::rmsnorm_forward<float>(f(h), f(w), f(y), rstd, rows, n, eps);
+}
+
+void CpuModelOps::rmsnorm_backward(const void* x, const void* w, const float* rstd, const void* dy,
+                                   const void* residual, void* dx, float* dw, int64_t rows, int64_t n) {
+  if (residual != nullptr && residual != dx) copy(dx, residual, static_cast<size_t>(rows * n) * sizeof(float));
+  llama3::rmsnorm_backward<float>(f(x), f(w), rstd, f(dy), f(dx), dw, rows, n, residual != nullptr);
 }
 
 // ops/rope.cpp's loops over raw tables (a RopeTable owns vectors; the runner's tables are backend buffers).

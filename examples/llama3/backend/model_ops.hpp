@@ -85,9 +85,15 @@ class ModelOps {
   // y (rows, n) = w * (x * rstd); rstd may be null; y may alias x.
   virtual void rmsnorm_forward(const void* x, const void* w, void* y, float* rstd, int64_t rows, int64_t n,
                                float eps) = 0;
-  // dx = (or += with accumulate_dx) the input gradient; dw (n, f32) += the weight gradient (null skips it).
-  virtual void rmsnorm_backward(const void* x, const void* w, const float* rstd, const void* dy, void* dx, float* dw,
-                                int64_t rows, int64_t n, bool accumulate_dx) = 0;
+  // The residual add and the norm after it: h = a + b (stored), y = w * (h * rstd), the bits of add(a, b, h) then
+  // rmsnorm_forward(h, w, y, rstd) (cuda: one pass). h may alias a or b; y must not alias h.
+  virtual void add_rmsnorm_forward(const void* a, const void* b, void* h, const void* w, void* y, float* rstd,
+                                   int64_t rows, int64_t n, float eps) = 0;
+  // dx = residual + the input gradient (residual null: the input gradient alone; residual == dx: accumulated;
+  // otherwise the bits of copying residual into dx and accumulating); dw (n, f32) += the weight gradient (null skips
+  // it). dx must not alias x or dy.
+  virtual void rmsnorm_backward(const void* x, const void* w, const float* rstd, const void* dy, const void* residual,
+                                void* dx, float* dw, int64_t rows, int64_t n) = 0;
 
   // ---- Rotary embeddings (ops/rope.hpp), in place on n_heads heads from column 0 of each row (stride ld) ----
 
@@ -123,8 +129,10 @@ class ModelOps {
 
   // x (n, hidden) normalised final states, w (vocab, hidden); targets (n) in backend memory and host_targets
   // the same on the host (counted and checked there). With dx: dx (n, hidden) overwritten and dw (f32) +=
-  // the gradients of grad_scale * (sum of the row losses). chunk_rows > 0. Returns the sum of the row losses
-  // (in double, in row order) and the number of non-ignored targets, on the host.
+  // the gradients of grad_scale * (sum of the row losses). chunk_rows > 0: rows of logits at a time; <= 0: the
+  // backend's own (cpu: default_loss_chunk_rows, sized for a core's caches; cuda: plan_lm_head_chunks, as many
+  // rows as 1 GiB of logits holds, backend/lm_head_plan.hpp). Returns the sum of the row losses (in double, in
+  // row order) and the number of non-ignored targets, on the host.
   virtual CrossEntropyResult lm_head_cross_entropy(const void* x, const void* w, const int32_t* targets,
                                                    const int32_t* host_targets, int64_t n, int64_t hidden,
                                                    int64_t vocab, float grad_scale, void* dx, float* dw,

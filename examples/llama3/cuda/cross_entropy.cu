@@ -1,6 +1,10 @@
 // The LM head fused with cross-entropy on the device (cuda_ops.hpp LmHeadLoss; ops/cross_entropy.hpp), and
 // sum_rows.
 //
+// The chunks are backend/lm_head_plan.hpp's: as many rows as fit the workspace cap (1 GiB by default), so the
+// f32 weight gradient, which each chunk's dW GEMM reads and writes whole, is passed over a few times per
+// micro-batch rather than once per few hundred rows.
+//
 // Per chunk of rows: logits = x_c w^T (Blas, f32 out) into the workspace; cross_entropy_rows_kernel, one block
 // per row, takes the row's max and its sum of exp in double (block reductions, fixed order), writes the loss
 // and, for the backward, grad_scale * (softmax - onehot) over the row (in place in f32, or as a bf16 copy when act
@@ -10,6 +14,7 @@
 #include <algorithm>
 #include <string>
 
+#include "backend/lm_head_plan.hpp"
 #include "cuda/cuda_check.hpp"
 #include "cuda/cuda_ops.hpp"
 #include "cuda/kernel_support.cuh"
@@ -115,16 +120,24 @@ __global__ void sum_rows_kernel(const float* x, int64_t n, double* out) {
 }  // namespace
 
 struct LmHeadLoss::Impl {
-  explicit Impl(Blas& b) : blas(b), workspace(b.device()) {}
+  Impl(Blas& b, int64_t cap) : blas(b), workspace(b.device()), workspace_cap(cap) {}
 
   Blas& blas;
   StreamWorkspace workspace;  // on the Blas stream
+  int64_t workspace_cap;
+  int64_t weight_grad_bytes = 0;
 };
 
-LmHeadLoss::LmHeadLoss(Blas& blas) : impl_(std::make_unique<Impl>(blas)) {}
+LmHeadLoss::LmHeadLoss(Blas& blas, int64_t workspace_cap) {
+  if (workspace_cap <= 0) {
+    throw zero3::InvalidArgument("LmHeadLoss: workspace_cap = " + std::to_string(workspace_cap) + " must be > 0");
+  }
+  impl_ = std::make_unique<Impl>(blas, workspace_cap);
+}
 LmHeadLoss::~LmHeadLoss() = default;
 
 int64_t LmHeadLoss::workspace_bytes() const { return impl_->workspace.bytes(); }
+int64_t LmHeadLoss::weight_grad_bytes() const { return impl_->weight_grad_bytes; }
 
 void LmHeadLoss::run(const void* x, const void* w, const int32_t* targets, int64_t n, int64_t hidden, int64_t vocab,
                      float grad_scale, void* dx, float* dw, float* row_loss, int64_t chunk_rows, DType act) {
@@ -136,13 +149,14 @@ void LmHeadLoss::run(const void* x, const void* w, const int32_t* targets, int64
                                  std::to_string(vocab) + " must be > 0");
   }
   if (n == 0) return;
-  if (chunk_rows <= 0) chunk_rows = default_loss_chunk_rows(vocab);
-  chunk_rows = std::min(chunk_rows, n);
   const bool backward = dx != nullptr;
   const bool copy = backward && act != DType::f32;
   const int64_t es = static_cast<int64_t>(zero3::dtype_size(act));
+  const LmHeadChunkPlan plan =
+      plan_lm_head_chunks(n, hidden, vocab, es, backward, dw != nullptr, impl_->workspace_cap, chunk_rows);
+  chunk_rows = plan.rows_per_chunk;
   const int64_t logits_bytes = align_up(chunk_rows * vocab * 4);
-  char* ws = impl_->workspace.reserve(logits_bytes + (copy ? chunk_rows * vocab * es : 0));
+  char* ws = impl_->workspace.reserve(plan.workspace_bytes);
   float* logits = reinterpret_cast<float*>(ws);
   void* grad_copy = copy ? ws + logits_bytes : nullptr;
   const void* grad = copy ? grad_copy : static_cast<const void*>(logits);
@@ -165,6 +179,7 @@ void LmHeadLoss::run(const void* x, const void* w, const int32_t* targets, int64
               static_cast<char*>(dx) + r0 * hidden * es, hidden, act, act);
     if (dw != nullptr) {
       blas.gemm(true, false, vocab, hidden, rows, 1.0f, grad, vocab, xc, hidden, 1.0f, dw, hidden, act, DType::f32);
+      impl_->weight_grad_bytes += 8 * vocab * hidden;  // dW read and written whole (beta = 1)
     }
   }
 }

@@ -175,9 +175,14 @@ void CudaModelOps::rmsnorm_forward(const void* x, const void* w, void* y, float*
   cuda::rmsnorm_forward(x, w, y, rstd, rows, n, eps, act_, as_cuda(stream_));
 }
 
-void CudaModelOps::rmsnorm_backward(const void* x, const void* w, const float* rstd, const void* dy, void* dx,
-                                    float* dw, int64_t rows, int64_t n, bool accumulate_dx) {
-  cuda::rmsnorm_backward(x, w, rstd, dy, dx, dw, rows, n, accumulate_dx, act_, device_);
+void CudaModelOps::add_rmsnorm_forward(const void* a, const void* b, void* h, const void* w, void* y, float* rstd,
+                                       int64_t rows, int64_t n, float eps) {
+  cuda::add_rmsnorm_forward(a, b, h, w, y, rstd, rows, n, eps, act_, as_cuda(stream_));
+}
+
+void CudaModelOps::rmsnorm_backward(const void* x, const void* w, const float* rstd, const void* dy,
+                                    const void* residual, void* dx, float* dw, int64_t rows, int64_t n) {
+  cuda::rmsnorm_backward(x, w, rstd, dy, residual, dx, dw, rows, n, act_, device_);
 }
 
 void CudaModelOps::rope_forward(void* x, int64_t ld, int64_t n_tokens, int64_t n_heads, int64_t head_dim,
@@ -232,10 +237,6 @@ CrossEntropyResult CudaModelOps::lm_head_cross_entropy(const void* x, const void
                                                        const int32_t* host_targets, int64_t n, int64_t hidden,
                                                        int64_t vocab, float grad_scale, void* dx, float* dw,
                                                        int64_t chunk_rows) {
-  if (chunk_rows <= 0) {
-    throw zero3::InvalidArgument("cuda lm_head_cross_entropy: chunk_rows " + std::to_string(chunk_rows) +
-                                 " must be > 0");
-  }
   CrossEntropyResult result;
   result.count = count_targets(host_targets, n, vocab);
   if (n == 0) return result;

@@ -63,8 +63,10 @@ class CudaModelOps final : public ModelOps {
   void embedding_backward(const int32_t* ids, const int32_t* host_ids, int64_t tokens, const void* dx, int64_t vocab,
                           int64_t hidden, float* dtable) override;
   void rmsnorm_forward(const void* x, const void* w, void* y, float* rstd, int64_t rows, int64_t n, float eps) override;
-  void rmsnorm_backward(const void* x, const void* w, const float* rstd, const void* dy, void* dx, float* dw,
-                        int64_t rows, int64_t n, bool accumulate_dx) override;
+  void add_rmsnorm_forward(const void* a, const void* b, void* h, const void* w, void* y, float* rstd, int64_t rows,
+                           int64_t n, float eps) override;
+  void rmsnorm_backward(const void* x, const void* w, const float* rstd, const void* dy, const void* residual, void* dx,
+                        float* dw, int64_t rows, int64_t n) override;
   void rope_forward(void* x, int64_t ld, int64_t n_tokens, int64_t n_heads, int64_t head_dim, const float* cos,
                     const float* sin) override;
   void rope_backward(void* dx, int64_t ld, int64_t n_tokens, int64_t n_heads, int64_t head_dim, const float* cos,

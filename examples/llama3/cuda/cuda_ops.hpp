@@ -22,6 +22,7 @@
 #include <memory>
 #include <vector>
 
+#include "backend/lm_head_plan.hpp"
 #include "zero3/device.hpp"
 #include "zero3/dtype.hpp"
 
@@ -85,18 +86,26 @@ struct EmbeddingGrouping {
 void embedding_backward(const int32_t* rows, const int32_t* offsets, const int32_t* token_ids, int64_t n_rows,
                         const void* dx, int64_t hidden, float* dtable, DType act, cudaStream_t stream);
 
-// ---- RMSNorm (ops/rmsnorm.hpp): one block per row. ----
+// ---- RMSNorm (ops/rmsnorm.hpp): one block per row; 16-byte loads and stores when n is a multiple of 16 bytes
+// of elements (4 f32, 8 bf16) and every pointer is 16-byte aligned, element by element otherwise. ----
 
 // y (rows, n) = w * (x * rstd); rstd (rows, f32) may be null. y may alias x. x, w, y: act.
 void rmsnorm_forward(const void* x, const void* w, void* y, float* rstd, int64_t rows, int64_t n, float eps, DType act,
                      cudaStream_t stream);
 
-// dx = (or += when accumulate_dx) the input gradient; dw (n, f32) += the weight gradient (null skips it).
-// dw is summed over rows in a fixed order (a partial sum per block of rows, then the partials in order; the
-// partials are a stream-ordered allocation of a few floats per 128 rows and column from `device`'s pool). dx must
-// not alias x or dy (the weight gradient reads them after dx is written). Runs on device.default_stream().
-void rmsnorm_backward(const void* x, const void* w, const float* rstd, const void* dy, void* dx, float* dw,
-                      int64_t rows, int64_t n, bool accumulate_dx, DType act, zero3::Device& device);
+// The residual add fused with the norm that follows it: h = a + b (rounded to act, stored), y = w * (h * rstd) of
+// the rounded h: the bits of add(a, b, h) then rmsnorm_forward(h, ...), in one pass over the rows. h may alias a or
+// b; y must not alias h.
+void add_rmsnorm_forward(const void* a, const void* b, void* h, const void* w, void* y, float* rstd, int64_t rows,
+                         int64_t n, float eps, DType act, cudaStream_t stream);
+
+// dx = residual + the input gradient (residual null: dx = the input gradient; residual == dx: accumulated), the
+// residual branch's gradient added in the same pass instead of a copy before it; dw (n, f32) += the weight gradient
+// (null skips it). dw is summed over rows in a fixed order (a partial sum per block of rows, then the partials in
+// order; the partials are a stream-ordered allocation of a few floats per 128 rows and column from `device`'s pool).
+// dx must not alias x or dy (the weight gradient reads them after dx is written). Runs on device.default_stream().
+void rmsnorm_backward(const void* x, const void* w, const float* rstd, const void* dy, const void* residual, void* dx,
+                      float* dw, int64_t rows, int64_t n, DType act, zero3::Device& device);
 
 // ---- Rotary embeddings (ops/rope.hpp): cos and sin tables (n_tokens, half) in f32, in device memory. ----
 
@@ -171,12 +180,17 @@ class Attention {
 // dx (overwritten, act) and dw (f32, +=) through Blas. row_loss (n, f32, device; null skips it) receives
 // each row's loss (0 for an ignored row); the caller sums it (in order, on the host or with sum_rows) so the
 // result is deterministic. Targets must be in [0, vocab) or kIgnoreIndex (count_targets checks them on the
-// host); any other value gives that row a NaN loss and a zero gradient. chunk_rows <= 0 picks
-// default_loss_chunk_rows(vocab). The workspace holds chunk_rows * vocab f32 logits (and their act copy with
-// bf16), on the Blas stream like all the work.
+// host); any other value gives that row a NaN loss and a zero gradient.
+//
+// Chunks: chunk_rows > 0 forces that many rows; <= 0 takes plan_lm_head_chunks (backend/lm_head_plan.hpp): the
+// largest chunks whose workspace fits workspace_cap, so dW (read and written whole by each chunk's GEMM) is
+// passed over ceil(n / rows that fit) times per call, and the logits of more rows than fit never exist. The
+// workspace (the plan's workspace_bytes: f32 logits, plus their act copy with bf16) is on the Blas stream like
+// all the work.
 class LmHeadLoss {
  public:
-  explicit LmHeadLoss(Blas& blas);
+  // workspace_cap > 0 (InvalidArgument otherwise).
+  explicit LmHeadLoss(Blas& blas, int64_t workspace_cap = kDefaultLmHeadWorkspaceCap);
   ~LmHeadLoss();
   LmHeadLoss(const LmHeadLoss&) = delete;
   LmHeadLoss& operator=(const LmHeadLoss&) = delete;
@@ -185,6 +199,9 @@ class LmHeadLoss {
            float grad_scale, void* dx, float* dw, float* row_loss, int64_t chunk_rows, DType act);
 
   int64_t workspace_bytes() const;
+  // Bytes the dW GEMMs have read and written through the weight gradient since construction (8 * vocab *
+  // hidden per chunk with dw): the counter the plan's weight_grad_bytes is checked against.
+  int64_t weight_grad_bytes() const;
 
  private:
   struct Impl;

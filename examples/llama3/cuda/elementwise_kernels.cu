@@ -1,5 +1,6 @@
 // Element-wise add and type conversion on the device (cuda_ops.hpp): grid-stride loops, arithmetic in float,
-// one round-to-nearest-even store per element. A conversion between equal types is a device-to-device copy.
+// one round-to-nearest-even store per element; the add in 16-byte packs when its pointers are aligned. A conversion
+// between equal types is a device-to-device copy.
 #include <string>
 
 #include "cuda/cuda_check.hpp"
@@ -11,10 +12,20 @@ namespace {
 
 using namespace kernels;
 
-// y may alias a or b: each element is read and then written by the same thread.
-template <typename T>
+// y may alias a or b: each element is read and then written by the same thread. V elements per iteration (a
+// 16-byte pack, or 1); the n % V elements past the last pack one by one.
+template <typename T, int V>
 __global__ void add_kernel(const T* a, const T* b, T* y, int64_t n) {
-  for (int64_t i = global_thread(); i < n; i += grid_threads()) store(y, i, load(a, i) + load(b, i));
+  const int64_t packs = n / V;
+  for (int64_t g = global_thread(); g < packs; g += grid_threads()) {
+    float u[V], v[V];
+    load_pack<T, V>(a + g * V, u);
+    load_pack<T, V>(b + g * V, v);
+#pragma unroll
+    for (int k = 0; k < V; ++k) u[k] += v[k];
+    store_pack<T, V>(y + g * V, u);
+  }
+  for (int64_t i = packs * V + global_thread(); i < n; i += grid_threads()) store(y, i, load(a, i) + load(b, i));
 }
 
 template <typename D, typename S>
@@ -30,9 +41,12 @@ void add(const void* a, const void* b, void* y, int64_t n, DType act, cudaStream
   if (n == 0) return;
   dispatch_act(act, "add", [&](auto tag) {
     using T = typename decltype(tag)::type;
-    add_kernel<T><<<element_blocks(n), kElementThreads, 0, stream>>>(static_cast<const T*>(a), static_cast<const T*>(b),
-                                                                     static_cast<T*>(y), n);
-    LLAMA3_CUDA_CHECK_LAUNCH("add_kernel");
+    dispatch_width<T>(aligned16({a, b, y}), [&](auto width) {
+      constexpr int V = decltype(width)::value;
+      add_kernel<T, V><<<element_blocks((n + V - 1) / V), kElementThreads, 0, stream>>>(
+          static_cast<const T*>(a), static_cast<const T*>(b), static_cast<T*>(y), n);
+      LLAMA3_CUDA_CHECK_LAUNCH("add_kernel");
+    });
   });
 }
 

@@ -12,7 +12,9 @@
 
 #include <cmath>
 #include <cstdint>
+#include <initializer_list>
 #include <string>
+#include <type_traits>
 #include <utility>
 
 #include "cuda/cuda_check.hpp"
@@ -29,6 +31,76 @@ __device__ __forceinline__ float load(const __nv_bfloat16* p, int64_t i) { retur
 
 __device__ __forceinline__ void store(float* p, int64_t i, float v) { p[i] = v; }
 __device__ __forceinline__ void store(__nv_bfloat16* p, int64_t i, float v) { p[i] = __float2bfloat16_rn(v); }
+
+// The float a store of type T gives back (bf16: rounded to nearest even), for kernels that use a value they also
+// store (a residual sum that is then normalised) exactly as a later kernel would read it.
+__device__ __forceinline__ float rounded(float v, const float*) { return v; }
+__device__ __forceinline__ float rounded(float v, const __nv_bfloat16*) {
+  return __bfloat162float(__float2bfloat16_rn(v));
+}
+
+// ---- Vectorized access: 16 bytes per load and store. ----
+//
+// kPack<T> elements fill 16 bytes (4 f32, 8 bf16). load_pack / store_pack move V consecutive elements through
+// registers as floats: with V a multiple of kPack<T>, in 16-byte loads and stores (the pointer must be 16-byte
+// aligned); with V = 1, element by element. A kernel templated on V runs its vector body when the host has checked
+// the alignment and that V divides the row (vector_width), and its scalar form otherwise: odd sizes and offsets
+// take the scalar kernel, which computes the same values in the same order per element.
+template <typename T>
+inline constexpr int kPack = static_cast<int>(16 / sizeof(T));
+
+template <typename T>
+struct alignas(16) Pack {
+  T e[kPack<T>];
+};
+
+template <typename T, int V>
+__device__ __forceinline__ void load_pack(const T* p, float* v) {
+  if constexpr (V % kPack<T> == 0) {
+#pragma unroll
+    for (int j = 0; j < V; j += kPack<T>) {
+      const Pack<T> pk = *reinterpret_cast<const Pack<T>*>(p + j);
+#pragma unroll
+      for (int k = 0; k < kPack<T>; ++k) v[j + k] = load(pk.e, k);
+    }
+  } else {
+    static_assert(V == 1, "load_pack: V is 1 or a multiple of the 16-byte pack");
+    v[0] = load(p, 0);
+  }
+}
+
+template <typename T, int V>
+__device__ __forceinline__ void store_pack(T* p, const float* v) {
+  if constexpr (V % kPack<T> == 0) {
+#pragma unroll
+    for (int j = 0; j < V; j += kPack<T>) {
+      Pack<T> pk;
+#pragma unroll
+      for (int k = 0; k < kPack<T>; ++k) store(pk.e, k, v[j + k]);
+      *reinterpret_cast<Pack<T>*>(p + j) = pk;
+    }
+  } else {
+    static_assert(V == 1, "store_pack: V is 1 or a multiple of the 16-byte pack");
+    store(p, 0, v[0]);
+  }
+}
+
+// True when every pointer (null ones aside) is 16-byte aligned.
+inline bool aligned16(std::initializer_list<const void*> pointers) {
+  for (const void* p : pointers)
+    if (reinterpret_cast<uintptr_t>(p) % 16 != 0) return false;
+  return true;
+}
+
+// Calls f(std::integral_constant<int, kPack<T>>) when `vector` holds, else f(std::integral_constant<int, 1>).
+template <typename T, typename F>
+void dispatch_width(bool vector, F&& f) {
+  if (vector) {
+    std::forward<F>(f)(std::integral_constant<int, kPack<T>>{});
+  } else {
+    std::forward<F>(f)(std::integral_constant<int, 1>{});
+  }
+}
 
 // ---- Block reductions. ----
 

@@ -1,11 +1,15 @@
-// RMSNorm on the device (cuda_ops.hpp; the formulas of ops/rmsnorm.hpp).
+// RMSNorm on the device (cuda_ops.hpp; the formulas of ops/rmsnorm.hpp), with the residual add fused in front of
+// the forward (add_rmsnorm_forward) and behind the input gradient (rmsnorm_backward's residual).
 //
-// Forward and the input gradient: one block of kRowThreads per row; the row's sum (of x^2, or of w*dy*xhat) is
-// a block_sum, so its order is fixed. The weight gradient sums over rows without atomics: a first kernel gives
-// every (block of kDwChunkRows rows, column) its partial sum, rows in increasing order; a second adds the
-// partials of each column in chunk order and then adds the total to dw. The partials live in a stream-ordered
-// allocation of chunks * n floats from the zero3 device's pool, on its compute stream.
+// Forward and the input gradient: one block of kRowThreads per row, 16-byte loads and stores when the row length
+// and the pointers allow (kernel_support.cuh), element by element otherwise; the row's sum (of x^2, or of
+// w*dy*xhat) is a block_sum, so its order is fixed for a given path. The weight gradient sums over rows without
+// atomics: a first kernel gives every (block of kDwChunkRows rows, column) its partial sum, rows in increasing order; a
+// second adds the partials of each column in chunk order and then adds the total to dw. The partials live in a
+// stream-ordered allocation of chunks * n floats from the zero3 device's pool, on its compute stream.
 #include <algorithm>
+#include <initializer_list>
+#include <string>
 
 #include "cuda/cuda_check.hpp"
 #include "cuda/cuda_ops.hpp"
@@ -22,40 +26,77 @@ constexpr int kDwRowThreads = 8;
 constexpr int64_t kDwChunkRows = 128;
 constexpr int64_t kMaxGridY = 65535;
 
-template <typename T>
-__global__ void rmsnorm_forward_kernel(const T* x, const T* w, T* y, float* rstd, int64_t n, float eps) {
+// One block per row, V elements per step of a thread (V = kPack<T>: 16-byte loads and stores; V = 1: scalar).
+// kAdd: the row is h = a + b, rounded to T and stored (the residual add fused in front of the norm), and the
+// norm reads the rounded h, as a separate add kernel followed by the norm would; otherwise the row is a.
+// y may alias a: every element is read and written by the same thread, the write after the block's sum.
+template <typename T, int V, bool kAdd>
+__global__ void rmsnorm_forward_kernel(const T* a, const T* b, T* h, const T* w, T* y, float* rstd, int64_t n,
+                                       float eps) {
   __shared__ ReduceScratch scratch;
-  const int64_t row = blockIdx.x;
-  const T* xr = x + row * n;
-  T* yr = y + row * n;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * n;
+  const T* xr = (kAdd ? h : a) + row;  // the normalised row, read again in the second pass
+  const int64_t groups = n / V;
   float ss = 0.0f;
-  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
-    const float v = load(xr, i);
-    ss += v * v;
+  for (int64_t g = threadIdx.x; g < groups; g += blockDim.x) {
+    float v[V];
+    load_pack<T, V>(a + row + g * V, v);
+    if constexpr (kAdd) {
+      float u[V];
+      load_pack<T, V>(b + row + g * V, u);
+#pragma unroll
+      for (int k = 0; k < V; ++k) v[k] = rounded(v[k] + u[k], h);
+      store_pack<T, V>(h + row + g * V, v);
+    }
+#pragma unroll
+    for (int k = 0; k < V; ++k) ss += v[k] * v[k];
   }
   ss = block_sum(ss, scratch);
   const float r = 1.0f / sqrtf(ss / static_cast<float>(n) + eps);
-  // y may alias x: every element is read and written by the same thread, after the block has read the row.
-  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) store(yr, i, load(w, i) * (load(xr, i) * r));
-  if (rstd != nullptr && threadIdx.x == 0) rstd[row] = r;
+  for (int64_t g = threadIdx.x; g < groups; g += blockDim.x) {
+    float v[V], wv[V];
+    load_pack<T, V>(xr + g * V, v);
+    load_pack<T, V>(w + g * V, wv);
+#pragma unroll
+    for (int k = 0; k < V; ++k) v[k] = wv[k] * (v[k] * r);
+    store_pack<T, V>(y + row + g * V, v);
+  }
+  if (rstd != nullptr && threadIdx.x == 0) rstd[blockIdx.x] = r;
 }
 
-template <typename T>
-__global__ void rmsnorm_backward_dx_kernel(const T* x, const T* w, const float* rstd, const T* dy, T* dx, int64_t n,
-                                           bool accumulate) {
+// dx = residual + the input gradient (residual null: the gradient alone; residual == dx: accumulate), V elements
+// per step as above. Each element of residual and dx is read and written by one thread, after the block's sum.
+template <typename T, int V>
+__global__ void rmsnorm_backward_dx_kernel(const T* x, const T* w, const float* rstd, const T* dy, const T* residual,
+                                           T* dx, int64_t n) {
   __shared__ ReduceScratch scratch;
-  const int64_t row = blockIdx.x;
-  const T* xr = x + row * n;
-  const T* dyr = dy + row * n;
-  T* dxr = dx + row * n;
-  const float r = rstd[row];
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * n;
+  const float r = rstd[blockIdx.x];
+  const int64_t groups = n / V;
   float dot = 0.0f;
-  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) dot += load(w, i) * load(dyr, i) * (load(xr, i) * r);
+  for (int64_t g = threadIdx.x; g < groups; g += blockDim.x) {
+    float xv[V], wv[V], dv[V];
+    load_pack<T, V>(x + row + g * V, xv);
+    load_pack<T, V>(w + g * V, wv);
+    load_pack<T, V>(dy + row + g * V, dv);
+#pragma unroll
+    for (int k = 0; k < V; ++k) dot += wv[k] * dv[k] * (xv[k] * r);
+  }
   const float mean = block_sum(dot, scratch) / static_cast<float>(n);
-  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
-    float g = r * (load(w, i) * load(dyr, i) - (load(xr, i) * r) * mean);
-    if (accumulate) g = load(dxr, i) + g;
-    store(dxr, i, g);
+  for (int64_t g = threadIdx.x; g < groups; g += blockDim.x) {
+    float xv[V], wv[V], dv[V], out[V] = {};
+    load_pack<T, V>(x + row + g * V, xv);
+    load_pack<T, V>(w + g * V, wv);
+    load_pack<T, V>(dy + row + g * V, dv);
+    if (residual != nullptr) {
+      load_pack<T, V>(residual + row + g * V, out);
+    }
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+      const float grad = r * (wv[k] * dv[k] - (xv[k] * r) * mean);
+      out[k] = residual != nullptr ? out[k] + grad : grad;
+    }
+    store_pack<T, V>(dx + row + g * V, out);
   }
 }
 
@@ -110,22 +151,47 @@ class StreamScratch {
 
 }  // namespace
 
-void rmsnorm_forward(const void* x, const void* w, void* y, float* rstd, int64_t rows, int64_t n, float eps, DType act,
-                     cudaStream_t stream) {
-  detail::check_non_negative(rows, "rmsnorm_forward", "rows");
-  detail::check_non_negative(n, "rmsnorm_forward", "n");
-  detail::check_act(act, "rmsnorm_forward");
+namespace {
+
+// The 16-byte kernels take rows whose length is a multiple of the pack and pointers on 16-byte boundaries (every
+// row then starts on one).
+template <typename T>
+bool vector_rows(int64_t n, std::initializer_list<const void*> pointers) {
+  return n % kPack<T> == 0 && aligned16(pointers);
+}
+
+template <bool kAdd>
+void norm_forward(const char* op, const void* a, const void* b, void* h, const void* w, void* y, float* rstd,
+                  int64_t rows, int64_t n, float eps, DType act, cudaStream_t stream) {
+  detail::check_non_negative(rows, op, "rows");
+  detail::check_non_negative(n, op, "n");
+  detail::check_act(act, op);
   if (rows == 0 || n == 0) return;
-  dispatch_act(act, "rmsnorm_forward", [&](auto tag) {
+  dispatch_act(act, op, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    rmsnorm_forward_kernel<T><<<row_blocks(rows, "rmsnorm_forward"), kRowThreads, 0, stream>>>(
-        static_cast<const T*>(x), static_cast<const T*>(w), static_cast<T*>(y), rstd, n, eps);
-    LLAMA3_CUDA_CHECK_LAUNCH("rmsnorm_forward_kernel");
+    dispatch_width<T>(vector_rows<T>(n, {a, b, h, w, y}), [&](auto width) {
+      rmsnorm_forward_kernel<T, decltype(width)::value, kAdd><<<row_blocks(rows, op), kRowThreads, 0, stream>>>(
+          static_cast<const T*>(a), static_cast<const T*>(b), static_cast<T*>(h), static_cast<const T*>(w),
+          static_cast<T*>(y), rstd, n, eps);
+      LLAMA3_CUDA_CHECK_LAUNCH(op);
+    });
   });
 }
 
-void rmsnorm_backward(const void* x, const void* w, const float* rstd, const void* dy, void* dx, float* dw,
-                      int64_t rows, int64_t n, bool accumulate_dx, DType act, zero3::Device& device) {
+}  // namespace
+
+void rmsnorm_forward(const void* x, const void* w, void* y, float* rstd, int64_t rows, int64_t n, float eps, DType act,
+                     cudaStream_t stream) {
+  norm_forward<false>("rmsnorm_forward", x, nullptr, nullptr, w, y, rstd, rows, n, eps, act, stream);
+}
+
+void add_rmsnorm_forward(const void* a, const void* b, void* h, const void* w, void* y, float* rstd, int64_t rows,
+                         int64_t n, float eps, DType act, cudaStream_t stream) {
+  norm_forward<true>("add_rmsnorm_forward", a, b, h, w, y, rstd, rows, n, eps, act, stream);
+}
+
+void rmsnorm_backward(const void* x, const void* w, const float* rstd, const void* dy, const void* residual, void* dx,
+                      float* dw, int64_t rows, int64_t n, DType act, zero3::Device& device) {
   const auto stream = static_cast<cudaStream_t>(device.default_stream());
   detail::check_non_negative(rows, "rmsnorm_backward", "rows");
   detail::check_non_negative(n, "rmsnorm_backward", "n");
@@ -141,9 +207,12 @@ void rmsnorm_backward(const void* x, const void* w, const float* rstd, const voi
     using T = typename decltype(tag)::type;
     const T* xt = static_cast<const T*>(x);
     const T* dyt = static_cast<const T*>(dy);
-    rmsnorm_backward_dx_kernel<T><<<row_blocks(rows, "rmsnorm_backward"), kRowThreads, 0, stream>>>(
-        xt, static_cast<const T*>(w), rstd, dyt, static_cast<T*>(dx), n, accumulate_dx);
-    LLAMA3_CUDA_CHECK_LAUNCH("rmsnorm_backward_dx_kernel");
+    dispatch_width<T>(vector_rows<T>(n, {x, w, dy, residual, dx}), [&](auto width) {
+      rmsnorm_backward_dx_kernel<T, decltype(width)::value>
+          <<<row_blocks(rows, "rmsnorm_backward"), kRowThreads, 0, stream>>>(
+              xt, static_cast<const T*>(w), rstd, dyt, static_cast<const T*>(residual), static_cast<T*>(dx), n);
+      LLAMA3_CUDA_CHECK_LAUNCH("rmsnorm_backward_dx_kernel");
+    });
     if (dw == nullptr) return;
     // At most kMaxGridY chunks (grid.y), each of at least kDwChunkRows rows.
     const int64_t chunk_rows = std::max(kDwChunkRows, (rows + kMaxGridY - 1) / kMaxGridY);

@@ -1,6 +1,9 @@
 // Rotary embeddings and the SwiGLU activation on the device (cuda_ops.hpp; the formulas of ops/rope.hpp and
-// ops/swiglu.hpp). Both are element kernels in grid-stride loops: RoPE takes one (token, head, i < half) pair
-// per iteration and rotates elements i and i + half of that head in place; SwiGLU one (row, i < inter) element.
+// ops/swiglu.hpp). Both are element kernels in grid-stride loops: RoPE takes V (token, head, i < half) pairs
+// per iteration and rotates elements i and i + half of that head in place; SwiGLU V (row, i < inter) elements.
+// V is the 16-byte pack (4 f32, 8 bf16) when the shape and the pointers allow it (kernel_support.cuh), else 1;
+// each element's arithmetic is the same either way.
+#include <initializer_list>
 #include <string>
 
 #include "cuda/cuda_check.hpp"
@@ -13,47 +16,69 @@ namespace {
 using namespace kernels;
 
 // Forward: out_i = a cos - b sin, out_{i+half} = b cos + a sin (a = x_i, b = x_{i+half}); backward: the transposed
-// rotation.
-template <typename T, bool kBackward>
+// rotation. One iteration takes V consecutive i of one (token, head): V = kPack<T> (16-byte loads of x, and of the
+// f32 cos and sin) when half, the row stride and the pointers allow, else 1.
+template <typename T, int V, bool kBackward>
 __global__ void rope_kernel(T* x, int64_t ld, int64_t n_tokens, int64_t n_heads, int64_t head_dim, const float* cos,
                             const float* sin) {
-  const int64_t half = head_dim / 2, per_token = n_heads * half, total = n_tokens * per_token;
+  const int64_t half = head_dim / 2, groups = half / V, per_token = n_heads * groups, total = n_tokens * per_token;
   for (int64_t idx = global_thread(); idx < total; idx += grid_threads()) {
     const int64_t r = idx / per_token, rem = idx - r * per_token;
-    const int64_t h = rem / half, i = rem - h * half;
+    const int64_t h = rem / groups, i = (rem - h * groups) * V;
     T* xh = x + r * ld + h * head_dim;
-    const float c = cos[r * half + i], s = sin[r * half + i];
-    const float a = load(xh, i), b = load(xh, i + half);
-    if (kBackward) {
-      store(xh, i, a * c + b * s);
-      store(xh, i + half, b * c - a * s);
-    } else {
-      store(xh, i, a * c - b * s);
-      store(xh, i + half, b * c + a * s);
+    float a[V], b[V], c[V], s[V];
+    load_pack<T, V>(xh + i, a);
+    load_pack<T, V>(xh + i + half, b);
+    load_pack<float, V>(cos + r * half + i, c);
+    load_pack<float, V>(sin + r * half + i, s);
+    float lo[V], hi[V];
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+      if (kBackward) {
+        lo[k] = a[k] * c[k] + b[k] * s[k];
+        hi[k] = b[k] * c[k] - a[k] * s[k];
+      } else {
+        lo[k] = a[k] * c[k] - b[k] * s[k];
+        hi[k] = b[k] * c[k] + a[k] * s[k];
+      }
     }
+    store_pack<T, V>(xh + i, lo);
+    store_pack<T, V>(xh + i + half, hi);
   }
 }
 
-template <typename T>
+// One iteration takes V consecutive elements i of one row: gate at gu[r, i], up at gu[r, inter + i].
+template <typename T, int V>
 __global__ void swiglu_forward_kernel(const T* gu, T* out, int64_t rows, int64_t inter) {
-  const int64_t total = rows * inter;
+  const int64_t groups = inter / V, total = rows * groups;
   for (int64_t idx = global_thread(); idx < total; idx += grid_threads()) {
-    const int64_t r = idx / inter, i = idx - r * inter;
-    const float g = load(gu, r * 2 * inter + i), u = load(gu, r * 2 * inter + inter + i);
-    store(out, idx, g / (1.0f + expf(-g)) * u);
+    const int64_t r = idx / groups, i = (idx - r * groups) * V;
+    float g[V], u[V], o[V];
+    load_pack<T, V>(gu + r * 2 * inter + i, g);
+    load_pack<T, V>(gu + r * 2 * inter + inter + i, u);
+#pragma unroll
+    for (int k = 0; k < V; ++k) o[k] = g[k] / (1.0f + expf(-g[k])) * u[k];
+    store_pack<T, V>(out + r * inter + i, o);
   }
 }
 
-template <typename T>
+template <typename T, int V>
 __global__ void swiglu_backward_kernel(const T* gu, const T* dout, T* dgu, int64_t rows, int64_t inter) {
-  const int64_t total = rows * inter;
+  const int64_t groups = inter / V, total = rows * groups;
   for (int64_t idx = global_thread(); idx < total; idx += grid_threads()) {
-    const int64_t r = idx / inter, i = idx - r * inter;
-    const float g = load(gu, r * 2 * inter + i), u = load(gu, r * 2 * inter + inter + i);
-    const float dh = load(dout, idx);
-    const float s = 1.0f / (1.0f + expf(-g));
-    store(dgu, r * 2 * inter + i, dh * u * (s * (1.0f + g * (1.0f - s))));
-    store(dgu, r * 2 * inter + inter + i, dh * (g * s));
+    const int64_t r = idx / groups, i = (idx - r * groups) * V;
+    float g[V], u[V], dh[V], dg[V], du[V];
+    load_pack<T, V>(gu + r * 2 * inter + i, g);
+    load_pack<T, V>(gu + r * 2 * inter + inter + i, u);
+    load_pack<T, V>(dout + r * inter + i, dh);
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+      const float s = 1.0f / (1.0f + expf(-g[k]));
+      dg[k] = dh[k] * u[k] * (s * (1.0f + g[k] * (1.0f - s)));
+      du[k] = dh[k] * (g[k] * s);
+    }
+    store_pack<T, V>(dgu + r * 2 * inter + i, dg);
+    store_pack<T, V>(dgu + r * 2 * inter + inter + i, du);
   }
 }
 
@@ -75,14 +100,26 @@ template <bool kBackward>
 void rope(const char* op, void* x, int64_t ld, int64_t n_tokens, int64_t n_heads, int64_t head_dim, const float* cos,
           const float* sin, DType act, cudaStream_t stream) {
   check_rope(op, ld, n_tokens, n_heads, head_dim, act);
-  const int64_t pairs = n_tokens * n_heads * (head_dim / 2);
+  const int64_t half = head_dim / 2, pairs = n_tokens * n_heads * half;
   if (pairs == 0) return;
   dispatch_act(act, op, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    rope_kernel<T, kBackward><<<element_blocks(pairs), kElementThreads, 0, stream>>>(static_cast<T*>(x), ld, n_tokens,
-                                                                                     n_heads, head_dim, cos, sin);
-    LLAMA3_CUDA_CHECK_LAUNCH(op);
+    // kPack<T> >= 4 f32 of cos and sin, so half % kPack<T> == 0 keeps their rows 16-byte aligned too.
+    const bool vector = half % kPack<T> == 0 && ld % kPack<T> == 0 && aligned16({x, cos, sin});
+    dispatch_width<T>(vector, [&](auto width) {
+      constexpr int V = decltype(width)::value;
+      rope_kernel<T, V, kBackward><<<element_blocks(pairs / V), kElementThreads, 0, stream>>>(
+          static_cast<T*>(x), ld, n_tokens, n_heads, head_dim, cos, sin);
+      LLAMA3_CUDA_CHECK_LAUNCH(op);
+    });
   });
+}
+
+// Rows of 2 * inter (gate | up) and inter: 16-byte packs when inter is a multiple of the pack and the pointers
+// are aligned.
+template <typename T>
+bool vector_swiglu(int64_t inter, std::initializer_list<const void*> pointers) {
+  return inter % kPack<T> == 0 && aligned16(pointers);
 }
 
 }  // namespace
@@ -104,9 +141,12 @@ void swiglu_forward(const void* gu, void* out, int64_t rows, int64_t inter, DTyp
   if (rows * inter == 0) return;
   dispatch_act(act, "swiglu_forward", [&](auto tag) {
     using T = typename decltype(tag)::type;
-    swiglu_forward_kernel<T><<<element_blocks(rows * inter), kElementThreads, 0, stream>>>(
-        static_cast<const T*>(gu), static_cast<T*>(out), rows, inter);
-    LLAMA3_CUDA_CHECK_LAUNCH("swiglu_forward_kernel");
+    dispatch_width<T>(vector_swiglu<T>(inter, {gu, out}), [&](auto width) {
+      constexpr int V = decltype(width)::value;
+      swiglu_forward_kernel<T, V><<<element_blocks(rows * inter / V), kElementThreads, 0, stream>>>(
+          static_cast<const T*>(gu), static_cast<T*>(out), rows, inter);
+      LLAMA3_CUDA_CHECK_LAUNCH("swiglu_forward_kernel");
+    });
   });
 }
 
@@ -118,9 +158,12 @@ void swiglu_backward(const void* gu, const void* dout, void* dgu, int64_t rows, 
   if (rows * inter == 0) return;
   dispatch_act(act, "swiglu_backward", [&](auto tag) {
     using T = typename decltype(tag)::type;
-    swiglu_backward_kernel<T><<<element_blocks(rows * inter), kElementThreads, 0, stream>>>(
-        static_cast<const T*>(gu), static_cast<const T*>(dout), static_cast<T*>(dgu), rows, inter);
-    LLAMA3_CUDA_CHECK_LAUNCH("swiglu_backward_kernel");
+    dispatch_width<T>(vector_swiglu<T>(inter, {gu, dout, dgu}), [&](auto width) {
+      constexpr int V = decltype(width)::value;
+      swiglu_backward_kernel<T, V><<<element_blocks(rows * inter / V), kElementThreads, 0, stream>>>(
+          static_cast<const T*>(gu), static_cast<const T*>(dout), static_cast<T*>(dgu), rows, inter);
+      LLAMA3_CUDA_CHECK_LAUNCH("swiglu_backward_kernel");
+    });
   });
 }
 

@@ -9,7 +9,10 @@
 # the same model file, micro-batch, sequence length, gradient accumulation and ranks for all. For each run it
 # prints the inter-node bytes per optimizer step (the sum of what every node's link sent, from the interface
 # counters: the run's total over its steps, start-up included) and the step time (the mean of the steps after
-# the first WARMUP), and their ratios to the layout "plain" (plain ZeRO-3, today's flow).
+# the first WARMUP), and their ratios to the layout "plain" (plain ZeRO-3, today's flow). Beside each zero3 run
+# it prints the step-time model's prediction for it (`zero3 plan --cluster configs/clusters/sim-NxR-RATE.json`,
+# docs/performance-model.md, "Miniature check"): the bytes all node links carry per step and the step time, and
+# measured / predicted for both (n/a where no cluster description matches the nodes, ranks and rate).
 #
 # Setup: torch for the peer goes into a virtual environment under the work directory (pip, from PyPI), made on
 # the first run; the library and its tests never need it. Without it (no network, no python3-venv) the peer is
@@ -45,7 +48,7 @@ world=$((NODES * RANKS))
 why=$("$SIM" check) || { echo "$why"; exit 77; }
 mkdir -p "$WORK"
 WORK=$(cd "$WORK" && pwd)
-results="$WORK/results.tsv"   # rate  name  kind  bytes_per_step  step_time_s  note  drops
+results="$WORK/results.tsv"   # rate  name  kind  bytes_per_step  step_time_s  note  drops  predicted_bytes  predicted_s
 : > "$results"
 notes="$WORK/not-measured.txt"
 : > "$notes"
@@ -116,13 +119,31 @@ drops() {  # packets the token buckets dropped in the whole run (TCP sent them a
   awk '{ s += $2 + $3 } END { print s + 0 }' "$1/drops.tsv" 2>/dev/null || echo 0
 }
 
+# The step-time model's prediction of a zero3 run: "bytes<TAB>seconds", the bytes every node's link carries per
+# optimizer step summed (as the counters are) and the step time, from `zero3 plan --cluster` (its zero3 column);
+# "<TAB>" where no cluster description matches this simulated cluster or the plan fails (its output in the dir).
+predict() {  # predict <rate> <layout file> <dir>
+  local cluster="$ROOT/configs/clusters/sim-${NODES}x${RANKS}-$1.json"
+  if [ ! -f "$cluster" ] || ! "$ZERO3" plan --model "$MODEL" --config "$2" --cluster "$cluster" --seq-len "$SEQ_LEN" \
+       --micro-batch "$MICRO_BATCH" --grad-accum "$GRAD_ACCUM" --lr 1e-4 > "$3/plan.txt" 2>&1; then
+    printf '\t\n'
+    return 0
+  fi
+  # "  all nodes' links together   543.43 MB   238.67 MB" and "step: grad_accum x micro-step + boundary   13.59 s   5.97 s"
+  awk 'function bytes(v, u) { return v * (u == "GB" ? 1e9 : u == "MB" ? 1e6 : 0) }
+       /^  all nodes. links together / { b = bytes($7, $8) }
+       /^step: grad_accum x micro-step/ { t = $9 }
+       END { printf "%s\t%s\n", b == "" ? "" : sprintf("%.0f", b), t }' "$3/plan.txt"
+}
+
 run_zero3() {  # run_zero3 <rate> <layout file>
-  local rate=$1 layout=$2 name dir status=0
+  local rate=$1 layout=$2 name dir status=0 predicted
   name=$(basename "$layout" .json)
   dir="$WORK/$rate/$name"
   rm -rf "$dir"
   mkdir -p "$dir"
   echo "-- $rate, zero3 $name"
+  predicted=$(predict "$rate" "$layout" "$dir")
   "$SIM" launch --nodes "$NODES" --ranks-per-node "$RANKS" --rate "$rate" --zero3 "$ZERO3" --workdir "$dir" \
     --timeout "$RUN_TIMEOUT" --quiet -- "$TRAIN" --model "$MODEL" --deepspeed "$layout" \
     --data /usr/share/common-licenses --tokenizer bytes --seq-len "$SEQ_LEN" --micro-batch "$MICRO_BATCH" \
@@ -130,14 +151,16 @@ run_zero3() {  # run_zero3 <rate> <layout file>
     --metrics "$dir/metrics.csv" 2>> "$dir/sim.log" || status=$?
   if [ "$status" != 0 ]; then
     tail -20 "$dir"/node0.log
-    printf '%s\t%s\tzero3\t\t\tfailed (status %s, logs in %s)\n' "$rate" "$name" "$status" "$dir" >> "$results"
+    printf '%s\t%s\tzero3\t\t\tfailed (status %s, logs in %s)\t\t%s\n' "$rate" "$name" "$status" "$dir" "$predicted" \
+      >> "$results"
     return 0
   fi
   grep -m1 '^\[rank 0\]   model ' "$dir/node0.log" | sed 's/^\[rank 0\] *//' > "$dir/model.txt"
   local step_time
   step_time=$(awk -F, -v w="$WARMUP" 'NR == 1 { for (c = 1; c <= NF; ++c) if ($c == "step_time_s") col = c; next }
                                       $1 > w { s += $col; ++n } END { printf "%.3f\n", s / n }' "$dir/metrics.csv")
-  printf '%s\t%s\tzero3\t%s\t%s\t\t%s\n' "$rate" "$name" "$(bytes_per_step "$dir")" "$step_time" "$(drops "$dir")" >> "$results"
+  printf '%s\t%s\tzero3\t%s\t%s\t\t%s\t%s\n' "$rate" "$name" "$(bytes_per_step "$dir")" "$step_time" "$(drops "$dir")" \
+    "$predicted" >> "$results"
 }
 
 run_peer() {  # run_peer <rate> full|hsdp
@@ -209,22 +232,33 @@ echo "== results ($(date -u '+%Y-%m-%d %H:%M UTC'), load average $(load) at the 
 python3 - "$results" <<'EOF' | tee "$WORK/results.md"
 import sys
 rows = [line.rstrip("\n").split("\t") for line in open(sys.argv[1]) if line.strip()]
+rows = [r + [""] * (9 - len(r)) for r in rows]
 rates = list(dict.fromkeys(r[0] for r in rows))
+ratio = lambda a, b: f"{a / b:.2f}" if b else "n/a"
 for rate in rates:
     mine = [r for r in rows if r[0] == rate]
     base = next((r for r in mine if r[1] == "plain" and r[3]), None)
     print(f"\n**link {rate} each way per node**\n")
-    print("| run | inter-node bytes / step | vs plain | step time (s) | vs plain | packets dropped by tbf |")
-    print("|---|---:|---:|---:|---:|---:|")
+    print("| run | inter-node bytes / step | predicted | measured / predicted | vs plain "
+          "| step time (s) | predicted | measured / predicted | vs plain | packets dropped by tbf |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in mine:
         who = ("zero3 " if r[2] == "zero3" else "PyTorch ") + r[1]
+        pb = float(r[7]) if r[7] else None
+        pt = float(r[8]) if r[8] else None
+        pbs = f"{pb / 1e6:.1f} MB" if pb else ("n/a" if r[2] == "zero3" else "")
+        pts = f"{pt:.2f}" if pt else ("n/a" if r[2] == "zero3" else "")
         if not r[3]:
-            print(f"| {who} | {r[5]} | | | | |")
+            print(f"| {who} | {r[5]} | {pbs} | | | | {pts} | | | |")
             continue
         b, t = float(r[3]), float(r[4])
-        rb = f"{b / float(base[3]):.2f}" if base else "n/a"
-        rt = f"{t / float(base[4]):.2f}" if base else "n/a"
-        print(f"| {who} | {b / 1e6:.1f} MB | {rb} | {t:.2f} | {rt} | {r[6]} |")
+        rb = ratio(b, float(base[3])) if base else "n/a"
+        rt = ratio(t, float(base[4])) if base else "n/a"
+        mb = ratio(b, pb) if pb else ""
+        mt = ratio(t, pt) if pt else ""
+        print(f"| {who} | {b / 1e6:.1f} MB | {pbs} | {mb} | {rb} | {t:.2f} | {pts} | {mt} | {rt} | {r[6]} |")
+print("\npredicted: zero3 plan --cluster configs/clusters/sim-<nodes>x<ranks>-<rate>.json (docs/performance-model.md);"
+      " payload bytes, where the counters include the headers (about +4.7% at these rates, docs/cluster.md)")
 EOF
 if [ -s "$notes" ]; then
   echo

@@ -24,6 +24,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/lm_head_plan.hpp"
 #include "cuda/cuda_ops.hpp"
 #include "ops/attention.hpp"
 #include "ops/cross_entropy.hpp"
@@ -292,19 +293,116 @@ TEST_F(CudaOps, RmsNormForwardAndBackward) {
         // Backward from the CPU's rstd: dx accumulated and dw, then dx overwritten without dw.
         auto rstd_cpu = upload(rstd_ref, DType::f32);
         auto ddx = upload(dx0, act), ddw = upload(dw0, DType::f32);
-        lc::rmsnorm_backward(dxd->get(), dwd->get(), rstd_cpu->as<float>(), ddy->get(), ddx->get(), ddw->as<float>(),
-                             rows, n, true, act, *device_);
+        lc::rmsnorm_backward(dxd->get(), dwd->get(), rstd_cpu->as<float>(), ddy->get(), ddx->get(), ddx->get(),
+                             ddw->as<float>(), rows, n, act, *device_);
         EXPECT_LT(rel_err(get(*ddx, sz, act), dx_ref), tol(act)) << "dx accumulated";
         EXPECT_LT(rel_err(get(*ddw, static_cast<size_t>(n), DType::f32), dw_ref), tol(act)) << "dw";
-        lc::rmsnorm_backward(dxd->get(), dwd->get(), rstd_cpu->as<float>(), ddy->get(), ddx->get(), nullptr, rows, n,
-                             false, act, *device_);
+        // The residual from another buffer: dx = dx0 + the gradient, dx0 untouched.
+        auto dres = upload(dx0, act);
+        DeviceBuffer dx_res(sz * zero3::dtype_size(act));
+        lc::rmsnorm_backward(dxd->get(), dwd->get(), rstd_cpu->as<float>(), ddy->get(), dres->get(), dx_res.get(),
+                             nullptr, rows, n, act, *device_);
+        EXPECT_LT(rel_err(get(dx_res, sz, act), dx_ref), tol(act)) << "dx = residual + gradient";
+        EXPECT_EQ(get(*dres, sz, act), dx0) << "the residual was written";
+        lc::rmsnorm_backward(dxd->get(), dwd->get(), rstd_cpu->as<float>(), ddy->get(), nullptr, ddx->get(), nullptr,
+                             rows, n, act, *device_);
         EXPECT_LT(rel_err(get(*ddx, sz, act), dx_over), tol(act)) << "dx overwritten";
       }
     }
   }
 }
 
+// The 16-byte kernels against the element-by-element ones and the CPU: row lengths that fill whole packs (4 f32,
+// 8 bf16), lengths that do not (n % 8 = 4 takes the f32 packs and the bf16 scalar kernel), and pointers one
+// element off a 16-byte boundary (the scalar kernel on a vector shape).
+TEST_F(CudaOps, RmsNormVectorAndScalarPathsAgree) {
+  const float eps = 1e-5f;
+  for (DType act : kActs) {
+    for (int64_t n : {int64_t{8}, int64_t{20}, int64_t{1003}, int64_t{4096}}) {
+      for (int64_t offset : {int64_t{0}, int64_t{1}}) {
+        SCOPED_TRACE(std::string(zero3::dtype_name(act)) + " n " + std::to_string(n) + " offset " +
+                     std::to_string(offset));
+        const int64_t rows = 13;
+        const size_t sz = static_cast<size_t>(rows * n), es = zero3::dtype_size(act);
+        auto x = rand_vec(sz + offset, 16, act, 2.0), w = rand_vec(static_cast<size_t>(n + offset), 17, act);
+        auto dy = rand_vec(sz + offset, 18, act);
+        const std::vector<float> xs(x.begin() + offset, x.end()), ws(w.begin() + offset, w.end()),
+            dys(dy.begin() + offset, dy.end());
+        std::vector<float> y_ref(sz), rstd_ref(static_cast<size_t>(rows)), dx_ref(sz);
+        llama3::rmsnorm_forward<float>(xs.data(), ws.data(), y_ref.data(), rstd_ref.data(), rows, n, eps);
+        llama3::rmsnorm_backward<float>(xs.data(), ws.data(), rstd_ref.data(), dys.data(), dx_ref.data(), nullptr, rows,
+                                        n, false);
+        auto dxd = upload(x, act), dwd = upload(w, act), ddy = upload(dy, act);
+        DeviceBuffer y((sz + 1) * es), dx((sz + 1) * es), rstd(static_cast<size_t>(rows) * 4);
+        auto at = [&](const DeviceBuffer& b) { return static_cast<char*>(b.get()) + offset * es; };
+        lc::rmsnorm_forward(at(*dxd), at(*dwd), at(y), rstd.as<float>(), rows, n, eps, act, stream_);
+        lc::rmsnorm_backward(at(*dxd), at(*dwd), rstd.as<float>(), at(*ddy), nullptr, at(dx), nullptr, rows, n, act,
+                             *device_);
+        auto y_got = get(y, sz + offset, act), dx_got = get(dx, sz + offset, act);
+        EXPECT_LT(rel_err(std::vector<float>(y_got.begin() + offset, y_got.end()), y_ref), tol(act)) << "y";
+        EXPECT_LT(rel_err(get(rstd, static_cast<size_t>(rows), DType::f32), rstd_ref), kF32Tol) << "rstd";
+        EXPECT_LT(rel_err(std::vector<float>(dx_got.begin() + offset, dx_got.end()), dx_ref), tol(act)) << "dx";
+      }
+    }
+  }
+}
+
+// The residual add fused with the norm: h must be the bits of the add kernel's output (the same rounding), y and
+// rstd those of the CPU norm of that h; h may alias a.
+TEST_F(CudaOps, AddRmsNormForwardIsTheAddThenTheNorm) {
+  const float eps = 1e-5f;
+  for (DType act : kActs) {
+    for (int64_t n : {int64_t{96}, int64_t{20}, int64_t{1030}}) {
+      SCOPED_TRACE(std::string(zero3::dtype_name(act)) + " n " + std::to_string(n));
+      const int64_t rows = 37;
+      const size_t sz = static_cast<size_t>(rows * n), es = zero3::dtype_size(act);
+      auto a = rand_vec(sz, 111, act, 2.0), b = rand_vec(sz, 112, act), w = rand_vec(static_cast<size_t>(n), 113, act);
+      auto da = upload(a, act), db = upload(b, act), dw = upload(w, act);
+      DeviceBuffer h_add(sz * es), h(sz * es), y(sz * es), rstd(static_cast<size_t>(rows) * 4);
+      lc::add(da->get(), db->get(), h_add.get(), static_cast<int64_t>(sz), act, stream_);
+      lc::add_rmsnorm_forward(da->get(), db->get(), h.get(), dw->get(), y.get(), rstd.as<float>(), rows, n, eps, act,
+                              stream_);
+      EXPECT_EQ(bytes_of(h.get(), h.bytes(), stream_), bytes_of(h_add.get(), h_add.bytes(), stream_)) << "h";
+      const auto hv = get(h, sz, act);
+      std::vector<float> y_ref(sz), rstd_ref(static_cast<size_t>(rows));
+      llama3::rmsnorm_forward<float>(hv.data(), w.data(), y_ref.data(), rstd_ref.data(), rows, n, eps);
+      EXPECT_LT(rel_err(get(y, sz, act), y_ref), tol(act)) << "y";
+      EXPECT_LT(rel_err(get(rstd, static_cast<size_t>(rows), DType::f32), rstd_ref), kF32Tol) << "rstd";
+      // h written over a.
+      lc::add_rmsnorm_forward(da->get(), db->get(), da->get(), dw->get(), y.get(), nullptr, rows, n, eps, act, stream_);
+      EXPECT_EQ(bytes_of(da->get(), da->bytes(), stream_), bytes_of(h_add.get(), h_add.bytes(), stream_)) << "h over a";
+    }
+  }
+}
+
 // ---- RoPE ----
+
+// The q and k heads of a fused projection rotated in one call (the runner's), packed rows (16-byte kernels where
+// half fills packs: head_dim 16 and 128) and a head_dim whose half does not (12: 6 pairs), against the CPU op.
+TEST_F(CudaOps, RopeOverQAndKHeadsVectorAndScalar) {
+  const int64_t tokens = 29;
+  for (int64_t hd : {int64_t{12}, int64_t{16}, int64_t{128}}) {
+    const int64_t half = hd / 2, heads = 4 + 2, ld = (4 + 2 + 2) * hd;  // q | k | v
+    std::vector<float> inv_freq(static_cast<size_t>(half));
+    for (int64_t i = 0; i < half; ++i) inv_freq[i] = 1.0f / std::pow(10000.0f, static_cast<float>(2 * i) / hd);
+    std::vector<int32_t> positions(static_cast<size_t>(tokens));
+    for (int64_t r = 0; r < tokens; ++r) positions[r] = static_cast<int32_t>(r);
+    auto table = llama3::make_rope_table<float>(inv_freq, positions.data(), tokens);
+    auto dcos = upload(table.cos, DType::f32), dsin = upload(table.sin, DType::f32);
+    for (DType act : kActs) {
+      SCOPED_TRACE(std::string(zero3::dtype_name(act)) + " head_dim " + std::to_string(hd));
+      auto x = rand_vec(static_cast<size_t>(tokens * ld), 22, act);
+      auto fwd = x, bwd = x;
+      llama3::rope_forward<float>(fwd.data(), ld, heads, hd, table);
+      llama3::rope_backward<float>(bwd.data(), ld, heads, hd, table);
+      auto d1 = upload(x, act), d2 = upload(x, act);
+      lc::rope_forward(d1->get(), ld, tokens, heads, hd, dcos->as<float>(), dsin->as<float>(), act, stream_);
+      lc::rope_backward(d2->get(), ld, tokens, heads, hd, dcos->as<float>(), dsin->as<float>(), act, stream_);
+      EXPECT_LT(rel_err(get(*d1, x.size(), act), fwd), tol(act)) << "forward (v columns unchanged)";
+      EXPECT_LT(rel_err(get(*d2, x.size(), act), bwd), tol(act)) << "backward";
+    }
+  }
+}
 
 TEST_F(CudaOps, RopeForwardAndBackwardOnAStridedBlock) {
   const int64_t tokens = 37, heads = 3, hd = 16, half = hd / 2, ld = heads * hd + 5;
@@ -334,7 +432,8 @@ TEST_F(CudaOps, RopeForwardAndBackwardOnAStridedBlock) {
 TEST_F(CudaOps, SwigluForwardAndBackward) {
   const int64_t rows = 37;
   for (DType act : kActs) {
-    for (int64_t inter : {int64_t{96}, int64_t{101}}) {
+    // 96 and 40: 16-byte packs for f32 and bf16; 20: packs for f32 only; 101: element by element.
+    for (int64_t inter : {int64_t{96}, int64_t{40}, int64_t{20}, int64_t{101}}) {
       SCOPED_TRACE(std::string(zero3::dtype_name(act)) + " inter " + std::to_string(inter));
       auto gu = rand_vec(static_cast<size_t>(rows * 2 * inter), 31, act, 4.0);
       auto dh = rand_vec(static_cast<size_t>(rows * inter), 32, act);
@@ -376,6 +475,13 @@ TEST_F(CudaOps, AddAndConvertAreExact) {
     DeviceBuffer out(static_cast<size_t>(n) * zero3::dtype_size(act));
     lc::add(x->get(), y->get(), out.get(), n, act, stream_);
     EXPECT_EQ(bytes_of(out.get(), out.bytes(), stream_), encode(want, act));
+    // One element off a 16-byte boundary: the element-by-element kernel, the same bits.
+    DeviceBuffer off(static_cast<size_t>(n + 1) * zero3::dtype_size(act));
+    char* off1 = static_cast<char*>(off.get()) + zero3::dtype_size(act);
+    lc::add(x->get(), y->get(), off1, n, act, stream_);
+    auto off_bytes = bytes_of(off.get(), off.bytes(), stream_);
+    EXPECT_EQ(std::vector<uint8_t>(off_bytes.begin() + static_cast<int64_t>(zero3::dtype_size(act)), off_bytes.end()),
+              encode(want, act));
     lc::add(x->get(), y->get(), x->get(), n, act, stream_);  // y aliases a
     EXPECT_EQ(bytes_of(x->get(), x->bytes(), stream_), encode(want, act));
   }
@@ -590,6 +696,12 @@ TEST_F(CudaOps, LmHeadLossRowsGradientsAndSum) {
         EXPECT_LT(rel_err(get(dx, x.size(), act), dx_ref), tol(act)) << "dx";
         EXPECT_LT(rel_err(get(*ddw, w.size(), DType::f32), dw_ref), tol(act)) << "dw";
         EXPECT_GT(loss.workspace_bytes(), 0);
+        // The op follows the plan: its dW traffic and its workspace are the plan's.
+        const llama3::LmHeadChunkPlan plan =
+            llama3::plan_lm_head_chunks(n, hidden, vocab, static_cast<int64_t>(zero3::dtype_size(act)), true, true,
+                                        llama3::kDefaultLmHeadWorkspaceCap, chunk);
+        EXPECT_EQ(loss.weight_grad_bytes(), plan.weight_grad_bytes);
+        EXPECT_EQ(loss.workspace_bytes(), plan.workspace_bytes);
 
         // Loss only: no gradient, row losses the same.
         DeviceBuffer row_loss2(static_cast<size_t>(n) * 4);
@@ -600,6 +712,48 @@ TEST_F(CudaOps, LmHeadLossRowsGradientsAndSum) {
       }
     }
   }
+}
+
+// The planned chunks under a small workspace cap (several chunks, the last one shorter): the CPU op's numbers, and
+// the bytes through dW exactly the plan's (8 * vocab * hidden per chunk), which tests/test_lm_head_plan.cpp bounds.
+TEST_F(CudaOps, LmHeadLossPlannedChunksUnderACap) {
+  const int64_t n = 1030, hidden = 72, vocab = 1100;
+  std::vector<int32_t> targets(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i)
+    targets[i] = i % 7 == 2 ? llama3::kIgnoreIndex : static_cast<int32_t>((i * 37 + 5) % vocab);
+  const float grad_scale = 1.0f / static_cast<float>(llama3::count_targets(targets.data(), n, vocab));
+  auto dtargets = upload_ints(targets);
+  for (DType act : kActs) {
+    SCOPED_TRACE(std::string(zero3::dtype_name(act)));
+    const int64_t es = static_cast<int64_t>(zero3::dtype_size(act));
+    const int64_t cap = 300 * vocab * (4 + (act == DType::f32 ? 0 : es));  // 300 rows: 4 chunks of 258, 258, 258, 256
+    const llama3::LmHeadChunkPlan plan = llama3::plan_lm_head_chunks(n, hidden, vocab, es, true, true, cap);
+    ASSERT_EQ(plan.chunks, 4);
+    auto x = rand_vec(static_cast<size_t>(n * hidden), 121, act),
+         w = rand_vec(static_cast<size_t>(vocab * hidden), 122, act);
+    std::vector<float> dx_ref(x.size()), dw_ref(w.size(), 0.0f);
+    const auto result = llama3::lm_head_cross_entropy<float>(x.data(), w.data(), targets.data(), n, hidden, vocab,
+                                                             grad_scale, dx_ref.data(), dw_ref.data(), 0);
+    lc::Blas blas(*device_);
+    lc::LmHeadLoss loss(blas, cap);
+    auto dxd = upload(x, act), dwd = upload(w, act);
+    DeviceBuffer dx(x.size() * static_cast<size_t>(es)), dw(w.size() * 4), row_loss(static_cast<size_t>(n) * 4), sum(8);
+    loss.run(dxd->get(), dwd->get(), dtargets->as<int32_t>(), n, hidden, vocab, grad_scale, dx.get(), dw.as<float>(),
+             row_loss.as<float>(), 0, act);
+    lc::sum_rows(row_loss.as<float>(), n, sum.as<double>(), stream_);
+    auto sum_bytes = bytes_of(sum.get(), 8, stream_);
+    double total;
+    std::memcpy(&total, sum_bytes.data(), 8);
+    EXPECT_NEAR(total, result.loss_sum, std::fabs(result.loss_sum) * (act == DType::f32 ? 1e-5 : 2e-4)) << "loss";
+    EXPECT_LT(rel_err(get(dx, x.size(), act), dx_ref), tol(act)) << "dx";
+    EXPECT_LT(rel_err(get(dw, w.size(), DType::f32), dw_ref), tol(act)) << "dw";
+    EXPECT_EQ(loss.weight_grad_bytes(), plan.weight_grad_bytes);
+    EXPECT_EQ(loss.weight_grad_bytes(), 4 * 8 * vocab * hidden);
+    EXPECT_EQ(loss.workspace_bytes(), plan.workspace_bytes);
+    EXPECT_LE(loss.workspace_bytes(), cap + 256);
+  }
+  lc::Blas blas(*device_);
+  EXPECT_THROW(lc::LmHeadLoss(blas, 0), zero3::InvalidArgument);
 }
 
 // Llama-3's vocabulary (128,256), on the rows of tests/cross_entropy_rows.hpp (a trained model's confident, unsure
@@ -629,7 +783,7 @@ TEST_F(CudaOps, LmHeadLossAccurateAtLlama3VocabularyAgainstDoubleAndTheCpuOp) {
     for (int64_t r = 0; r < n; ++r)
       for (int64_t j = 0; j < vocab; ++j) w[j * hidden + r] = c.logits[r * vocab + j];
     auto dxd = upload(x, act), dwd = upload(w, act);
-    lc::Blas blas(stream_);
+    lc::Blas blas(*device_);
     lc::LmHeadLoss loss(blas);
     DeviceBuffer dx(x.size() * zero3::dtype_size(act)), dw(w.size() * 4), row_loss(static_cast<size_t>(n) * 4);
     loss.run(dxd->get(), dwd->get(), dtargets->as<int32_t>(), n, hidden, vocab, scale, dx.get(), dw.as<float>(),
@@ -731,8 +885,8 @@ TEST_F(CudaOps, TwoRunsGiveTheSameBits) {
       DeviceBuffer rstd(static_cast<size_t>(rows) * 4), y(x.size() * zero3::dtype_size(act)),
           dx(x.size() * zero3::dtype_size(act)), dw(static_cast<size_t>(n) * 4);
       lc::rmsnorm_forward(dxd->get(), dwd->get(), y.get(), rstd.as<float>(), rows, n, 1e-5f, act, stream_);
-      lc::rmsnorm_backward(dxd->get(), dwd->get(), rstd.as<float>(), ddy->get(), dx.get(), dw.as<float>(), rows, n,
-                           false, act, *device_);
+      lc::rmsnorm_backward(dxd->get(), dwd->get(), rstd.as<float>(), ddy->get(), nullptr, dx.get(), dw.as<float>(),
+                           rows, n, act, *device_);
       dws.push_back(bytes_of(dw.get(), dw.bytes(), stream_));
     }
     EXPECT_EQ(dws[0], dws[1]);
@@ -749,7 +903,7 @@ TEST_F(CudaOps, UnsupportedTypesAndShapesAreNamed) {
   }
   EXPECT_THROW(lc::rope_forward(buf.get(), 8, 2, 1, 7, buf.as<float>(), buf.as<float>(), DType::f32, stream_),
                zero3::InvalidArgument);  // odd head_dim
-  EXPECT_THROW(lc::rmsnorm_backward(buf.get(), buf.get(), nullptr, buf.get(), buf.get(), nullptr, 2, 4, false,
+  EXPECT_THROW(lc::rmsnorm_backward(buf.get(), buf.get(), nullptr, buf.get(), nullptr, buf.get(), nullptr, 2, 4,
                                     DType::f32, *device_),
                zero3::InvalidArgument);  // no rstd
   lc::Blas blas(*device_);

@@ -126,7 +126,8 @@ class Case {
   }
 
   // One forward and one backward on `path`; with cuDNN, `cudnn` is the object (kept across calls by the caller).
-  Result gpu(Path path, lc::CudnnAttention* cudnn, cudaStream_t stream) const {
+  Result gpu(Path path, lc::CudnnAttention* cudnn, zero3::Device& device) const {
+    const cudaStream_t stream = device.default_stream();
     const size_t es = 2;
     auto dqkv = upload_bf16(qkv), ddout = upload_bf16(dout);
     Buffer out(static_cast<size_t>(tokens * ldo) * es), lse(static_cast<size_t>(d.batch * d.n_heads * d.seq) * 4),
@@ -144,7 +145,7 @@ class Case {
                                        grads.at(qw + kw, es), ld_g, DType::bf16);
       EXPECT_EQ(bwd, why.empty()) << "backward: " << (why.empty() ? "cuDNN refused the graph" : why);
       if (!bwd) {  // the shape the model would route to the cuBLAS backward: run it, on cuDNN's forward
-        lc::Blas blas(stream);
+        lc::Blas blas(device);
         lc::Attention fallback(blas);
         fallback.backward(d, q, ld_qkv, k, ld_qkv, v, ld_qkv, out.ptr, ldo, static_cast<float*>(lse.ptr), ddout->ptr,
                           lddo, grads.at(0, es), ld_g, grads.at(qw, es), ld_g, grads.at(qw + kw, es), ld_g,
@@ -152,7 +153,7 @@ class Case {
         cuda_ok(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
       }
     } else {
-      lc::Blas blas(stream);
+      lc::Blas blas(device);
       lc::Attention attention(blas);
       attention.forward(d, q, ld_qkv, k, ld_qkv, v, ld_qkv, out.ptr, ldo, static_cast<float*>(lse.ptr), DType::bf16);
       attention.backward(d, q, ld_qkv, k, ld_qkv, v, ld_qkv, out.ptr, ldo, static_cast<float*>(lse.ptr), ddout->ptr,
@@ -194,6 +195,7 @@ class CudnnAttentionTest : public ::testing::Test {
  protected:
   void SetUp() override {
     cuda_ok(cudaStreamCreate(&stream_), "cudaStreamCreate");
+    device_ = zero3::make_device("cuda", stream_);
     cudnn_ = std::make_unique<lc::CudnnAttention>(
         stream_, lc::CudnnAttention::Allocator{[](size_t bytes) {
                                                  void* p = nullptr;
@@ -208,9 +210,11 @@ class CudnnAttentionTest : public ::testing::Test {
   }
   void TearDown() override {
     cudnn_.reset();
+    device_.reset();
     cudaStreamDestroy(stream_);
   }
   cudaStream_t stream_ = nullptr;
+  std::unique_ptr<zero3::Device> device_;  // computes on stream_
   std::unique_ptr<lc::CudnnAttention> cudnn_;
 };
 
@@ -223,23 +227,23 @@ TEST_F(CudnnAttentionTest, MatchesTheCpuOpAndTheCublasPath) {
     SCOPED_TRACE("batch " + std::to_string(s.batch) + " seq " + std::to_string(s.seq) + " heads " +
                  std::to_string(s.heads) + "/" + std::to_string(s.kv_heads) + " head_dim " + std::to_string(s.hd));
     Case c(s.batch, s.seq, s.heads, s.kv_heads, s.hd);
-    const Result got = c.gpu(Path::cudnn, cudnn_.get(), stream_);
+    const Result got = c.gpu(Path::cudnn, cudnn_.get(), *device_);
     c.expect_close(got, c.cpu(), "CPU op");
-    c.expect_close(got, c.gpu(Path::cublas, nullptr, stream_), "cuBLAS path");
+    c.expect_close(got, c.gpu(Path::cublas, nullptr, *device_), "cuBLAS path");
   }
 }
 
 TEST_F(CudnnAttentionTest, LongSequenceMatchesTheCublasPath) {
   Case c(1, 4096, 8, 2, 64);
-  c.expect_close(c.gpu(Path::cudnn, cudnn_.get(), stream_), c.gpu(Path::cublas, nullptr, stream_), "cuBLAS path");
+  c.expect_close(c.gpu(Path::cudnn, cudnn_.get(), *device_), c.gpu(Path::cublas, nullptr, *device_), "cuBLAS path");
 }
 
 TEST_F(CudnnAttentionTest, PlansAreBuiltOncePerShapeAndTheForwardRepeatsItsBits) {
   Case c(2, 128, 4, 2, 64);
-  const Result a = c.gpu(Path::cudnn, cudnn_.get(), stream_);
+  const Result a = c.gpu(Path::cudnn, cudnn_.get(), *device_);
   const int64_t built = cudnn_->plans_built();
   EXPECT_EQ(built, 2) << "one forward and one backward plan";
-  const Result b = c.gpu(Path::cudnn, cudnn_.get(), stream_);
+  const Result b = c.gpu(Path::cudnn, cudnn_.get(), *device_);
   EXPECT_EQ(cudnn_->plans_built(), built);
   EXPECT_EQ(cudnn_->forward_runs(), 2);
   EXPECT_EQ(cudnn_->backward_runs(), 2);
