@@ -162,7 +162,6 @@ struct MemoryStats {
 struct ScheduleStats {
   int64_t all_gathers = 0;           // unit all-gathers issued, prefetches included
   int64_t prefetches = 0;            // all-gathers issued ahead of use
-  int64_t boundary_prefetches = 0;   // of which step() issued for the next micro-step's first units
   int64_t prefetch_hits = 0;         // scope entries that found their unit gathered or in flight by a prefetch
   int64_t releases = 0;              // full buffers freed
   int64_t reuse_keeps = 0;           // scope exits that kept the unit for stage3_max_reuse_distance

@@ -1182,16 +1182,6 @@ void EngineImpl::prefetch_after_entry() {
   for (UnitId id : plan) issue_gather(units_[static_cast<size_t>(id.index)], true);
 }
 
-// The next micro-step's first units along the recorded order (the same rule as after an entry: the next unit
-// always, more within stage3_prefetch_bucket_size and stage3_max_live_parameters), issued at the end of step(), so
-// that they are gathered while the host prepares the next micro-step and its first scope finds them.
-void EngineImpl::prefetch_next_micro_step() {
-  if (!policy_.shard_params || evaluating_ || !schedule_->has_trace()) return;
-  const int64_t before = stats_.prefetches;
-  prefetch_after_entry();
-  stats_.boundary_prefetches += stats_.prefetches - before;
-}
-
 void EngineImpl::guard_calls(bool checking) {
   if (guard_ != nullptr) guard_->set_checking(checking);
 }

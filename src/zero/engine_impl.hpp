@@ -291,7 +291,6 @@ class EngineImpl {
   void prefetch_after_entry();
   void end_micro_step_schedule();
 
-  void prefetch_next_micro_step();
   void guard_calls(bool checking);
 
   // engine_step.cpp

@@ -401,9 +401,6 @@ StepResult EngineImpl::step() {
     if (micro_steps_ % gas_ != 0) {
       result.loss_scale = loss_scaler_.scale();
       result.global_step = global_steps_;
-      // Within the accumulation window the parameters do not change: the next micro-step's first units are
-      // gathered now. After an optimizer step every gathered unit is released, as the engine has always done.
-      prefetch_next_micro_step();
       prefetch_param_reads();  // the next micro-step's first units
       return result;
     }

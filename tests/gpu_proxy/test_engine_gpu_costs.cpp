@@ -12,8 +12,7 @@
 // must be 0 there, and so must host synchronizations within the accumulation window; the boundary makes one (the
 // optimizer step reads the agreed statistics), plus with offload one per optimizer tile (its gradients reach the
 // host for the CPU Adam): docs/gpu.md, "Host synchronizations", says why each remains.
-// Also counted: the reduce-scatters in flight while backward goes on (more than two where the buckets allow) and
-// the prefetches issued across the micro-step boundary.
+// Also counted: the reduce-scatters in flight while backward goes on (more than two where the buckets allow).
 // zero3-test-ranks: 1 2
 #include <gtest/gtest.h>
 
@@ -119,7 +118,6 @@ struct MicroStep {
 
 struct Measured {
   std::vector<MicroStep> steady;
-  ScheduleStats schedule;
   std::map<std::string, std::vector<float>> params;
   std::vector<double> grad_norms;
   StreamPathUsage usage;
@@ -168,7 +166,6 @@ Measured train(const Variant& v, Device& device, StreamPathDevice* path, std::sh
     run.steady.push_back(m);
   }
   run.params = gather_params(engine);
-  run.schedule = engine.schedule_stats();
   if (path != nullptr) {
     path->synchronize();
     run.usage = path->usage();
@@ -226,23 +223,17 @@ TEST_P(GpuCosts, HostSyncsAndDeviceAllocationsPerMicroStepInSteadyState) {
       // The reducer's ring: the compute stream goes on with more than two reductions unwaited for (a unit's
       // gradient spans several buckets here, and the ring holds the largest unit's).
       EXPECT_GT(run.usage.max_reductions_in_flight, 2);
-      // The next micro-step's first units are gathered at the end of step(), and found gathered by its first scope.
-      EXPECT_GT(run.schedule.boundary_prefetches, 0);
-      EXPECT_GE(run.schedule.prefetch_hits, run.schedule.boundary_prefetches);
       if (compute == ComputeStream::legacy && schedule == StreamSchedule::lazy) {
         // The figures docs/gpu.md quotes.
         for (size_t i = 0; i < 2; ++i) {
           const MicroStep& m = run.steady[i];
           std::printf(
               "[%s, rank %d/%d] %s micro-step: host syncs %s; device allocations %lld (of %lld served by "
-              "the pool); collectives issued %lld; reductions in flight at most %lld; prefetches across the "
-              "boundary %lld of %lld\n",
+              "the pool); collectives issued %lld; reductions in flight at most %lld\n",
               v.name.c_str(), comm->rank(), comm->size(), m.boundary ? "boundary" : "in-window",
               (std::ostringstream() << m.syncs).str().c_str(), static_cast<long long>(m.device_allocations),
               static_cast<long long>(m.allocations), static_cast<long long>(m.collectives),
-              static_cast<long long>(run.usage.max_reductions_in_flight),
-              static_cast<long long>(run.schedule.boundary_prefetches),
-              static_cast<long long>(run.schedule.prefetches));
+              static_cast<long long>(run.usage.max_reductions_in_flight));
         }
       }
     }
