@@ -45,6 +45,14 @@ class DeviceKernels {
   // result does not depend on the number of threads.
   virtual GradStats grad_stats(const void* x, DType type, int64_t n, Stream stream = nullptr) = 0;
 
+  // The stream-ordered form of grad_stats, for statistics read once at the end: acc (device memory, two
+  // doubles) gets acc[0] += the sum of squares grad_stats would return (the same bits), acc[1] += the Inf/NaN
+  // count. Queued on `stream`; no host wait.
+  virtual void accumulate_grad_stats(const void* x, DType type, int64_t n, double* acc, Stream stream = nullptr) = 0;
+  // out (device memory, two floats) = {float(acc[1]), float(acc[0])}, the Inf/NaN count raised to at least 1
+  // when the sum of squares overflows float: the statistics as the ranks exchange them. Queued on `stream`.
+  virtual void grad_stats_to_f32(const double* acc, float* out, Stream stream = nullptr) = 0;
+
   // One Adam/AdamW step over n elements (optim/adam_math.hpp), writing the updated p also to `copy_out`
   // (n elements of copy_type) when it is not null.
   virtual void adam(float* p, const float* g, float* m, float* v, int64_t n, const AdamStepConsts& c, void* copy_out,

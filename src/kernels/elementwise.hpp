@@ -74,4 +74,13 @@ ZERO3_HOST_DEVICE void store_f32(void* p, DType t, int64_t i, float x) {
 // True for +-Inf and NaN, decided on the exponent bits so that fast-math cannot fold it away.
 ZERO3_HOST_DEVICE bool non_finite_f32(float x) { return (f32_bits(x) & 0x7f800000u) == 0x7f800000u; }
 
+// The gradient statistics as the ranks exchange them (two floats, all-reduced): from acc = {sum of squares, Inf/NaN
+// count} in double, out = {count, sum of squares} in float, the count raised to at least 1 when the sum of squares
+// overflows float (the step is then skipped like one with an Inf/NaN gradient).
+ZERO3_HOST_DEVICE void grad_stats_f32(const double* acc, float* out) {
+  out[0] = static_cast<float>(acc[1]);
+  out[1] = static_cast<float>(acc[0]);
+  if (non_finite_f32(out[1]) && !(out[0] >= 1.0f)) out[0] = 1.0f;
+}
+
 }  // namespace zero3

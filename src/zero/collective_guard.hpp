@@ -9,6 +9,10 @@
 // (usable for the exchange that explains the difference). The host waits for each description (on nccl that
 // exchange runs after the collectives issued before it), so the training thread runs at most about one
 // collective ahead of the device's communication. Its buffers live for one comparison (from the device's caches).
+//
+// set_checking(false) passes calls straight through: the engine turns the comparison off in the micro-steps it
+// does not check entry by entry (after the first, unless zero3.check_schedule_every_step), as PyTorch's
+// TORCH_DISTRIBUTED_DEBUG=DETAIL compares collectives only when asked, since each comparison is a host wait.
 #pragma once
 
 #include <cstdint>
@@ -46,6 +50,9 @@ class CollectiveGuard final : public Communicator {
 
   // Calls compared so far.
   uint64_t calls() const { return calls_; }
+  // Whether calls are compared before they are issued (the default) or passed through.
+  void set_checking(bool on) { checking_ = on; }
+  bool checking() const { return checking_; }
 
  private:
   void agree(const comm::CollectiveCall& call);
@@ -55,6 +62,7 @@ class CollectiveGuard final : public Communicator {
   std::unique_ptr<DeviceStream> stream_;
   std::unique_ptr<DeviceEvent> allocated_;  // recorded on the compute stream after each call's allocation
   uint64_t calls_ = 0;
+  bool checking_ = true;
 };
 
 }  // namespace zero3::detail

@@ -154,7 +154,12 @@ EngineImpl::EngineImpl(const Config& config, std::shared_ptr<Communicator> comm,
                   "communicator over host memory (gloo, or local for one process); nccl works on GPU memory only");
   }
   // Ranks whose schedules differ must not reach a library that cannot tell (nccl: a hang or wrong bytes).
-  if (world_ > 1 && !comm_->checks_collectives()) comm_ = std::make_shared<CollectiveGuard>(comm_, device);
+  if (world_ > 1 && !comm_->checks_collectives()) {
+    auto guard = std::make_shared<CollectiveGuard>(comm_, device);
+    guard_ = guard.get();
+    comm_ = std::move(guard);
+  }
+  defer_agreement_ = gather_stream_ != nullptr && world_ > 1;
   reset_events();
   // With streams, a task only enqueues its collective, so tasks run inline: overlap comes from the streams.
   queue_ = std::make_unique<CommQueue>(overlap_ && gather_stream_ == nullptr);
@@ -484,6 +489,7 @@ void EngineImpl::materialize() {
                     : policy_.shard_grads    ? largest_slice * partition_size()
                                              : largest_numel;
   ro.max_useful_numel = policy_.shard_grads ? total_slice : total_numel;
+  ro.largest_unit_numel = policy_.shard_grads ? largest_slice * partition_size() : largest_numel;
   // DeepSpeed's averaging: each micro-step's gradient counts 1/gradient_accumulation_steps; over ranks,
   // prescale_gradients divides before the sum, otherwise gradient_predivide_factor is divided out before
   // and the rest of 1/world after it.
@@ -518,6 +524,7 @@ void EngineImpl::materialize() {
     rr.mode = ReduceMode::all_reduce;
     rr.pre_scale = rr.post_scale = 1.0f;
     rr.link = groups_.replica.link;
+    rr.largest_unit_numel = largest_slice;
     rr.group = groups_.replica.label;
     replica_reducer_ = std::make_unique<Reducer>(rr, device_, counters_, *groups_.replica.comm, *queue_);
   }
@@ -736,8 +743,10 @@ void EngineImpl::store_compute_slice(UnitState& u) {
 }
 
 void EngineImpl::before_host_slice_write(UnitState& u) {
-  // The gather stream may still be copying the slice up for the unit's last all-gather.
-  if (u.slice_read) u.slice_read->synchronize();
+  // The gather stream may still be copying the slice up for the unit's last all-gather. At the boundary the host
+  // has usually waited past it already (the statistics' read follows the compute stream's wait for every gather),
+  // which the event's query tells without waiting.
+  if (u.slice_read && !u.slice_read->done()) u.slice_read->synchronize();
 }
 
 void EngineImpl::write_compute_copy(void* dst, bool dst_on_host, DType dtype, const float* src, bool src_on_host,
@@ -838,7 +847,8 @@ std::string EngineImpl::schedule_position() const {
                      : log::concat("micro-step ", micro_steps_, " (optimizer step ", global_steps_, ")");
 }
 
-std::string EngineImpl::divergence_message(const std::vector<std::vector<int64_t>>& all) const {
+std::string EngineImpl::divergence_message(const std::vector<std::vector<int64_t>>& all,
+                                           const std::string& where) const {
   size_t longest = 0;
   for (const auto& h : all) longest = std::max(longest, h.size());
   for (size_t i = 0; i < longest; ++i) {
@@ -853,8 +863,8 @@ std::string EngineImpl::divergence_message(const std::vector<std::vector<int64_t
       detail += log::concat(detail.empty() ? "" : "; ", ranks.size() == 1 ? "rank " : "ranks ", rank_list(ranks), " ",
                             describe_code(c));
     }
-    return log::concat("the ranks entered units in different orders at scope event ", i, " of ", schedule_position(),
-                       ": ", detail,
+    return log::concat("the ranks entered units in different orders at scope event ", i, " of ",
+                       where.empty() ? schedule_position() : where, ": ", detail,
                        ". Every rank must open and close the same unit scopes in the same order (the collectives of "
                        "ZeRO depend on it); this is rank ",
                        rank_, ".");
@@ -1222,6 +1232,10 @@ void EngineImpl::prefetch_after_entry() {
   for (UnitId id : plan) issue_gather(units_[static_cast<size_t>(id.index)], true);
 }
 
+void EngineImpl::guard_calls(bool checking) {
+  if (guard_ != nullptr) guard_->set_checking(checking);
+}
+
 void EngineImpl::end_micro_step_schedule() {
   if (policy_.shard_params) {
     for (UnitState& u : units_) {
@@ -1248,6 +1262,7 @@ UnitScope EngineImpl::enter(UnitId unit, Phase phase) {
   ScheduleEvent event{unit, phase};
   try {
     const int64_t code = event_code(unit, phase, false);
+    guard_calls(checking_order());
     if (checking_order()) check_order(code, log::concat(what, "('", u.info.name, "')"));
     record_event(code);
     schedule_->record(event);

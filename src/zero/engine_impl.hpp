@@ -198,6 +198,16 @@ class EngineImpl {
   // their running hash, compared across ranks when it ends (verify_schedule).
   std::vector<int64_t> events_;
   uint64_t events_hash_ = 0;
+  // On a device with streams, the micro-steps step() does not compare at once (after the first, unless
+  // zero3.check_schedule_every_step): their events, and a hash over them, compared once at the boundary together
+  // with the gradient statistics (read_boundary), so that a micro-step within the window waits for nothing.
+  bool defer_agreement_ = false;
+  std::vector<std::vector<int64_t>> window_events_;
+  std::vector<std::string> window_positions_;  // schedule_position() of each, for the message
+  uint64_t window_hash_ = 0;
+  int64_t window_event_count_ = 0;
+  // nccl without its own comparison: the engine's guard (comm_), compared call by call while checking_order().
+  class CollectiveGuard* guard_ = nullptr;
   bool window_backward_ = false;  // a backward scope was entered since the last accumulation boundary
 
   int64_t micro_steps_ = 0;
@@ -270,7 +280,8 @@ class EngineImpl {
   int64_t step_code() const;
   std::string describe_code(int64_t code) const;
   std::string schedule_position() const;
-  std::string divergence_message(const std::vector<std::vector<int64_t>>& all) const;
+  // `where`: the micro-step the events are of (default: the current one, schedule_position()).
+  std::string divergence_message(const std::vector<std::vector<int64_t>>& all, const std::string& where = {}) const;
   std::exception_ptr explain_mismatch(std::exception_ptr error) noexcept;
   const void* claim_param_slice(UnitState& u);
   // qwZ: the unit's gathers send int8 messages (non-persistent units, as DeepSpeed's coordinator fetches them).
@@ -282,7 +293,19 @@ class EngineImpl {
   void prefetch_after_entry();
   void end_micro_step_schedule();
 
+  void guard_calls(bool checking);
+
   // engine_step.cpp
+  void defer_schedule_check();
+  // The boundary's values, reduced across ranks on the device and read by the host at once: the deferred schedule
+  // agreement of the window, and with `stats` the Inf/NaN count and squared norm (stats[0], stats[1]).
+  struct BoundaryValues {
+    float stats[2] = {0.0f, 0.0f};
+  };
+  BoundaryValues read_boundary(bool stats);
+  // Collective on `comm`: issued through the queue; on a device with streams its Work is tracked (waited for at the
+  // next drain), on cpu waited for in its task.
+  void issue_collective(const std::string& what, const std::function<WorkPtr()>& fn);
   void reduce_at_boundary();
   void publish_params(UnitState& u);
   void zero_grads();

@@ -67,17 +67,137 @@ void EngineImpl::reduce_at_boundary() {
   if (!policy_.shard_grads) {
     for (UnitState& u : units_) reducer_->add_all_reduce(u.info.name, u.grad_acc.data(), u.info.numel);
   }
+  // cpu: the reductions complete in their tasks. cuda: the compute stream waits for the reduce stream (join), the
+  // host for nothing; the Works are checked at the boundary's read.
   reducer_->flush();
-  queue_->drain();
+  if (gather_stream_ == nullptr) queue_->drain();
   reducer_->join();  // cuda: the compute stream reads the accumulators after the reduce stream wrote them
   if (replica_reducer_) {
     // MiCS: each shard group summed its ranks' gradients every micro-step; now, once per optimizer step, the
     // groups' sums are summed across the replicas (the ranks holding the same slices).
     for (UnitState& u : units_) replica_reducer_->add_all_reduce(u.info.name, u.grad_acc.data(), u.info.slice_numel);
     replica_reducer_->flush();
-    queue_->drain();
+    if (gather_stream_ == nullptr) queue_->drain();
     replica_reducer_->join();
   }
+}
+
+void EngineImpl::issue_collective(const std::string& what, const std::function<WorkPtr()>& fn) {
+  const bool streams = gather_stream_ != nullptr;
+  queue_->wait(queue_->submit(what, [&] {
+    WorkPtr work;
+    try {
+      work = fn();
+      if (!streams) work->wait();
+    } catch (const CommError&) {
+      rethrow_comm_error(log::concat(what, " on rank ", rank_, " failed: "));
+    }
+    if (streams) queue_->track(log::concat(what, " on rank ", rank_), std::move(work));
+  }));
+}
+
+void EngineImpl::defer_schedule_check() {
+  window_events_.push_back(events_);
+  window_positions_.push_back(schedule_position());
+  window_hash_ = fnv1a(&events_hash_, sizeof events_hash_, window_hash_);
+  window_event_count_ += static_cast<int64_t>(events_.size());
+}
+
+// One host wait for everything the boundary needs from the other ranks. Device memory (transient, from the pool):
+// the statistics' double accumulator, then the values the ranks reduce: the window's agreement (max of v and -v,
+// as ranks_agree) and the two statistics floats; pinned host memory receives the values in one copy.
+EngineImpl::BoundaryValues EngineImpl::read_boundary(bool stats) {
+  BoundaryValues out;
+  const bool agree = !window_events_.empty();
+  if (!agree && !stats) return out;
+  constexpr size_t kAgree = 8, kValues = kAgree + 2;
+  const size_t acc_bytes = 2 * sizeof(double), value_bytes = kValues * sizeof(float);
+  auto* host = static_cast<float*>(device_.allocate_host(value_bytes));
+  void* dev = nullptr;
+  try {
+    dev = device_.allocate(acc_bytes + value_bytes);
+  } catch (...) {
+    device_.deallocate_host(host, value_bytes);
+    throw;
+  }
+  auto* acc = static_cast<double*>(dev);
+  auto* values = reinterpret_cast<float*>(static_cast<char*>(dev) + acc_bytes);
+  bool agreed = true;
+  try {
+    if (agree) {
+      std::vector<float> mine = hash_to_floats(window_hash_);
+      mine.push_back(static_cast<float>(window_event_count_ % (kMaxExactFloatInt / 2)));
+      for (size_t i = 0; i < 4; ++i) {
+        host[i] = mine[i];
+        host[4 + i] = -mine[i];
+      }
+      device_.copy(values, host, kAgree * sizeof(float), compute_);
+      Communicator* comm = comm_.get();
+      issue_collective(log::concat("schedule agreement at the boundary of micro-steps ", window_positions_.front(),
+                                   " to ", window_positions_.back()),
+                       [&] { return comm->all_reduce(values, kAgree, DType::f32, ReduceOp::max, compute_); });
+    }
+    if (stats) {
+      // Inf/NaN and the squared norm over this rank's owned ranges, accumulated on the device. At stage 0 every
+      // rank holds the same full gradients, so max over ranks (of equal values) keeps them exact; sharded ranges
+      // are summed. Over the partition's group: under MiCS every shard group holds the same (all-reduced) gradients.
+      auto& k = kernels_of(device_);
+      device_.fill_zero(acc, acc_bytes, compute_);
+      for (const UnitState& u : units_)
+        k.accumulate_grad_stats(owned_grads(u), acc_dtype_, u.owned_valid, acc, compute_);
+      k.grad_stats_to_f32(acc, values + kAgree, compute_);
+      const ReduceOp op = policy_.shard_optimizer ? ReduceOp::sum : ReduceOp::max;
+      Communicator* comm = groups_.shard.comm.get();
+      issue_collective("all_reduce of the gradient statistics (Inf/NaN count, squared norm) over " + groups_.shard.label,
+                       [&] { return comm->all_reduce(values + kAgree, 2, DType::f32, op, compute_); });
+    }
+    device_.copy(host, values, value_bytes, compute_);
+    wait_for_device_writes();  // the boundary's one host wait
+    queue_->drain();           // every Work of the window is complete by now: checked without waiting
+    for (size_t i = 0; agree && i < 4; ++i) agreed = agreed && host[i] == -host[4 + i];
+    out.stats[0] = host[kAgree];
+    out.stats[1] = host[kAgree + 1];
+  } catch (...) {
+    device_.deallocate_after(dev, acc_bytes + value_bytes, compute_);
+    device_.deallocate_host_after(host, value_bytes, compute_);
+    throw;
+  }
+  device_.deallocate_after(dev, acc_bytes + value_bytes, compute_);
+  device_.deallocate_host(host, value_bytes);
+  if (agree && !agreed) {
+    // Which micro-step differs: every rank's events of the window, compared micro-step by micro-step.
+    std::vector<int64_t> flat;
+    for (const auto& e : window_events_) {
+      flat.push_back(static_cast<int64_t>(e.size()));
+      flat.insert(flat.end(), e.begin(), e.end());
+    }
+    auto all = gather_from_ranks(*queue_, *comm_, flat,
+                                 "schedule agreement: exchanging the events of micro-steps " +
+                                     window_positions_.front() + " to " + window_positions_.back(),
+                                 &device_);
+    std::vector<size_t> at(all.size(), 0);
+    for (size_t m = 0; m < window_events_.size(); ++m) {
+      std::vector<std::vector<int64_t>> step_events(all.size());
+      for (size_t r = 0; r < all.size(); ++r) {
+        const auto& v = all[r];
+        if (at[r] >= v.size()) continue;
+        const auto n = static_cast<size_t>(v[at[r]]);
+        const size_t end = std::min(v.size(), at[r] + 1 + n);
+        step_events[r].assign(v.begin() + static_cast<std::ptrdiff_t>(at[r] + 1),
+                              v.begin() + static_cast<std::ptrdiff_t>(end));
+        at[r] = end;
+      }
+      std::string message = divergence_message(step_events, window_positions_[m]);
+      if (!message.empty()) throw CommError(message);
+    }
+    throw CommError(log::concat("the ranks' scope events of micro-steps ", window_positions_.front(), " to ",
+                                window_positions_.back(), " hash differently (rank ", rank_, ")"));
+  }
+  window_events_.clear();
+  window_positions_.clear();
+  window_hash_ = 0;
+  window_event_count_ = 0;
+  return out;
 }
 
 void EngineImpl::run_optimizer(const AdamStepConsts& consts, float grad_factor) {
@@ -260,13 +380,21 @@ StepResult EngineImpl::step() {
   }
   StepResult result;
   try {
-    // Before anything of the step: the final bucket's size and the reduced sums depend on the order.
-    if (checking_order()) check_order(step_code(), "step()");
-    verify_schedule("step()");
+    // Before anything of the step: the final bucket's size and the reduced sums depend on the order. Checked at
+    // once in the first micro-step (and every one with check_schedule_every_step) and always on cpu; otherwise, on
+    // a device with streams, with the window's other micro-steps at the boundary, before the optimizer.
+    const bool checking = checking_order();
+    guard_calls(checking);
+    if (checking) check_order(step_code(), "step()");
+    if (defer_agreement_ && !checking) {
+      defer_schedule_check();
+    } else {
+      verify_schedule("step()");
+    }
     reset_events();
     end_micro_step_schedule();
     reducer_->flush();
-    queue_->drain();
+    if (gather_stream_ == nullptr) queue_->drain();  // cuda: the Works are checked at the boundary
     ++micro_steps_;
     ++local_micro_steps_;
     result.micro_step = micro_steps_;
@@ -278,6 +406,7 @@ StepResult EngineImpl::step() {
     }
     result.boundary = true;
     if (!window_backward_) {
+      read_boundary(false);  // the window's deferred agreement
       // No backward scope since the last boundary, on any rank (the ranks' scopes were just compared): nothing
       // to apply. Like PyTorch's optimizers with no gradients: no update, no weight decay, no Adam step, and the
       // lr schedule does not move. Counted as a skipped step.
@@ -293,23 +422,9 @@ StepResult EngineImpl::step() {
     window_backward_ = false;
     reduce_at_boundary();
 
-    // Inf/NaN and the squared norm over this rank's owned ranges. At stage 0 every rank holds the same full
-    // gradients, so max over ranks (of equal values) keeps them exact; sharded ranges are summed.
-    double local[2] = {0.0, 0.0};
-    for (const UnitState& u : units_) {
-      GradStats s = kernels_of(device_).grad_stats(owned_grads(u), acc_dtype_, u.owned_valid);
-      local[0] += static_cast<double>(s.non_finite);
-      local[1] += s.sum_squares;
-    }
-    float agreed[2] = {static_cast<float>(local[0]), static_cast<float>(local[1])};
-    if (!std::isfinite(agreed[1])) agreed[0] = std::max(agreed[0], 1.0f);
-    // Over the partition's group: under MiCS every shard group holds the same (all-reduced) gradients.
-    ReduceOp op = policy_.shard_optimizer ? ReduceOp::sum : ReduceOp::max;
-    Communicator* comm = groups_.shard.comm.get();
-    DeviceMirror dagreed(&device_, agreed, 2);
-    run_collective("all_reduce of the gradient statistics (Inf/NaN count, squared norm) over " + groups_.shard.label,
-                   [&] { comm->all_reduce(dagreed.get(), 2, DType::f32, op, compute_)->wait(); });
-    dagreed.copy_back();
+    // The Inf/NaN count and the squared norm, agreed by every rank (the optimizer step needs them on the host).
+    const BoundaryValues boundary = read_boundary(true);
+    const float* agreed = boundary.stats;
     const bool overflow = agreed[0] > 0.0f;
     const double scale = loss_scaler_.scale();
     const bool applied = loss_scaler_.update(overflow) && !overflow;
@@ -367,6 +482,7 @@ StepResult EngineImpl::step() {
 
 void EngineImpl::all_reduce_host(float* values, size_t count, ReduceOp op) {
   check_usable();
+  guard_calls(true);
   ZERO3_REQUIRE(values != nullptr || count == 0, InvalidArgument, "Engine::all_reduce_host: values is null for ", count,
                 " value(s)");
   Communicator* comm = comm_.get();
@@ -387,6 +503,7 @@ void EngineImpl::gather_master_params(UnitId unit, float* out) {
   UnitState& u = unit_state(unit, "gather_master_params");
   ZERO3_REQUIRE(out != nullptr, InvalidArgument, "Engine::gather_master_params: output is null for unit '", u.info.name,
                 "'");
+  guard_calls(true);
   const float* master = u.master;
   std::vector<float> swapped;  // NVMe with 16-bit compute: the master slice read from the swap file
   if (opt_swap_) {
@@ -450,6 +567,7 @@ void EngineImpl::refresh_params() {
   check_usable();
   require_materialized("refresh_params");
   ZERO3_REQUIRE(open_scopes_ == 0, InvalidArgument, "Engine::refresh_params: close every scope first");
+  guard_calls(true);
   try {
     for (size_t i = 0; i < units_.size(); ++i) {
       UnitState& u = units_[i];

@@ -9,6 +9,7 @@
 #include "core/check.hpp"
 #include "zero/gather_simulation.hpp"
 #include "zero/plan_format.hpp"
+#include "zero/reducer.hpp"
 #include "zero/topology.hpp"
 #include "zero3/error.hpp"
 
@@ -390,7 +391,8 @@ MemoryPlan plan_memory(const ModelDesc& model, const Config& config, const Memor
   add(MemoryCategory::optimizer_state, opt_tier, owned * 8,
       z.stage == 0 ? "Adam m, v, replicated (fp32)" : "Adam m, v slices (fp32)");
 
-  // The reducer's two buckets.
+  // The reducer's ring of buckets: enough to hold the largest unit's reduction in flight (reduce_buckets_in_flight,
+  // reducer.hpp).
   const int64_t cb = static_cast<int64_t>(dtype_size(comm));
   const std::string comm_label = dtype_label(comm);
   // reduce_bucket_size 0: a bucket holds the largest unit (as the engine reads it).
@@ -399,17 +401,21 @@ MemoryPlan plan_memory(const ModelDesc& model, const Config& config, const Memor
                                                    : largest_numel;
   if (z.stage >= 2) {
     int64_t chunk = std::max<int64_t>(1, std::min(std::max<int64_t>(1, bucket / w), plan.shard_params));
-    add(MemoryCategory::buffers, MemoryTier::device, 2 * (chunk * w + chunk) * cb,
-        "reduce-scatter buckets, 2 x " + std::to_string(chunk * w) + " (" + comm_label + ")");
+    const int64_t n = detail::reduce_buckets_in_flight(largest_slice * w, chunk * w);
+    add(MemoryCategory::buffers, MemoryTier::device, n * (chunk * w + chunk) * cb,
+        "reduce-scatter buckets, " + std::to_string(n) + " x " + std::to_string(chunk * w) + " (" + comm_label + ")");
     if (layout.replicas() > 1) {
       int64_t across = std::max<int64_t>(1, std::min(*z.reduce_bucket_size, plan.shard_params));
-      add(MemoryCategory::buffers, MemoryTier::device, 2 * across * cb,
-          "all-reduce buckets across the replicas, 2 x " + std::to_string(across) + " (" + comm_label + ")");
+      const int64_t na = detail::reduce_buckets_in_flight(largest_slice, across);
+      add(MemoryCategory::buffers, MemoryTier::device, na * across * cb,
+          "all-reduce buckets across the replicas, " + std::to_string(na) + " x " + std::to_string(across) + " (" +
+              comm_label + ")");
     }
   } else {
     int64_t chunk = std::max<int64_t>(1, std::min(bucket, plan.total_params));
-    add(MemoryCategory::buffers, MemoryTier::device, 2 * chunk * cb,
-        "all-reduce buckets, 2 x " + std::to_string(chunk) + " (" + comm_label + ")");
+    const int64_t n = detail::reduce_buckets_in_flight(largest_numel, chunk);
+    add(MemoryCategory::buffers, MemoryTier::device, n * chunk * cb,
+        "all-reduce buckets, " + std::to_string(n) + " x " + std::to_string(chunk) + " (" + comm_label + ")");
   }
   // The optimizer step's tiles (offload needs stage >= 1, where the owned ranges are slices).
   const int64_t step_tile = std::min(z.sub_group_size, z.stage == 0 ? largest_numel : largest_slice);

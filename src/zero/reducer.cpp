@@ -20,6 +20,12 @@ std::string unit_names(const std::vector<std::string>& units) {
 
 }  // namespace
 
+int reduce_buckets_in_flight(int64_t largest_numel, int64_t bucket_numel) {
+  const int64_t b = std::max<int64_t>(1, bucket_numel);
+  const int64_t n = (std::max<int64_t>(0, largest_numel) + b - 1) / b + 1;
+  return static_cast<int>(std::clamp<int64_t>(n, 2, 1 << 20));
+}
+
 Reducer::Reducer(ReducerOptions options, Device& device, MemoryCounters& counters, Communicator& comm, CommQueue& queue)
     : opt_(options),
       device_(device),
@@ -31,6 +37,8 @@ Reducer::Reducer(ReducerOptions options, Device& device, MemoryCounters& counter
   int64_t per = opt_.mode == ReduceMode::reduce_scatter ? std::max<int64_t>(1, opt_.bucket_numel / world_)
                                                         : std::max<int64_t>(1, opt_.bucket_numel);
   chunk_ = std::max<int64_t>(1, std::min(per, opt_.max_useful_numel));
+  const int64_t in_numel = opt_.mode == ReduceMode::reduce_scatter ? chunk_ * world_ : chunk_;
+  buckets_.resize(static_cast<size_t>(reduce_buckets_in_flight(opt_.largest_unit_numel, in_numel)));
   if (opt_.quantized) {
     local_ = opt_.intra ? opt_.intra->size() : 1;
     nodes_ = opt_.inter ? opt_.inter->size() : 1;
@@ -198,7 +206,7 @@ void Reducer::launch() {
       }
     });
   }
-  active_ ^= 1;
+  active_ = (active_ + 1) % buckets_.size();
 }
 
 void Reducer::launch_quantized(Bucket& b, const std::string& what, std::vector<Piece> pieces, void* in, int64_t fill,

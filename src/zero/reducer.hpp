@@ -14,13 +14,15 @@
 // The copy into the bucket applies the pre-scale and converts to communication_data_type; adding into the
 // accumulator applies the post-scale and converts to grad_accum_dtype. The communicator is the group the
 // gradients are reduced over: every rank, or MiCS's shard group (reduce-scatter) and replica group (all-reduce).
-// Two buckets alternate: one fills on the training thread while the other is reduced by the communication queue.
+// The buckets form a ring of reduce_buckets_in_flight(...) buckets: one fills on the training thread while the others
+// are reduced by the communication queue; a bucket is waited for only when the ring comes back to it.
 //
 // With a reduce stream (cuda), a bucket is filled on the device's default stream (the compute stream), the
 // reduce stream waits for it through an event, runs the collective and the adds into the accumulators, and
-// the compute stream waits for the bucket's next fill through a second event: backward keeps computing
-// while earlier buckets are reduced, and the host never waits for a reduction. join() makes the compute
-// stream wait for everything launched so far (before the accumulators are read).
+// the compute stream waits for that bucket's reduction through a second event only before filling the same
+// bucket again: backward keeps computing while up to `buckets` reductions are in flight, and the host never
+// waits for a reduction. join() makes the compute stream wait for everything launched so far (before the
+// accumulators are read).
 #pragma once
 
 #include <cstdint>
@@ -48,6 +50,7 @@ struct ReducerOptions {
   float pre_scale = 1.0f;        // applied before the collective
   float post_scale = 1.0f;       // applied after it
   Stream stream = nullptr;       // the reduce stream (cuda); null: each collective is waited for in its task
+  int64_t largest_unit_numel = 0;  // the most one unit puts through the reducer: sizes the ring (below)
   // Where the collectives' bytes are counted (traffic_plan.hpp), seen from this rank's place in the group.
   GroupLink link;
   CollectiveTraffic* traffic = nullptr;
@@ -63,6 +66,13 @@ struct ReducerOptions {
   Communicator* inter = nullptr;
   GroupLink intra_link, inter_link;
 };
+
+// The ring's length: enough buckets to hold the largest unit's reduction while the next bucket fills,
+// max(2, ceil(largest_numel / bucket_numel) + 1), with largest_numel the elements the largest unit puts through the
+// reducer (its gradient) and bucket_numel a bucket's input. The buckets in flight then hold at most one unit's
+// gradient (in the communication dtype: no more bytes than the backward scope's buffer of that unit, which backward
+// holds anyway) plus the bucket being filled. The memory plan counts the same ring.
+int reduce_buckets_in_flight(int64_t largest_numel, int64_t bucket_numel);
 
 class Reducer {
  public:
@@ -83,6 +93,8 @@ class Reducer {
   void join();
 
   int64_t reduced_elements() const { return reduced_elements_; }
+  // The ring's length: the most reductions in flight.
+  int buckets() const { return static_cast<int>(buckets_.size()); }
 
  private:
   struct Piece {
@@ -127,8 +139,8 @@ class Reducer {
   int world_;
   int64_t chunk_;  // C: elements per rank per bucket (all_reduce: elements per bucket)
   int local_ = 1, nodes_ = 1;  // qgZ: L and N
-  Bucket buckets_[2];
-  int active_ = 0;
+  std::vector<Bucket> buckets_;  // the ring (each allocated on first use)
+  size_t active_ = 0;
   int64_t reduced_elements_ = 0;
 };
 

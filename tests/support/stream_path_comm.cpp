@@ -51,9 +51,11 @@ WorkPtr StreamPathComm::reduce_scatter(void* out, const void* in, size_t count, 
   if (count > 0) note_buffers(out, in);
   auto inner = inner_;
   const size_t bytes = count * dtype_size(dtype);
-  return device_.enqueue_collective(
+  WorkPtr work = device_.enqueue_collective(
       stream, [inner, out, in, count, dtype, op] { inner->reduce_scatter(out, in, count, dtype, op)->wait(); }, out,
       bytes, in, bytes * static_cast<size_t>(size()));
+  device_.note_side_reduction(stream);
+  return work;
 }
 
 WorkPtr StreamPathComm::all_to_all(void* out, const void* in, size_t count, DType dtype, Stream stream) {
@@ -74,9 +76,11 @@ WorkPtr StreamPathComm::all_reduce(void* buf, size_t count, DType dtype, ReduceO
   if (count > 0) note_buffers(buf, buf);
   auto inner = inner_;
   const size_t bytes = count * dtype_size(dtype);
-  return device_.enqueue_collective(
+  WorkPtr work = device_.enqueue_collective(
       stream, [inner, buf, count, dtype, op] { inner->all_reduce(buf, count, dtype, op)->wait(); }, buf, bytes, nullptr,
       0);
+  device_.note_side_reduction(stream);
+  return work;
 }
 
 WorkPtr StreamPathComm::broadcast(void* buf, size_t count, DType dtype, int root, Stream stream) {

@@ -104,7 +104,9 @@ class QueuedWork final : public Work {
       : device_(device), queue_(queue), mark_(mark) {}
   void wait() override {
     std::lock_guard lock(device_.mu_);
-    device_.usage_.host_syncs.collective_waits++;
+    // A collective the host is already ordered after (it waited for a point of a stream that runs after it) is
+    // complete on a GPU too: NCCL's wait finds its event done and returns. Only a wait that can block counts.
+    if (!device_.host_ordered_after(queue_, mark_)) device_.usage_.host_syncs.collective_waits++;
     device_.host_wait(queue_, mark_);
   }
   bool wait_for(std::chrono::milliseconds) override {
@@ -152,6 +154,20 @@ class QueuedKernels final : public detail::DeviceKernels {
     StreamPathDevice::Queue& q = device_.queue_of(stream);
     device_.host_wait(q, q.enqueued);
     return cpu_.grad_stats(x, type, n);
+  }
+  void accumulate_grad_stats(const void* x, DType type, int64_t n, double* acc, Stream stream) override {
+    std::lock_guard lock(device_.mu_);
+    device_.note_kernel_args({x, acc});
+    device_.enqueue(
+        stream, [this, x, type, n, acc] { cpu_.accumulate_grad_stats(x, type, n, acc); },
+        {range(x, n, type), {static_cast<const char*>(static_cast<const void*>(acc)), 2 * sizeof(double)}});
+  }
+  void grad_stats_to_f32(const double* acc, float* out, Stream stream) override {
+    std::lock_guard lock(device_.mu_);
+    device_.note_kernel_args({acc, out});
+    device_.enqueue(
+        stream, [this, acc, out] { cpu_.grad_stats_to_f32(acc, out); },
+        {{static_cast<const char*>(static_cast<const void*>(acc)), 2 * sizeof(double)}, range(out, 2, DType::f32)});
   }
   void adam(float* p, const float* g, float* m, float* v, int64_t n, const AdamStepConsts& c, void* copy_out,
             DType copy_type, Stream stream) override {
@@ -233,10 +249,36 @@ StreamPathDevice::Queue& StreamPathDevice::queue_of(Stream stream) {
   throw std::logic_error("stream-path test device: a stream it did not make");
 }
 
+bool StreamPathDevice::host_ordered_after(const Queue& q, uint64_t mark) const {
+  auto it = host_after_.find(&q);
+  return it != host_after_.end() && it->second >= mark;
+}
+
+void StreamPathDevice::note_side_reduction(Stream stream) {
+  std::lock_guard lock(mu_);
+  if (is_compute(stream)) return;
+  const Queue& q = queue_of(stream);
+  side_reductions_.emplace_back(&q, q.enqueued);
+}
+
+void StreamPathDevice::count_reductions_in_flight(const Queue& compute) {
+  // Reductions the compute stream is not ordered after (by an event wait or through the host) are still in flight
+  // while it goes on.
+  std::erase_if(side_reductions_, [&](const std::pair<const Queue*, uint64_t>& r) {
+    auto a = compute.after.find(r.first);
+    return (a != compute.after.end() && a->second >= r.second) || host_ordered_after(*r.first, r.second);
+  });
+  usage_.max_reductions_in_flight =
+      std::max(usage_.max_reductions_in_flight, static_cast<int64_t>(side_reductions_.size()));
+}
+
 void StreamPathDevice::enqueue(Stream stream, std::function<void()> run, std::vector<Range> ranges) {
   Queue& q = queue_of(stream);
   note_allocation_order(q, ranges);
-  if (handle_of(q) == compute_) usage_.compute_stream_ops++;
+  if (handle_of(q) == compute_) {
+    usage_.compute_stream_ops++;
+    count_reductions_in_flight(q);
+  }
   if (&q == &queues_.front() && computes_on_callers_stream()) usage_.legacy_stream_ops++;
   q.ops.push_back({std::move(run), std::move(ranges)});
   q.enqueued++;

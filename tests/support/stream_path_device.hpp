@@ -52,8 +52,9 @@
 namespace zero3::testing {
 
 // Calls that block the host until the device has reached a point of a stream. Each call counts once, whether
-// or not the work was done already (on a GPU that depends on timing; the count is what the code asks for).
-// Event and Work queries (DeviceEvent::done, Work::is_completed) never block and are not counted.
+// or not the work was done already (on a GPU that depends on timing; the count is what the code asks for), except as
+// said for collective waits. Event and Work queries (DeviceEvent::done, Work::is_completed) never block and are not
+// counted.
 struct HostSyncs {
   int64_t stream_synchronize = 0;  // DeviceStream::synchronize
   int64_t event_synchronize = 0;   // DeviceEvent::synchronize of a recorded event
@@ -61,7 +62,9 @@ struct HostSyncs {
   int64_t synchronous_copies = 0;  // copy/move/fill_zero with stream nullptr (they return when done)
   int64_t pageable_copies = 0;     // a copy on a stream with pageable host memory on one side (CUDA blocks)
   int64_t blocking_kernels = 0;    // grad_stats, which returns its numbers to the host
-  int64_t collective_waits = 0;    // Work::wait / wait_for of a collective queued on a stream (NCCL: polls its event)
+  // Work::wait / wait_for of a collective queued on a stream (NCCL: polls its event), unless the host already waited
+  // for a point that runs after the collective (then it is complete on a GPU too, and NCCL's wait returns at once).
+  int64_t collective_waits = 0;
   int64_t total() const {
     return stream_synchronize + event_synchronize + device_synchronize + synchronous_copies + pageable_copies +
            blocking_kernels + collective_waits;
@@ -85,6 +88,9 @@ struct StreamPathUsage {
   int64_t allocations = 0;         // allocate() calls that returned memory (served by the pool)
   int64_t device_allocations = 0;  // of which grew the pool (see above)
   int64_t host_allocations = 0;    // allocate_host() calls that grew the pinned cache (in use + pending frees)
+  // The most reductions (reduce-scatters and all-reduces on a stream other than the compute stream) that the compute
+  // stream was not ordered after when work was queued on it: reductions in flight while the compute goes on.
+  int64_t max_reductions_in_flight = 0;
   int64_t legacy_stream_ops = 0;   // work queued on the legacy default stream while the caller's stream computes
   int64_t compute_stream_ops = 0;  // work queued on the compute stream
   // Informative counts.
@@ -143,6 +149,9 @@ class StreamPathDevice final : public detail::DeviceBackend {
   // returns is complete once the stream has run it, and wait() runs the stream up to it.
   WorkPtr enqueue_collective(Stream stream, std::function<void()> run, const void* a, size_t a_bytes, const void* b,
                              size_t b_bytes);
+  // Called by the communicator after it queued a reduction on `stream` (counted in max_reductions_in_flight when
+  // `stream` is not the compute stream).
+  void note_side_reduction(Stream stream);
   // Whether `stream` is the compute stream (nullptr included).
   bool is_compute(Stream stream) const { return stream == nullptr || stream == compute_; }
   // CUDA's legacy default stream: the compute stream, or with ComputeStream::callers a queue of its own.
@@ -191,6 +200,9 @@ class StreamPathDevice final : public detail::DeviceBackend {
   // copy/move/fill_zero with stream nullptr: the host waits for the compute stream (counted).
   void wait_synchronous_call();
   void run_all();
+  // Whether the host has waited for a point of some stream that runs after point `mark` of `q`.
+  bool host_ordered_after(const Queue& q, uint64_t mark) const;
+  void count_reductions_in_flight(const Queue& compute);
   static void merge(Clock& into, const Clock& from);
   // Counts work on `q` touching device memory it is not ordered after the allocation of.
   void note_allocation_order(const Queue& q, const std::vector<Range>& ranges);
@@ -215,6 +227,7 @@ class StreamPathDevice final : public detail::DeviceBackend {
   std::map<const char*, size_t> pinned_blocks_;
   // The stream-ordered pool model: bytes freed on another stream than the compute stream whose free has not
   // run yet, and the high-water mark of in use + those.
+  std::vector<std::pair<const Queue*, uint64_t>> side_reductions_;  // (queue, mark) of reductions maybe in flight
   int64_t device_pending_ = 0;
   int64_t device_reserved_ = 0;
   int64_t pinned_pending_ = 0;

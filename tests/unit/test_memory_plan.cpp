@@ -49,9 +49,10 @@ MemoryPlanOptions four_ranks() {
 // Every stage has one open backward scope's fp32 buffer for the largest unit (d: 104 padded elements).
 constexpr int64_t kScope = 104 * 4;
 // Reducer buckets in bf16 (communication_data_type follows the compute dtype, as DeepSpeed's): all-reduce
-// 2 x min(40, 166); reduce-scatter 2 x (C * 4 + C), C = min(40 / 4, 43).
-constexpr int64_t kAllReduce = 2 * 40 * 2;
-constexpr int64_t kScatter = 2 * (10 * 4 + 10) * 2;
+// 4 x min(40, 166); reduce-scatter 4 x (C * 4 + C), C = min(40 / 4, 43). Four: the largest unit (d, 101 elements,
+// 104 padded) spans three buckets of 40, and one more fills while they are reduced.
+constexpr int64_t kAllReduce = 4 * 40 * 2;
+constexpr int64_t kScatter = 4 * (10 * 4 + 10) * 2;
 
 TEST(MemoryPlan, Padding) {
   MemoryPlan p = plan_memory(crafted(), bf16_config(0), four_ranks());
@@ -69,9 +70,9 @@ TEST(MemoryPlan, Stage0) {
   EXPECT_EQ(bytes(p, MemoryCategory::grads, MemoryTier::device), kScope + 172 * 4);
   EXPECT_EQ(bytes(p, MemoryCategory::optimizer_state, MemoryTier::device), 172 * 8);
   EXPECT_EQ(bytes(p, MemoryCategory::buffers, MemoryTier::device), kAllReduce);
-  EXPECT_EQ(p.rank_bytes(MemoryTier::device), 3672);
+  EXPECT_EQ(p.rank_bytes(MemoryTier::device), 3512 + kAllReduce);
   EXPECT_EQ(p.rank_bytes(MemoryTier::host), 0);
-  EXPECT_EQ(p.node_bytes(MemoryTier::device), 2 * 3672);
+  EXPECT_EQ(p.node_bytes(MemoryTier::device), 2 * (3512 + kAllReduce));
 }
 
 TEST(MemoryPlan, Stage1) {
@@ -90,7 +91,7 @@ TEST(MemoryPlan, Stage2) {
   EXPECT_EQ(bytes(p, MemoryCategory::grads, MemoryTier::device), kScope + 43 * 4);
   EXPECT_EQ(bytes(p, MemoryCategory::optimizer_state, MemoryTier::device), 344);
   EXPECT_EQ(bytes(p, MemoryCategory::buffers, MemoryTier::device), kScatter);
-  EXPECT_EQ(p.rank_bytes(), 1648);
+  EXPECT_EQ(p.rank_bytes(), 1448 + kScatter);
 }
 
 TEST(MemoryPlan, Stage3) {
@@ -253,9 +254,9 @@ TEST(MemoryPlan, SixteenBitAccumulation) {
   MemoryPlan p = plan_memory(crafted(), c, four_ranks());
   EXPECT_EQ(p.rank_bytes(MemoryCategory::grads), 104 * 2 + 43 * 2);
   // bf16 buckets, and the fp32 step tile of the largest slice (26 elements).
-  EXPECT_EQ(p.rank_bytes(MemoryCategory::buffers), 2 * (40 + 10) * 2 + 26 * 4);
+  EXPECT_EQ(p.rank_bytes(MemoryCategory::buffers), 4 * (40 + 10) * 2 + 26 * 4);
   c.communication_data_type = DType::f32;
-  EXPECT_EQ(plan_memory(crafted(), c, four_ranks()).rank_bytes(MemoryCategory::buffers), 2 * (40 + 10) * 4 + 26 * 4);
+  EXPECT_EQ(plan_memory(crafted(), c, four_ranks()).rank_bytes(MemoryCategory::buffers), 4 * (40 + 10) * 4 + 26 * 4);
 }
 
 // hpZ holds a secondary partition of every non-persistent unit (a, c, d: padded 32, 28, 104) over its group of 2;
@@ -279,8 +280,9 @@ TEST(MemoryPlan, Layouts) {
   EXPECT_EQ(p.partition_size, 2);
   EXPECT_EQ(p.shard_params, 15 + 4 + 14 + 51);
   EXPECT_EQ(p.padded_params, 2 * 84);
-  // Reduce-scatter over 2: C = min(40 / 2, 84) = 20; across the 2 replicas: min(40, 84) = 40.
-  EXPECT_EQ(bytes(p, MemoryCategory::buffers, MemoryTier::device), 2 * (20 * 2 + 20) * 2 + 2 * 40 * 2);
+  // Reduce-scatter over 2: C = min(40 / 2, 84) = 20, 4 buckets (d: 102 padded elements over buckets of 40); across
+  // the 2 replicas: min(40, 84) = 40, 3 buckets (d: a slice of 51).
+  EXPECT_EQ(bytes(p, MemoryCategory::buffers, MemoryTier::device), 4 * (20 * 2 + 20) * 2 + 3 * 40 * 2);
   EXPECT_NE(format_memory_plan(p).find("layout: MiCS: shard groups of 2 ranks (one node: HSDP) x 2 replicas"),
             std::string::npos);
 
@@ -360,10 +362,11 @@ TEST(MemoryPlan, Llama3_8B) {
   EXPECT_EQ(p.rank_bytes(MemoryTier::host), 14LL * 501'891'328 + staging);
   EXPECT_EQ(p.node_bytes(MemoryTier::host), 4 * (14LL * 501'891'328 + staging));
   // Device per rank: the fp32 gradient slices, one backward scope's fp32 buffer and the gathered head (both
-  // of the largest unit) and the bf16 reduce-scatter buckets: under 6 GiB, leaving a 48 GB GPU to activations.
+  // of the largest unit) and the bf16 reduce-scatter buckets, 33 of them on a GPU (the head's 525,340,672 padded
+  // elements in buckets of 16,777,216, plus the one filling): under 6 GiB, leaving a 48 GB GPU to activations.
   const int64_t head = 128256LL * 4096 + 4096;
   EXPECT_EQ(p.rank_bytes(MemoryTier::device),
-            4LL * 501'891'328 + 4 * head + 2 * head + 2 * (16'777'216 + 16'777'216 / 16) * 2);
+            4LL * 501'891'328 + 4 * head + 2 * head + 33 * (16'777'216 + 16'777'216 / 16) * 2);
   EXPECT_LT(p.rank_bytes(MemoryTier::device), int64_t{6} << 30);
 }
 
@@ -429,9 +432,9 @@ TEST(MemoryPlan, PlanCommand) {
   // gradient tiles of 32,833,792 elements; per node, 4 ranks.
   EXPECT_NE(out.find("7,289,148,928"), std::string::npos) << out;
   EXPECT_NE(out.find("29,156,595,712"), std::string::npos) << out;
-  // reduce_bucket_size "auto" = 4096^2: two buckets of 16,777,216 in + 1,048,576 out bf16 elements (DeepSpeed's
-  // communication dtype under bf16).
-  EXPECT_NE(out.find("71,303,168"), std::string::npos) << out;
+  // reduce_bucket_size "auto" = 4096^2: 33 buckets (as many as hold the head's reduction, plus one) of 16,777,216
+  // in + 1,048,576 out bf16 elements (DeepSpeed's communication dtype under bf16).
+  EXPECT_NE(out.find("1,176,502,272"), std::string::npos) << out;
   // And the traffic per optimizer step of each node.
   EXPECT_NE(out.find("zero3 traffic plan: ZeRO-3 over 16 ranks"), std::string::npos) << out;
   std::string bad = std::string(bin) + "/zero3 plan --model " + src + "/configs/models/llama-3-8b.json 2>/dev/null";

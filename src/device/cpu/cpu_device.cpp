@@ -132,6 +132,14 @@ class CpuKernels final : public detail::DeviceKernels {
     return {};
   }
 
+  void accumulate_grad_stats(const void* x, DType type, int64_t n, double* acc, Stream stream) override {
+    const detail::GradStats s = grad_stats(x, type, n, stream);
+    acc[0] += s.sum_squares;
+    acc[1] += static_cast<double>(s.non_finite);
+  }
+
+  void grad_stats_to_f32(const double* acc, float* out, Stream) override { grad_stats_f32(acc, out); }
+
   void adam(float* p, const float* g, float* m, float* v, int64_t n, const AdamStepConsts& c, void* copy_out,
             DType copy_type, Stream) override {
     if (n <= 0) return;

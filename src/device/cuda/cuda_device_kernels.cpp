@@ -55,6 +55,31 @@ GradStats CudaKernels::grad_stats(const void* x, DType type, int64_t n, Stream s
   return out;
 }
 
+void CudaKernels::accumulate_grad_stats(const void* x, DType type, int64_t n, double* acc, Stream stream) {
+  if (n <= 0) return;
+  CudaDeviceGuard guard(device_);
+  const int64_t chunks = cuda::grad_stats_chunks(n);
+  const size_t bytes = sizeof(unsigned long long) + static_cast<size_t>(chunks) * sizeof(double);
+  const cudaStream_t s = stream_of(stream);
+  void* scratch = scratch_.allocate(bytes, s);  // freed in the order of s: reused there without a host wait
+  auto* counter = static_cast<unsigned long long*>(scratch);
+  auto* sums = reinterpret_cast<double*>(counter + 1);
+  try {
+    ZERO3_CUDA_CHECK(cudaMemsetAsync(counter, 0, sizeof(unsigned long long), s));
+    cuda::launch_grad_stats_chunks(x, type, n, sums, counter, s);
+    cuda::launch_add_grad_stats(sums, chunks, counter, acc, s);
+  } catch (...) {
+    scratch_.deallocate_after(scratch, bytes, s);
+    throw;
+  }
+  scratch_.deallocate_after(scratch, bytes, s);
+}
+
+void CudaKernels::grad_stats_to_f32(const double* acc, float* out, Stream stream) {
+  CudaDeviceGuard guard(device_);
+  cuda::launch_grad_stats_f32(acc, out, stream_of(stream));
+}
+
 void CudaKernels::adam(float* p, const float* g, float* m, float* v, int64_t n, const AdamStepConsts& c, void* copy_out,
                        DType copy_type, Stream stream) {
   if (n <= 0) return;

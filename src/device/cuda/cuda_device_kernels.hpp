@@ -21,6 +21,8 @@ class CudaKernels final : public DeviceKernels {
   void scale_add(void* dst, DType dst_type, const void* src, DType src_type, float scale, int64_t n,
                  Stream stream) override;
   GradStats grad_stats(const void* x, DType type, int64_t n, Stream stream) override;
+  void accumulate_grad_stats(const void* x, DType type, int64_t n, double* acc, Stream stream) override;
+  void grad_stats_to_f32(const double* acc, float* out, Stream stream) override;
   void adam(float* p, const float* g, float* m, float* v, int64_t n, const AdamStepConsts& c, void* copy_out,
             DType copy_type, Stream stream) override;
   void init_fill(float* out, const FillSpec& spec, uint64_t seed, uint64_t param_stream, int64_t begin, int64_t end,

@@ -43,6 +43,12 @@ void launch_scale_add(void* dst, DType dst_type, const void* src, DType src_type
 // incremented by the number of Inf/NaN elements (set it to 0 first). chunk_sums holds grad_stats_chunks(n).
 void launch_grad_stats_chunks(const void* x, DType type, int64_t n, double* chunk_sums, unsigned long long* non_finite,
                               cudaStream_t stream);
+// acc[0] += the sum of chunk_sums[0, chunks) added in chunk order from 0 (the host's order in grad_stats), acc[1] +=
+// *non_finite: one thread, so that the stream-ordered statistics are the bits of the blocking ones.
+void launch_add_grad_stats(const double* chunk_sums, int64_t chunks, const unsigned long long* non_finite, double* acc,
+                           cudaStream_t stream);
+// out = grad_stats_f32(acc) (kernels/elementwise.hpp), one thread.
+void launch_grad_stats_f32(const double* acc, float* out, cudaStream_t stream);
 // One Adam/AdamW step (adam_update) per element; copy_out (may be null) receives the updated p.
 void launch_adam(float* p, const float* g, float* m, float* v, int64_t n, const AdamStepConsts& c, void* copy_out,
                  DType copy_type, cudaStream_t stream);

@@ -4,7 +4,8 @@
 // element after the other; the host then adds the chunk sums in chunk order. Here lane j of a warp owns
 // chunk (32*w + j) and adds its elements in the same order, so every chunk sum is the same bits (each
 // square of a float is exact in double; only the order of the additions could differ, and it does not).
-// The host adds the chunk sums in order, as on cpu.
+// The host adds the chunk sums in order, as on cpu (or, for the stream-ordered statistics, one device thread does,
+// in the same order).
 //
 // Reading chunk j's elements one by one from lane j would touch 32 cache lines 64 KiB apart per step. The
 // warp instead stages a 32x32 tile in shared memory: row r holds 32 consecutive elements of chunk r, read
@@ -87,7 +88,28 @@ void launch_typed(const void* x, int64_t n, double* chunk_sums, unsigned long lo
   ZERO3_CUDA_CHECK(cudaGetLastError());
 }
 
+__global__ void add_grad_stats_kernel(const double* chunk_sums, int64_t chunks, const unsigned long long* non_finite,
+                                      double* acc) {
+  double sum = 0.0;
+  for (int64_t c = 0; c < chunks; ++c) sum += chunk_sums[c];
+  acc[0] += sum;
+  acc[1] += static_cast<double>(*non_finite);
+}
+
+__global__ void grad_stats_f32_kernel(const double* acc, float* out) { grad_stats_f32(acc, out); }
+
 }  // namespace
+
+void launch_add_grad_stats(const double* chunk_sums, int64_t chunks, const unsigned long long* non_finite, double* acc,
+                           cudaStream_t stream) {
+  add_grad_stats_kernel<<<1, 1, 0, stream>>>(chunk_sums, chunks, non_finite, acc);
+  ZERO3_CUDA_CHECK(cudaGetLastError());
+}
+
+void launch_grad_stats_f32(const double* acc, float* out, cudaStream_t stream) {
+  grad_stats_f32_kernel<<<1, 1, 0, stream>>>(acc, out);
+  ZERO3_CUDA_CHECK(cudaGetLastError());
+}
 
 void launch_grad_stats_chunks(const void* x, DType type, int64_t n, double* chunk_sums, unsigned long long* non_finite,
                               cudaStream_t stream) {
