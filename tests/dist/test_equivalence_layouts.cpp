@@ -14,6 +14,7 @@
 #include <ostream>
 #include <string>
 
+#include "support/engine_world.hpp"
 #include "support/equivalence_check.hpp"
 #include "zero3/comm.hpp"
 #include "zero3/engine.hpp"
@@ -24,20 +25,9 @@ using namespace zero3::testing;
 
 namespace {
 
-// The launcher's nodes: ranks per node and node count.
-struct Nodes {
-  int per_node = 1;
-  int count = 1;
-};
-
-Nodes launcher_nodes() {
-  const LaunchInfo launch = detect_launch();
-  return {launch.local_world_size, launch.world_size / launch.local_world_size};
-}
-
 // A group of one node, or on a single node half of it (so the layout still has two groups).
 int node_group() {
-  const Nodes n = launcher_nodes();
+  const LauncherNodes n = launcher_nodes();
   return n.count > 1 ? n.per_node : n.per_node / 2;
 }
 
@@ -57,7 +47,7 @@ bool hsdp(Config& c) {
 }
 
 bool mics_hierarchical(Config& c) {
-  const Nodes n = launcher_nodes();
+  const LauncherNodes n = launcher_nodes();
   if (n.count < 2) return false;
   c.zero.mics_shard_size = n.per_node * n.count;
   c.zero.mics_hierarchical_params_gather = true;
@@ -170,7 +160,7 @@ void train_step(Engine& engine, const MlpUnits& units, const TrainPlan& plan, in
 
 TEST(LayoutTraffic, TheEngineCountsWhatThePlanPredicts) {
   auto comm = engine_world();
-  const Nodes n = launcher_nodes();
+  const LauncherNodes n = launcher_nodes();
   TrainPlan plan;
   plan.world = comm->size();
   const std::vector<std::pair<std::string, std::function<bool(Config&)>>> layouts = {
@@ -211,7 +201,7 @@ TEST(LayoutTraffic, TheEngineCountsWhatThePlanPredicts) {
 }
 
 TEST(LayoutTraffic, HsdpSendsNothingAcrossNodesBetweenBoundaries) {
-  const Nodes n = launcher_nodes();
+  const LauncherNodes n = launcher_nodes();
   if (n.count < 2) GTEST_SKIP() << "needs two or more nodes";
   auto comm = engine_world();
   TrainPlan plan;
@@ -243,7 +233,7 @@ TEST(LayoutTraffic, HsdpSendsNothingAcrossNodesBetweenBoundaries) {
 }
 
 TEST(LayoutTraffic, HpzGathersAfterTheFirstStayInTheGroup) {
-  const Nodes n = launcher_nodes();
+  const LauncherNodes n = launcher_nodes();
   if (n.count < 2) GTEST_SKIP() << "needs two or more nodes";
   auto comm = engine_world();
   TrainPlan plan;

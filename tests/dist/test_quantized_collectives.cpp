@@ -28,19 +28,9 @@ using namespace zero3::testing;
 
 namespace {
 
-struct Nodes {
-  int per_node = 1;
-  int count = 1;
-};
-
-Nodes launcher_nodes() {
-  const LaunchInfo launch = detect_launch();
-  return {launch.local_world_size, launch.world_size / launch.local_world_size};
-}
-
 // A group of one node, or on a single node half of it (0 when that is one rank: the layout is then skipped).
 int node_group() {
-  const Nodes n = launcher_nodes();
+  const LauncherNodes n = launcher_nodes();
   const int g = n.count > 1 ? n.per_node : n.per_node / 2;
   return g > 1 && detect_launch().world_size % g == 0 ? g : 0;
 }
@@ -57,7 +47,7 @@ bool hsdp(Config& c) {
   return c.zero.mics_shard_size > 1;
 }
 bool mics_hierarchical(Config& c) {
-  const Nodes n = launcher_nodes();
+  const LauncherNodes n = launcher_nodes();
   if (n.count < 2) return false;
   c.zero.mics_shard_size = n.per_node * n.count;
   c.zero.mics_hierarchical_params_gather = true;
@@ -117,7 +107,7 @@ void train_step(Engine& engine, const MlpUnits& units, const TrainPlan& plan, in
 
 TEST(QuantizedTraffic, TheEngineCountsWhatThePlanPredicts) {
   auto comm = engine_world();
-  const Nodes n = launcher_nodes();
+  const LauncherNodes n = launcher_nodes();
   TrainPlan plan;
   plan.world = comm->size();
   const std::vector<std::pair<std::string, Layout>> layouts = {

@@ -40,6 +40,17 @@ inline Config resolved_for(Config config, const Communicator& comm) {
   return config;
 }
 
+// The launcher's nodes (`zero3 launch --simulate-nodes` or a real multi-node launch): ranks per node and nodes.
+struct LauncherNodes {
+  int per_node = 1;
+  int count = 1;
+};
+
+inline LauncherNodes launcher_nodes() {
+  const LaunchInfo launch = detect_launch();
+  return {launch.local_world_size, launch.world_size / launch.local_world_size};
+}
+
 inline Device& cpu_device() {
   static std::unique_ptr<Device> device = make_cpu_device();
   return *device;
