@@ -17,6 +17,13 @@ std::string to_json(const Config& config) {
         (" " + std::string(e.only_for) + " ").find(" " + scheduler_type + " ") == std::string::npos) {
       continue;
     }
+    // A precision section the file did not have and nothing enabled stays out: written out as "enabled": false
+    // it would say fp32 compute where the file left the precision to the program.
+    const std::string_view key = e.path;
+    if ((key.starts_with("fp16.") && !config.fp16.section_given && !config.fp16.enabled) ||
+        (key.starts_with("bf16.") && !config.bf16.section_given && !config.bf16.enabled)) {
+      continue;
+    }
     std::optional<nlohmann::ordered_json> value = e.emit(config);
     if (!value) continue;
     // Sections are created on the way down, in table order, only when one of their keys is written.
