@@ -15,6 +15,7 @@
 #include <string>
 
 #include "support/engine_world.hpp"
+#include "support/planned_traffic.hpp"
 #include "support/equivalence_check.hpp"
 #include "zero3/comm.hpp"
 #include "zero3/engine.hpp"
@@ -65,15 +66,6 @@ void bf16_fp32_sums(Config& c) {
 }
 
 void bf16(Config& c) { c.bf16.enabled = true; }
-
-// Every unit released after use and gathered again (hpZ's backward then reads the secondary partition), small
-// reduce buckets (several per step).
-void tight_schedule(Config& c) {
-  c.zero.param_persistence_threshold = 0;
-  c.zero.max_reuse_distance = 0;
-  c.zero.prefetch_bucket_size = 500;
-  c.zero.reduce_bucket_size = 150;
-}
 
 const LayoutVariant kVariants[] = {
     {"hsdp", hsdp, nullptr, 1e-5},
@@ -126,19 +118,6 @@ INSTANTIATE_TEST_SUITE_P(Engine, Layouts, ::testing::ValuesIn(kVariants),
 
 // ---- Traffic ----
 
-ModelDesc mlp_desc(const MlpDims& dims) {
-  ModelDesc m;
-  m.name = "mlp";
-  for (const std::string& unit : mlp_units()) {
-    UnitDesc u{unit, {}};
-    for (const MlpParamDesc& p : mlp_params(dims)) {
-      if (p.unit == unit) u.params.push_back(p.shape);
-    }
-    m.units.push_back(std::move(u));
-  }
-  return m;
-}
-
 // Trains one optimizer step (its micro-steps), calling `after` with the micro-step's index and the traffic it
 // caused.
 struct MicroTraffic {
@@ -181,20 +160,7 @@ TEST(LayoutTraffic, TheEngineCountsWhatThePlanPredicts) {
       train_step(engine, units, plan, 1);
       train_step(engine, units, plan, 2);
       const ScheduleStats got = engine.schedule_stats();
-      TrafficPlanOptions o;
-      o.world_size = comm->size();
-      o.ranks_per_node = n.per_node;
-      const TrafficPlan want = plan_traffic(mlp_desc(plan.dims), c, o);
-      const RankTraffic& mine = want.ranks[static_cast<size_t>(comm->rank())];
-      CollectiveTraffic gathers = mine.gathers, reductions = mine.reductions;
-      gathers += mine.gathers;
-      reductions += mine.reductions;
-      EXPECT_EQ(got.gather_traffic, gathers)
-          << "gathers: collectives " << got.gather_traffic.collectives << " vs " << gathers.collectives
-          << ", inter-node bytes " << got.gather_traffic.inter_node_bytes << " vs " << gathers.inter_node_bytes;
-      EXPECT_EQ(got.reduce_traffic, reductions)
-          << "reductions: collectives " << got.reduce_traffic.collectives << " vs " << reductions.collectives
-          << ", inter-node bytes " << got.reduce_traffic.inter_node_bytes << " vs " << reductions.inter_node_bytes;
+      expect_planned_traffic(got, c, *comm, n.per_node, plan.dims, /*steps=*/2);
       EXPECT_GT(got.gather_traffic.collectives, 0);
     }
   }

@@ -18,6 +18,7 @@
 
 #include "support/engine_world.hpp"
 #include "support/mlp_trainer.hpp"
+#include "support/planned_traffic.hpp"
 #include "zero3/comm.hpp"
 #include "zero3/dtype.hpp"
 #include "zero3/engine.hpp"
@@ -68,31 +69,10 @@ void both(Config& c) {
   qgz(c);
 }
 
-// Every unit released after use and gathered again, small reduce buckets (several per step).
-void tight_schedule(Config& c) {
-  c.zero.param_persistence_threshold = 0;
-  c.zero.max_reuse_distance = 0;
-  c.zero.prefetch_bucket_size = 500;
-  c.zero.reduce_bucket_size = 150;
-}
-
 Config bf16_config() {
   Config c = equivalence_config(3);
   c.bf16.enabled = true;
   return c;
-}
-
-ModelDesc mlp_desc(const MlpDims& dims) {
-  ModelDesc m;
-  m.name = "mlp";
-  for (const std::string& unit : mlp_units()) {
-    UnitDesc u{unit, {}};
-    for (const MlpParamDesc& p : mlp_params(dims)) {
-      if (p.unit == unit) u.params.push_back(p.shape);
-    }
-    m.units.push_back(std::move(u));
-  }
-  return m;
 }
 
 void train_step(Engine& engine, const MlpUnits& units, const TrainPlan& plan, int64_t step) {
@@ -130,26 +110,15 @@ TEST(QuantizedTraffic, TheEngineCountsWhatThePlanPredicts) {
         engine.reset_schedule_stats();
         train_step(engine, units, plan, 1);
         train_step(engine, units, plan, 2);
-        const ScheduleStats got = engine.schedule_stats();
-        TrafficPlanOptions o;
-        o.world_size = comm->size();
-        o.ranks_per_node = n.per_node;
-        const TrafficPlan want = plan_traffic(mlp_desc(plan.dims), c, o);
+        const TrafficPlan want =
+            expect_planned_traffic(engine.schedule_stats(), c, *comm, n.per_node, plan.dims, /*steps=*/2);
         const RankTraffic& mine = want.ranks[static_cast<size_t>(comm->rank())];
-        CollectiveTraffic gathers = mine.gathers, reductions = mine.reductions;
-        gathers += mine.gathers;
-        reductions += mine.reductions;
-        EXPECT_EQ(got.gather_traffic, gathers)
-            << "gathers: collectives " << got.gather_traffic.collectives << " vs " << gathers.collectives
-            << ", intra-node bytes " << got.gather_traffic.intra_node_bytes << " vs " << gathers.intra_node_bytes
-            << ", inter-node bytes " << got.gather_traffic.inter_node_bytes << " vs " << gathers.inter_node_bytes;
-        EXPECT_EQ(got.reduce_traffic, reductions)
-            << "reductions: collectives " << got.reduce_traffic.collectives << " vs " << reductions.collectives
-            << ", intra-node bytes " << got.reduce_traffic.intra_node_bytes << " vs " << reductions.intra_node_bytes
-            << ", inter-node bytes " << got.reduce_traffic.inter_node_bytes << " vs " << reductions.inter_node_bytes;
         // Against the same run unquantized: qwZ sends about half the gather bytes, qgZ fewer reduction bytes.
         Config u = c;
         u.zero.quantized_weights = u.zero.quantized_gradients = false;
+        TrafficPlanOptions o;
+        o.world_size = comm->size();
+        o.ranks_per_node = n.per_node;
         const TrafficPlan unquantized = plan_traffic(mlp_desc(plan.dims), u, o);
         const RankTraffic& plain_rank = unquantized.ranks[static_cast<size_t>(comm->rank())];
         const int64_t qg = mine.gathers.intra_node_bytes + mine.gathers.inter_node_bytes;
