@@ -162,7 +162,12 @@ struct MemoryStats {
 struct ScheduleStats {
   int64_t all_gathers = 0;           // unit all-gathers issued, prefetches included
   int64_t prefetches = 0;            // all-gathers issued ahead of use
+  int64_t boundary_prefetches = 0;   // of the prefetches, those issued for the next micro-step's first units
+                                     // (at the end of step(), after refresh_params(), after evaluation)
+  int64_t boundary_keeps = 0;        // the next micro-step's first units kept gathered from their last use
+                                     // (within the accumulation window) instead of released and gathered again
   int64_t prefetch_hits = 0;         // scope entries that found their unit gathered or in flight by a prefetch
+                                     // (boundary keeps included)
   int64_t releases = 0;              // full buffers freed
   int64_t reuse_keeps = 0;           // scope exits that kept the unit for stage3_max_reuse_distance
   int64_t evictions = 0;             // kept units freed early to stay within stage3_max_live_parameters

@@ -3,7 +3,8 @@
 // begin_eval swaps the training schedule out for the evaluation one, so scopes record into it, prefetch and
 // keep units along its trace, and the training trace (and the micro-step it may be in the middle of recording)
 // is left exactly as it was; end_eval swaps it back. Units are released at every batch end, as at every
-// micro-step end in training, so neither mode finds the other's units gathered.
+// micro-step end in training, so neither mode finds the other's units gathered: begin_eval releases the training
+// micro-step's first units that step() gathered ahead, and end_eval gathers them ahead again.
 #include "core/check.hpp"
 #include "zero/engine_impl.hpp"
 #include "zero3/error.hpp"
@@ -19,6 +20,16 @@ EvalMode EngineImpl::begin_eval() {
   ZERO3_REQUIRE(schedule_->current().empty(), InvalidArgument, "Engine::evaluate: a micro-step is under way (",
                 schedule_->current().size(),
                 " scopes entered since the last step()); evaluate between micro-steps, after step()");
+  try {
+    if (policy_.shard_params) {
+      for (UnitState& u : units_) {
+        if (!u.info.persistent) release_gather(u);
+      }
+      ahead_numel_ = 0;
+    }
+  } catch (...) {
+    fail(std::current_exception());
+  }
   std::swap(schedule_, eval_schedule_);
   evaluating_ = true;
   prefetch_param_reads();  // the slices of the evaluation's first units, from the second evaluation on
@@ -33,7 +44,7 @@ void EngineImpl::next_eval_batch() {
   try {
     verify_schedule("EvalMode::next_batch()");
     reset_events();
-    end_micro_step_schedule();
+    end_micro_step_schedule(false);
     ++eval_batches_;
     prefetch_param_reads();
   } catch (...) {
@@ -73,7 +84,8 @@ void EngineImpl::leave_eval(EvalMode& mode) {
   if (error) std::rethrow_exception(error);
   if (fatal_error_) return;
   try {
-    prefetch_param_reads();  // the next training micro-step's first units
+    prefetch_next_micro_step();
+    prefetch_param_reads();  // the slices of the units after them
   } catch (...) {
     fail(std::current_exception());
   }

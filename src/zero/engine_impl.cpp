@@ -1236,17 +1236,50 @@ void EngineImpl::guard_calls(bool checking) {
   if (guard_ != nullptr) guard_->set_checking(checking);
 }
 
-void EngineImpl::end_micro_step_schedule() {
-  if (policy_.shard_params) {
-    for (UnitState& u : units_) {
-      if (!u.info.persistent) release_gather(u);
-    }
-    ahead_numel_ = 0;
-  }
+void EngineImpl::end_micro_step_schedule(bool keep_first) {
   bool changed = schedule_->finish_micro_step();
   if (changed && micro_steps_ > 0) {
     log::debug("engine: the order of units changed in micro-step ", micro_steps_, "; following the new order");
   }
+  if (!policy_.shard_params) return;
+  // The first units of the order just finished (it is the trace now): a unit kept from its last use stays only
+  // when it is among them, so what stays is what the boundary prefetch would have gathered.
+  std::vector<bool> first(units_.size(), false);
+  if (keep_first) {
+    for (UnitId id : schedule_->plan_start()) first[static_cast<size_t>(id.index)] = true;
+  }
+  ahead_numel_ = 0;
+  for (size_t i = 0; i < units_.size(); ++i) {
+    UnitState& u = units_[i];
+    if (u.info.persistent) continue;
+    if (first[i] && u.kept) {
+      u.kept = false;
+      u.prefetched_unused = true;
+      ahead_numel_ += u.info.numel;
+      stats_.boundary_keeps++;
+    } else {
+      release_gather(u);
+    }
+  }
+}
+
+bool EngineImpl::keep_for_next_micro_step(const UnitState& u) const {
+  if (evaluating_ || (micro_steps_ + 1) % gas_ == 0) return false;  // the optimizer step comes first
+  if (!schedule_->following() || schedule_->next_use(u.info.id) >= 0) return false;
+  for (UnitId id : schedule_->plan_start()) {
+    if (id == u.info.id) return true;
+  }
+  return false;
+}
+
+// Every rank issues the same gathers here: the trace is the order the ranks agreed on (or will compare at the
+// boundary, as every prefetch of the window), and the guard compares them as it will the next micro-step's calls.
+void EngineImpl::prefetch_next_micro_step() {
+  if (!policy_.shard_params || evaluating_) return;
+  guard_calls(checking_order());
+  const int64_t before = stats_.prefetches;
+  prefetch_after_entry();
+  stats_.boundary_prefetches += stats_.prefetches - before;
 }
 
 // ---------------------------------------------------------------------------------------------------------
@@ -1324,6 +1357,8 @@ void EngineImpl::exit(UnitScope& scope) {
       if (schedule_->keep_for_reuse(u.info.id) && stats_.live_numel <= schedule_policy_.max_live_numel) {
         u.kept = true;
         stats_.reuse_keeps++;
+      } else if (keep_for_next_micro_step(u)) {
+        u.kept = true;  // counted as a boundary keep if it stays past the micro-step's end
       } else {
         release_gather(u);
         prefetch_param_reads();  // its next use may be among the next units to read

@@ -291,7 +291,16 @@ class EngineImpl {
   void release_gather(UnitState& u);
   void make_room_for(UnitState& u);
   void prefetch_after_entry();
-  void end_micro_step_schedule();
+  // Releases the micro-step's gathered units (persistent ones stay) and makes its order the trace. With
+  // `keep_first` (within the accumulation window: the parameters do not change) the next micro-step's first
+  // units that are still gathered from their last use stay, as gathered ahead (ScheduleStats::boundary_keeps).
+  void end_micro_step_schedule(bool keep_first);
+  // A closing unit with no further use in this micro-step stays gathered when it is among the next one's first
+  // units and the next micro-step is in the same accumulation window.
+  bool keep_for_next_micro_step(const UnitState& u) const;
+  // The next micro-step's first units along the trace, gathered now (the rule after an entry, from the trace's
+  // start): at the end of step(), after refresh_params() and after evaluation (ScheduleStats::boundary_prefetches).
+  void prefetch_next_micro_step();
 
   void guard_calls(bool checking);
 

@@ -392,7 +392,7 @@ StepResult EngineImpl::step() {
       verify_schedule("step()");
     }
     reset_events();
-    end_micro_step_schedule();
+    end_micro_step_schedule(micro_steps_ % gas_ != gas_ - 1);  // within the window: keep the first units
     reducer_->flush();
     if (gather_stream_ == nullptr) queue_->drain();  // cuda: the Works are checked at the boundary
     ++micro_steps_;
@@ -401,7 +401,9 @@ StepResult EngineImpl::step() {
     if (micro_steps_ % gas_ != 0) {
       result.loss_scale = loss_scaler_.scale();
       result.global_step = global_steps_;
-      prefetch_param_reads();  // the next micro-step's first units
+      // The parameters do not change: the next micro-step's first units are gathered now (or kept).
+      prefetch_next_micro_step();
+      prefetch_param_reads();  // the slices of the units after them
       return result;
     }
     result.boundary = true;
@@ -416,6 +418,7 @@ StepResult EngineImpl::step() {
       result.lr = adam_hyper_at(adam_, *lr_scheduler_, applied_steps_ - 1).lr;
       result.loss_scale = loss_scaler_.scale();
       log::info_rank0("step ", global_steps_, ": no backward_scope since the last optimizer step; nothing applied");
+      prefetch_next_micro_step();
       prefetch_param_reads();
       return result;
     }
@@ -441,6 +444,7 @@ StepResult EngineImpl::step() {
       result.loss_scale = loss_scaler_.scale();
       log::info_rank0("step ", global_steps_, ": Inf/NaN in the gradients, step skipped (loss scale now ",
                       loss_scaler_.scale(), ")");
+      prefetch_next_micro_step();
       prefetch_param_reads();
       return result;
     }
@@ -465,7 +469,10 @@ StepResult EngineImpl::step() {
         wait_gather(u);
       }
     }
-    prefetch_param_reads();  // the new slices of the next micro-step's first units
+    // The next micro-step's first units from the updated slices: the gathers start after the optimizer's writes
+    // (ordered after the compute stream's work so far; hpZ's secondary partition was invalidated above).
+    prefetch_next_micro_step();
+    prefetch_param_reads();  // the new slices of the units after them
     zero_grads();
     result.applied = true;
     result.loss_scale = loss_scaler_.scale();
@@ -594,6 +601,7 @@ void EngineImpl::refresh_params() {
     }
     queue_->drain();
     staging_.clear();
+    prefetch_next_micro_step();  // from the new values: every gathered copy was dropped above
   } catch (...) {
     fail(std::current_exception());
   }

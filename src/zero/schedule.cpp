@@ -41,10 +41,19 @@ void Schedule::index_trace() {
 
 std::vector<UnitId> Schedule::plan_prefetch(int64_t ahead_numel, int64_t live_numel,
                                             const std::function<bool(UnitId)>& gatherable) const {
+  if (!following()) return {};
+  return plan_from(current_.size(), ahead_numel, live_numel, gatherable);
+}
+
+std::vector<UnitId> Schedule::plan_start() const {
+  return plan_from(0, 0, 0, [](UnitId) { return true; });
+}
+
+std::vector<UnitId> Schedule::plan_from(size_t position, int64_t ahead_numel, int64_t live_numel,
+                                        const std::function<bool(UnitId)>& gatherable) const {
   std::vector<UnitId> out;
-  if (!following()) return out;
   std::vector<bool> chosen(unit_numel_.size(), false);
-  for (size_t j = current_.size(); j < trace_.size(); ++j) {
+  for (size_t j = position; j < trace_.size(); ++j) {
     UnitId u = trace_[j].unit;
     auto ui = static_cast<size_t>(u.index);
     if (persistent_[ui] || chosen[ui] || !gatherable(u)) continue;

@@ -13,6 +13,9 @@
 //             stage3_max_reuse_distance elements of other units' gathers;
 //   read:     with NVMe parameter offload, the slices of the next units to gather (F3, B3, ...; those not
 //             gathered) are read from the swap file ahead, as many as there are free read buffers.
+//   start:    at the end of a micro-step the next one's first units (F0, F1, ... by the same rule from the
+//             trace's start, nothing gathered: plan_start) are gathered ahead; within the accumulation window
+//             the engine keeps those of them still gathered from their last use (B0) instead.
 //
 // When the order departs from the trace, look-ahead stops for the rest of the micro-step and the new
 // order becomes the trace. All decisions depend only on the trace and the engine's state, which are equal
@@ -55,6 +58,10 @@ class Schedule {
   // flight. `gatherable(u)`: u is neither gathered nor in flight.
   std::vector<UnitId> plan_prefetch(int64_t ahead_numel, int64_t live_numel,
                                     const std::function<bool(UnitId)>& gatherable) const;
+  // The next micro-step's first units: what plan_prefetch gives at the trace's start with nothing gathered (the
+  // first non-persistent unit always, more within stage3_prefetch_bucket_size and stage3_max_live_parameters).
+  // Empty without a trace.
+  std::vector<UnitId> plan_start() const;
 
   // Units whose NVMe slices to read ahead after the entry just recorded (or, at the start of a micro-step, from
   // the trace's start): the next at most `count` distinct non-persistent units in trace order for which
@@ -72,6 +79,8 @@ class Schedule {
 
  private:
   void index_trace();
+  std::vector<UnitId> plan_from(size_t position, int64_t ahead_numel, int64_t live_numel,
+                                const std::function<bool(UnitId)>& gatherable) const;
 
   SchedulePolicy policy_;
   std::vector<int64_t> unit_numel_;
