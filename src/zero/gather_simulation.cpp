@@ -6,7 +6,7 @@
 namespace zero3::detail {
 
 SimulatedGathers simulate_gathers(const std::vector<SimulatedUnit>& units, int64_t prefetch_bucket, int64_t max_live,
-                                  int64_t max_reuse_distance) {
+                                  int64_t max_reuse_distance, bool keep_first_units) {
   const int64_t n = static_cast<int64_t>(units.size());
   std::vector<int64_t> trace;
   for (int64_t i = 0; i < n; ++i) trace.push_back(i);
@@ -21,6 +21,20 @@ SimulatedGathers simulate_gathers(const std::vector<SimulatedUnit>& units, int64
     return int64_t{-1};
   };
 
+  // The next micro-step's first units (Schedule::plan_start's rule).
+  std::vector<bool> first(units.size(), false);
+  if (keep_first_units && prefetch_bucket > 0) {
+    int64_t first_numel = 0;
+    for (int64_t u = 0; u < n; ++u) {
+      if (units[u].persistent) continue;
+      if (first_numel > 0 &&
+          (first_numel + units[u].numel > prefetch_bucket || first_numel + units[u].numel > max_live))
+        break;
+      if (first_numel == 0 && units[u].numel > max_live) break;
+      first[u] = true;
+      first_numel += units[u].numel;
+    }
+  }
   std::vector<bool> gathered(units.size(), false), kept(units.size(), false), ahead(units.size(), false);
   int64_t live = 0, live_padded = 0, ahead_numel = 0;
   SimulatedGathers sim;
@@ -83,12 +97,14 @@ SimulatedGathers simulate_gathers(const std::vector<SimulatedUnit>& units, int64
     // Scope exit: keep for a near reuse, else release.
     int64_t next = next_use(u, pos + 1);
     bool keep = next >= 0 && prefix[next] - prefix[pos + 1] <= max_reuse_distance && live <= max_live;
-    if (keep) {
+    if (keep || (next < 0 && first[u])) {
       kept[u] = true;
     } else {
       release(u);
     }
   }
+  sim.kept_at_end.assign(units.size(), false);
+  for (int64_t u = 0; u < n; ++u) sim.kept_at_end[static_cast<size_t>(u)] = first[u] && kept[u];
   return sim;
 }
 

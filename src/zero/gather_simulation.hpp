@@ -6,6 +6,12 @@
 // next use is within stage3_max_reuse_distance elements; kept units evicted (farthest next use first) to make room
 // under stage3_max_live_parameters; the entered unit always gathered. Caps and distances count unpadded elements, as
 // the engine does; buffers are padded.
+// With `keep_first_units` the micro-step is one within the accumulation window: a closing unit with no further use
+// that is among the next micro-step's first units (from the order's start: the first non-persistent unit always,
+// more within the bucket and the live cap) stays gathered, evictable, and is counted in `kept_at_end` when it is
+// still gathered at the end (the next micro-step finds it; its gather there is saved). The micro-step itself starts
+// as the engine's does in steady state: the first units gathered ahead at the end of the previous one lead to the
+// same state after the first entry as gathering the first unit on entry and prefetching from there.
 #pragma once
 
 #include <cstdint>
@@ -20,12 +26,13 @@ struct SimulatedUnit {
 };
 
 struct SimulatedGathers {
-  int64_t peak_numel = 0;        // most elements of non-persistent units gathered or in flight at once
-  int64_t peak_padded = 0;       // the same, padded
-  std::vector<int64_t> gathers;  // per unit: all-gathers issued in the micro-step (0 for persistent units)
+  int64_t peak_numel = 0;         // most elements of non-persistent units gathered or in flight at once
+  int64_t peak_padded = 0;        // the same, padded
+  std::vector<int64_t> gathers;   // per unit: all-gathers issued in the micro-step (0 for persistent units)
+  std::vector<bool> kept_at_end;  // per unit: kept gathered into the next micro-step (keep_first_units)
 };
 
 SimulatedGathers simulate_gathers(const std::vector<SimulatedUnit>& units, int64_t prefetch_bucket, int64_t max_live,
-                                  int64_t max_reuse_distance);
+                                  int64_t max_reuse_distance, bool keep_first_units = false);
 
 }  // namespace zero3::detail

@@ -348,10 +348,14 @@ MemoryPlan plan_memory(const ModelDesc& model, const Config& config, const Memor
         plan.persistent_params += u.padded;
       }
     }
+    // The worst micro-step: the window's last, or one within it that keeps the next one's first units. What
+    // step() leaves gathered (those first units) is within both: they are gathered together after the first entry.
     const detail::SimulatedGathers sim =
         detail::simulate_gathers(units, *z.prefetch_bucket_size, z.max_live_parameters, z.max_reuse_distance);
-    plan.live_params = sim.peak_padded;
-    plan.live_numel = sim.peak_numel;
+    const detail::SimulatedGathers window = detail::simulate_gathers(
+        units, *z.prefetch_bucket_size, z.max_live_parameters, z.max_reuse_distance, /*keep_first_units=*/true);
+    plan.live_params = std::max(sim.peak_padded, window.peak_padded);
+    plan.live_numel = std::max(sim.peak_numel, window.peak_numel);
     const MemoryTier slice_tier = tier_of(z.offload_param.device);
     if (separate_master) {
       add(MemoryCategory::params, slice_tier, plan.shard_params * c, "parameter slices (" + cl + ")");

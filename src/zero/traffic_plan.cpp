@@ -101,8 +101,17 @@ TrafficPlan plan_traffic(const ModelDesc& model, const Config& config, const Tra
         persistent_total += u.numel;
       }
     }
+    // Per accumulation window: the last micro-step releases everything before the optimizer step; each of the
+    // others keeps the next one's first units that are still gathered at its end, saving their gathers there.
     gathers =
         detail::simulate_gathers(units, *z.prefetch_bucket_size, z.max_live_parameters, z.max_reuse_distance).gathers;
+    if (a > 1) {
+      const detail::SimulatedGathers window = detail::simulate_gathers(
+          units, *z.prefetch_bucket_size, z.max_live_parameters, z.max_reuse_distance, /*keep_first_units=*/true);
+      for (size_t i = 0; i < units.size(); ++i) {
+        gathers[i] += (a - 1) * (window.gathers[i] - (window.kept_at_end[i] ? 1 : 0));
+      }
+    }
   }
 
   for (int rank = 0; rank < nodes.world; ++rank) {
@@ -141,7 +150,7 @@ TrafficPlan plan_traffic(const ModelDesc& model, const Config& config, const Tra
           t.boundary_gathers += t.gathers - before;
           continue;
         }
-        const int64_t n = a * gathers[i];
+        const int64_t n = gathers[i];
         if (layout.kind == detail::LayoutKind::hpz && n > 0) {
           partition_gather(u.padded, true);  // the first after the step fills the secondary partition
           const GroupLink hpz = detail::link_of(layout.hpz_group(rank), nodes, rank);

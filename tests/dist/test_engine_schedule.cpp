@@ -73,30 +73,65 @@ TEST(Schedule, FirstMicroStepGathersOnDemandThenPrefetchesAlongTheTrace) {
   EXPECT_EQ(e.schedule_stats().persistent_numel, 10) << "the small unit is gathered at materialize";
   EXPECT_TRUE(e.unit(m.small).persistent);
   EXPECT_FALSE(e.unit(m.big[0]).persistent);
+  const int64_t padded = e.unit(m.big[0]).padded_numel;
 
+  // Each micro-step's statistics include its step(), which gathers the next micro-step's first units.
   e.reset_schedule_stats();
   micro_step(e, m);
-  ScheduleStats first = e.schedule_stats();
-  // No trace yet: every entry gathers on demand and every exit releases.
-  EXPECT_EQ(names(e, first.gather_order), (Names{"u0", "u1", "u2", "u3", "u4", "u4", "u3", "u2", "u1", "u0"}));
-  EXPECT_EQ(first.prefetches, 0);
-  EXPECT_EQ(first.peak_live_numel, 100);
-  EXPECT_EQ(first.reduced_elements, 5 * e.unit(m.big[0]).padded_numel + e.unit(m.small).padded_numel);
   e.step();
+  ScheduleStats first = e.schedule_stats();
+  // No trace during the first micro-step: every entry gathers on demand and every exit releases. Its step()
+  // (within the accumulation window) then gathers the next one's first units along the order just recorded:
+  // u0 always, u1 within 250 elements ahead (u2 would make 300).
+  EXPECT_EQ(names(e, first.gather_order),
+            (Names{"u0", "u1", "u2", "u3", "u4", "u4", "u3", "u2", "u1", "u0", "u0", "u1"}));
+  EXPECT_EQ(first.prefetches, 2);
+  EXPECT_EQ(first.boundary_prefetches, 2);
+  EXPECT_EQ(first.boundary_keeps, 0);
+  EXPECT_EQ(first.peak_live_numel, 200);
+  EXPECT_EQ(first.reduced_elements, 5 * padded + e.unit(m.small).padded_numel);
   ASSERT_EQ(e.recorded_order().size(), 12u);
+  // What step() leaves gathered: the persistent unit and u0, u1 (within the prefetch bucket and the live cap).
+  EXPECT_EQ(first.live_numel, 200);
+  EXPECT_EQ(e.memory().gathered, (2 * padded + e.unit(m.small).padded_numel) * 4);
 
+  // The window's last micro-step: u0, u1 are found gathered (hits), u2 is fetched ahead on u0's entry; the
+  // optimizer step releases everything and gathers u0, u1 again from the updated slices.
   e.reset_schedule_stats();
   micro_step(e, m);
   ScheduleStats s = e.schedule_stats();
-  // Along the trace, up to 250 elements ahead and 300 gathered: u1, u2 ahead of u0; u3 once u1 is used;
-  // u4 once u2 is; u2 again for its backward; u3 again; u1; u0. u4 is kept from its forward to its
-  // backward (distance 0 <= stage3_max_reuse_distance 0).
-  EXPECT_EQ(names(e, s.gather_order), (Names{"u0", "u1", "u2", "u3", "u4", "u2", "u3", "u1", "u0"}));
-  EXPECT_EQ(s.prefetches, 8);
-  EXPECT_EQ(s.prefetch_hits, 8);
+  // Along the trace, up to 250 elements ahead and 300 gathered: u2 once u0 is used; u3 once u1 is; u4 once u2
+  // is; u2 again for its backward; u3 again; u1; u0. u4 is kept from its forward to its backward (distance 0 <=
+  // stage3_max_reuse_distance 0).
+  EXPECT_EQ(names(e, s.gather_order), (Names{"u2", "u3", "u4", "u2", "u3", "u1", "u0"}));
+  EXPECT_EQ(s.prefetches, 7);
+  EXPECT_EQ(s.prefetch_hits, 9);
   EXPECT_EQ(s.reuse_keeps, 1);
+  EXPECT_EQ(s.boundary_keeps, 0) << "the optimizer step comes next: nothing is kept across it";
   EXPECT_EQ(s.peak_live_numel, 300) << "the live cap is reached and respected";
   EXPECT_EQ(s.persistent_numel, 10);
+  e.step();
+  s = e.schedule_stats();
+  EXPECT_EQ(names(e, s.gather_order), (Names{"u2", "u3", "u4", "u2", "u3", "u1", "u0", "small", "u0", "u1"}));
+  EXPECT_EQ(s.boundary_prefetches, 2);
+  EXPECT_EQ(s.boundary_keeps, 0);
+  EXPECT_EQ(s.live_numel, 200);
+
+  // Within the next window u1 and u0, the next micro-step's first units, are kept from their backward instead
+  // of released and gathered again.
+  e.reset_schedule_stats();
+  micro_step(e, m);
+  e.step();
+  s = e.schedule_stats();
+  EXPECT_EQ(names(e, s.gather_order), (Names{"u2", "u3", "u4", "u2", "u3", "u1", "u0"}));
+  EXPECT_EQ(s.boundary_keeps, 2);
+  EXPECT_EQ(s.boundary_prefetches, 0);
+  EXPECT_EQ(s.live_numel, 200);
+  e.reset_schedule_stats();
+  micro_step(e, m);
+  s = e.schedule_stats();
+  EXPECT_EQ(names(e, s.gather_order), (Names{"u2", "u3", "u4", "u2", "u3", "u1", "u0"}));
+  EXPECT_EQ(s.prefetch_hits, 9) << "the kept units count as found gathered";
   e.step();
 }
 
@@ -108,11 +143,15 @@ TEST(Schedule, ReuseKeepsUnitsAndTheCapEvictsThem) {
     Model m = declare(e);
     e.materialize();
     micro_step(e, m);
+    e.reset_schedule_stats();
     e.step();
+    EXPECT_EQ(names(e, e.schedule_stats().gather_order), (Names{"u0", "u1", "u2", "u3", "u4"}))
+        << "the whole order fits the prefetch bucket: step() gathers every unit ahead";
     e.reset_schedule_stats();
     micro_step(e, m);
     ScheduleStats s = e.schedule_stats();
-    EXPECT_EQ(names(e, s.gather_order), (Names{"u0", "u1", "u2", "u3", "u4"}));
+    EXPECT_EQ(s.all_gathers, 0);
+    EXPECT_EQ(s.prefetch_hits, 5);
     EXPECT_EQ(s.releases, 5) << "each unit is released once, after its last use (its backward)";
     EXPECT_EQ(s.reuse_keeps, 5);
     EXPECT_EQ(s.peak_live_numel, 500);

@@ -1,8 +1,9 @@
 // NVMe parameter offload reads the slices ahead of their all-gathers along the recorded schedule: a chain of
 // eight units trained with offload_param nvme and 1, 2 or 4 read buffers must give bit for bit the parameters
 // and forward values of the same run without parameter offload, with every all-gather fed by one read and
-// reads started ahead (with 2 buffers or more, every read after the first micro-step; none with
-// stage3_prefetch_bucket_size 0, where each read is waited for at its gather).
+// reads started ahead (with 2 buffers or more, every read after the first micro-step but those of the first unit
+// gathered at the end of an optimizer step; none with stage3_prefetch_bucket_size 0, where each read is waited for
+// at its gather).
 //
 // Faults: the swap file truncated under the engine, in the first micro-step (reads only on demand) or after a
 // step with reads ahead in flight, fails the next all-gather that needs a lost slice, on every rank at the
@@ -139,12 +140,18 @@ TEST(ParamPrefetch, ReadsRunAheadOfTheGathersWithAnyBufferCount) {
     const ScheduleStats& s = got.stats;
     // Every all-gather is fed by one read (no unit is persistent).
     EXPECT_EQ(s.param_reads, s.all_gathers);
-    EXPECT_EQ(s.all_gathers, (micro_steps - 1) * (2 * kUnits - 1));
+    // Per micro-step 2 * kUnits - 1 gathers, of which layer0's: within the accumulation window layer0 stays
+    // gathered from its backward into the next micro-step; after each optimizer step it is gathered at once, by
+    // step(), from its new slice.
+    EXPECT_EQ(s.all_gathers, (micro_steps - 1) * (2 * kUnits - 2) + micro_steps / 2);
+    EXPECT_EQ(s.boundary_prefetches, micro_steps / 2);
+    EXPECT_EQ(s.boundary_keeps, micro_steps / 2 - 1);
     EXPECT_GE(s.param_read_wait_seconds, 0.0);
-    // Between scope entries one buffer feeds a gather (the next unit's, prefetched): with one buffer only the
-    // first unit of each micro-step is read ahead (at the end of step()), with two or more every unit's read
-    // starts at least one unit ahead of its gather.
-    EXPECT_EQ(s.param_reads_ahead, buffers == 1 ? micro_steps - 1 : s.param_reads);
+    // Between scope entries one buffer feeds a gather (the next unit's, prefetched). With one buffer a read
+    // starts ahead only at the end of a step() that kept layer0 (layer1's); with two or more every unit's read
+    // starts at least one unit ahead of its gather, except layer0's after an optimizer step (step() gathers it
+    // at once, its read waited for there).
+    EXPECT_EQ(s.param_reads_ahead, buffers == 1 ? micro_steps / 2 - 1 : s.param_reads - micro_steps / 2);
     if (engine_world()->rank() == 0) {
       std::printf("buffer_count %lld: %lld reads, %lld started ahead, %.3f ms waited\n",
                   static_cast<long long>(buffers), static_cast<long long>(s.param_reads),
@@ -185,8 +192,9 @@ TEST(ParamPrefetch, TruncatedSwapFailsTheNextGatherInTheFirstMicroStep) {
   EXPECT_EQ(what_of([&] { engine.step(); }), msg);
 }
 
-// With the order recorded, the slices of the next micro-step's first units are read at the end of step()
-// and the others ahead along the schedule. The file is cut after unit 3's slice right after a step, so every
+// With the order recorded, the next micro-step's first unit is gathered at the end of step() and the slices of
+// the units after it are read ahead along the schedule (as many as there are free buffers). The file is cut
+// after unit 3's slice right after an optimizer step (layer0 gathered, layer1-3 read ahead at most), so every
 // read of units 4-7 starts after the cut: unit 4's read, started ahead, fails at unit 4's all-gather (issued
 // ahead as the prefetch in layer3's forward_scope) on every rank.
 TEST(ParamPrefetch, FailedReadAheadSurfacesAtItsGatherOnEveryRank) {
@@ -199,7 +207,7 @@ TEST(ParamPrefetch, FailedReadAheadSurfacesAtItsGatherOnEveryRank) {
     std::vector<UnitId> units = declare_chain(engine);
     engine.materialize();
     const std::string swap = offload::swap_file_path(dir.path(), "param", engine.rank());
-    for (int64_t m = 0; m < 3; ++m) {
+    for (int64_t m = 0; m < 4; ++m) {
       chain_micro_step(engine, units, m);
       engine.step();
     }
