@@ -12,7 +12,11 @@
 // must be 0 there, and so must host synchronizations within the accumulation window; the boundary makes one (the
 // optimizer step reads the agreed statistics), plus with offload one per optimizer tile (its gradients reach the
 // host for the CPU Adam): docs/gpu.md, "Host synchronizations", says why each remains.
-// Also counted: the reduce-scatters in flight while backward goes on (more than two where the buckets allow).
+// Also counted: the reduce-scatters in flight while backward goes on (more than two where the buckets allow), and
+// the next micro-step's first units gathered across the micro-step boundary: issued by step() on the gather stream
+// (after the optimizer's writes at the boundary) or, within the accumulation window, kept from their last use, as
+// many as stage3_prefetch_bucket_size and stage3_max_live_parameters allow (support/boundary_prefetch.hpp), and
+// found gathered by the next micro-step's scopes.
 // zero3-test-ranks: 1 2
 #include <gtest/gtest.h>
 
@@ -25,6 +29,7 @@
 #include <vector>
 
 #include "device/device_kernels.hpp"
+#include "support/boundary_prefetch.hpp"
 #include "support/engine_world.hpp"
 #include "support/mlp_trainer.hpp"
 #include "support/stream_path_checks.hpp"
@@ -114,6 +119,12 @@ struct MicroStep {
   int64_t collectives = 0;          // all-gathers and reductions the comm saw issued on the engine's streams
   int64_t units_with_elements = 0;  // units of which this rank owns elements
   int64_t optimizer_tiles = 0;      // their sub_group_size tiles
+  int64_t gathers_in_step = 0;      // all-gathers step() issued on the engine's gather stream
+  int64_t persistent_units = 0;     // re-gathered by step() after the optimizer step
+  int64_t boundary_prefetches = 0;  // ScheduleStats over the micro-step and its step()
+  int64_t boundary_keeps = 0;
+  int64_t prefetch_hits = 0;
+  int64_t first_units = 0;  // what the budget allows: next_micro_step_first_units() after step()
 };
 
 struct Measured {
@@ -145,8 +156,11 @@ Measured train(const Variant& v, Device& device, StreamPathDevice* path, std::sh
       before = path->usage();
       collectives_before = path_comm->side_stream_gathers() + path_comm->side_stream_reductions();
     }
+    const ScheduleStats stats_before = engine.schedule_stats();
     model.micro_step(i);
+    const int64_t gathers_before_step = path != nullptr ? path_comm->side_stream_gathers() : 0;
     const StepResult r = engine.step();
+    const ScheduleStats stats_after = engine.schedule_stats();
     if (r.boundary) run.grad_norms.push_back(r.grad_norm);
     if (path == nullptr || !measured) continue;
     const StreamPathUsage after = path->usage();
@@ -157,9 +171,15 @@ Measured train(const Variant& v, Device& device, StreamPathDevice* path, std::sh
     m.host_allocations = after.host_allocations - before.host_allocations;
     m.allocations = after.allocations - before.allocations;
     m.collectives = path_comm->side_stream_gathers() + path_comm->side_stream_reductions() - collectives_before;
+    m.gathers_in_step = path_comm->side_stream_gathers() - gathers_before_step;
+    m.boundary_prefetches = stats_after.boundary_prefetches - stats_before.boundary_prefetches;
+    m.boundary_keeps = stats_after.boundary_keeps - stats_before.boundary_keeps;
+    m.prefetch_hits = stats_after.prefetch_hits - stats_before.prefetch_hits;
+    m.first_units = static_cast<int64_t>(next_micro_step_first_units(engine).size());
     for (size_t u = 0; u < engine.num_units(); ++u) {
       const SliceInfo sl = engine.slice(UnitId{static_cast<int32_t>(u)}, engine.rank());
       if (sl.valid == 0) continue;
+      if (engine.unit(UnitId{static_cast<int32_t>(u)}).persistent) m.persistent_units++;
       m.units_with_elements++;
       m.optimizer_tiles += (sl.valid + c.zero.sub_group_size - 1) / c.zero.sub_group_size;
     }
@@ -203,6 +223,31 @@ void expect_steady_state_costs(const Variant& v, const std::vector<MicroStep>& s
   EXPECT_GT(boundaries, 0);
 }
 
+// The next micro-step's first units cross the boundary: all of them, every micro-step. At the boundary step()
+// releases every unit and, after the optimizer step (and the persistent units' re-gathers), issues their gathers
+// on the gather stream; within the window they are kept from their backward, or gathered where they were not.
+void expect_boundary_prefetch(const std::vector<MicroStep>& steady) {
+  for (size_t i = 0; i < steady.size(); ++i) {
+    const MicroStep& m = steady[i];
+    SCOPED_TRACE(m.boundary ? "boundary micro-step" : "micro-step within the accumulation window");
+    EXPECT_GT(m.first_units, 0);
+    EXPECT_EQ(m.boundary_prefetches + m.boundary_keeps, m.first_units) << "not every first unit crossed";
+    if (m.boundary) {
+      EXPECT_EQ(m.boundary_keeps, 0) << "a unit kept across the optimizer step";
+      EXPECT_EQ(m.boundary_prefetches, m.first_units);
+      EXPECT_EQ(m.gathers_in_step, m.persistent_units + m.boundary_prefetches)
+          << "the boundary prefetches were not issued on the gather stream by step()";
+    } else {
+      EXPECT_EQ(m.boundary_prefetches, 0) << "within the window the first units are kept, not gathered again";
+      EXPECT_EQ(m.gathers_in_step, 0);
+    }
+    if (i > 0) {
+      // Every unit that crossed was found gathered by this micro-step's scopes.
+      EXPECT_GE(m.prefetch_hits, steady[i - 1].boundary_prefetches + steady[i - 1].boundary_keeps);
+    }
+  }
+}
+
 TEST_P(GpuCosts, HostSyncsAndDeviceAllocationsPerMicroStepInSteadyState) {
   const Variant& v = GetParam();
   Measured reference = train(v, cpu_device(), nullptr, engine_world(), nullptr);
@@ -220,6 +265,7 @@ TEST_P(GpuCosts, HostSyncsAndDeviceAllocationsPerMicroStepInSteadyState) {
       EXPECT_GT(run.usage.compute_stream_ops, 0);
       ASSERT_EQ(run.steady.size(), static_cast<size_t>((kSteps - kWarmupSteps) * 2));
       expect_steady_state_costs(v, run.steady);
+      expect_boundary_prefetch(run.steady);
       // The reducer's ring: the compute stream goes on with more than two reductions unwaited for (a unit's
       // gradient spans several buckets here, and the ring holds the largest unit's).
       EXPECT_GT(run.usage.max_reductions_in_flight, 2);
@@ -229,11 +275,13 @@ TEST_P(GpuCosts, HostSyncsAndDeviceAllocationsPerMicroStepInSteadyState) {
           const MicroStep& m = run.steady[i];
           std::printf(
               "[%s, rank %d/%d] %s micro-step: host syncs %s; device allocations %lld (of %lld served by "
-              "the pool); collectives issued %lld; reductions in flight at most %lld\n",
+              "the pool); collectives issued %lld; reductions in flight at most %lld; first units across the "
+              "boundary %lld (%lld gathered by step(), %lld kept)\n",
               v.name.c_str(), comm->rank(), comm->size(), m.boundary ? "boundary" : "in-window",
               (std::ostringstream() << m.syncs).str().c_str(), static_cast<long long>(m.device_allocations),
               static_cast<long long>(m.allocations), static_cast<long long>(m.collectives),
-              static_cast<long long>(run.usage.max_reductions_in_flight));
+              static_cast<long long>(run.usage.max_reductions_in_flight), static_cast<long long>(m.first_units),
+              static_cast<long long>(m.boundary_prefetches), static_cast<long long>(m.boundary_keeps));
         }
       }
     }

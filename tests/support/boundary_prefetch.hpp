@@ -1,0 +1,44 @@
+// What step() leaves gathered at stage 3 besides the persistent units: the next micro-step's first units, by the
+// rule docs/gpu.md states ("Prefetch across the micro-step boundary"), computed here from the recorded order and the
+// config alone: along the order from its start, the first non-persistent unit always, then the next distinct ones
+// while their elements stay within stage3_prefetch_bucket_size and stage3_max_live_parameters; none with a
+// bucket of 0, or before any order is recorded.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "zero3/dtype.hpp"
+#include "zero3/engine.hpp"
+
+namespace zero3::testing {
+
+inline std::vector<UnitId> next_micro_step_first_units(const Engine& e) {
+  std::vector<UnitId> out;
+  const ZeroConfig& z = e.config().zero;
+  if (e.stage() != 3 || !z.prefetch_bucket_size || *z.prefetch_bucket_size <= 0) return out;
+  std::vector<bool> chosen(e.num_units(), false);
+  int64_t numel = 0;
+  for (const ScheduleEvent& ev : e.recorded_order()) {
+    const UnitInfo& u = e.unit(ev.unit);
+    if (u.persistent || chosen[static_cast<size_t>(ev.unit.index)]) continue;
+    if (numel > 0 && numel + u.numel > *z.prefetch_bucket_size) break;
+    if (numel + u.numel > z.max_live_parameters) break;
+    chosen[static_cast<size_t>(ev.unit.index)] = true;
+    out.push_back(ev.unit);
+    numel += u.numel;
+  }
+  return out;
+}
+
+// Their gathered bytes (padded, in the compute dtype).
+inline int64_t gathered_bytes(const Engine& e, const std::vector<UnitId>& units) {
+  int64_t bytes = 0;
+  for (UnitId id : units) {
+    const UnitInfo& u = e.unit(id);
+    bytes += u.padded_numel * static_cast<int64_t>(dtype_size(u.dtype));
+  }
+  return bytes;
+}
+
+}  // namespace zero3::testing
