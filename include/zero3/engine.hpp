@@ -350,6 +350,11 @@ class Engine {
   // gradient_accumulation_steps calls) it reduces what remains, checks for Inf/NaN on every rank, clips by the
   // global norm, unscales (fp16), runs Adam/AdamW on the local slices with the scheduler's lr, updates the loss
   // scale and refreshes the compute-dtype parameters. Every scope must be closed.
+  // At stage 3 it returns with the persistent units gathered and the next micro-step's first units (along the
+  // recorded order, as many as stage3_prefetch_bucket_size and stage3_max_live_parameters allow: the first one
+  // always, none with a bucket of 0) gathered or in flight, from the updated weights after an optimizer step; within the accumulation
+  // window those still gathered from their last use are kept. refresh_params() and load_checkpoint gather them
+  // again from the new values; evaluate() releases them and its end gathers them again.
   // A boundary with no backward_scope since the previous one (on any rank: the ranks' scopes are the same)
   // applies nothing, as PyTorch's optimizers skip parameters without gradients: no update, no weight decay, no
   // Adam step, no move of the lr schedule; the result has boundary set and applied unset, and it counts as a
@@ -391,7 +396,7 @@ class Engine {
   // staging (3 x length floats, kept until the next applied step or refresh_params(), which writes it back).
   ShardView local_shard(UnitId unit);
   // Collective. Recomputes every compute-dtype parameter from the fp32 master slices (after local_shard
-  // writes) and drops stage-3 gathered copies.
+  // writes) and drops stage-3 gathered copies; the next micro-step's first units are then gathered again.
   void refresh_params();
 
   // ---- The program's own values ----
@@ -416,6 +421,8 @@ class Engine {
   DType grad_dtype() const;  // data_types.grad_accum_dtype
   Device& device() const;
   // The engine's communicator. Not for the program's own collectives while the engine exists (all_reduce_host).
+  // With overlap_comm's thread, returns once the collectives the engine queued there have run (step() leaves the
+  // next micro-step's gathers queued), so a collective issued on it next is in the same order on every rank.
   Communicator& communicator() const;
 
   size_t num_units() const;

@@ -113,6 +113,15 @@ void CommQueue::track(std::string what, WorkPtr work) {
   tracked_.emplace_back(std::move(what), std::move(work));
 }
 
+void CommQueue::wait_submitted() {
+  Ticket last;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    last = last_;
+  }
+  wait(last);
+}
+
 void CommQueue::drain() {
   Ticket last;
   {

@@ -47,6 +47,8 @@ class CommQueue {
   bool done(const Ticket& ticket);
   // Waits for every task submitted so far and every tracked Work; rethrows the first error.
   void drain();
+  // Waits for every task submitted so far (not for the Works tracked on streams); rethrows the queue's error.
+  void wait_submitted();
   // Called by a task whose collective completes on a stream: drain() waits for `work`; an error is
   // rethrown as "<what> failed: <error>" and poisons the queue.
   void track(std::string what, WorkPtr work);

@@ -167,7 +167,12 @@ int Engine::stage() const { return impl_->policy_.stage; }
 DType Engine::compute_dtype() const { return impl_->compute_dtype_; }
 DType Engine::grad_dtype() const { return impl_->acc_dtype_; }
 Device& Engine::device() const { return impl_->device_; }
-Communicator& Engine::communicator() const { return *impl_->user_comm_; }
+Communicator& Engine::communicator() const {
+  // The collectives the engine queued on its communication thread (the gathers step() issues for the next
+  // micro-step) run first: a collective issued on the communicator next comes after them on every rank.
+  if (impl_->queue_->async()) impl_->queue_->wait_submitted();
+  return *impl_->user_comm_;
+}
 
 size_t Engine::num_units() const { return impl_->units_.size(); }
 size_t Engine::num_params() const { return impl_->params_.size(); }

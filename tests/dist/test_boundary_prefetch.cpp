@@ -2,7 +2,9 @@
 // micro-step boundary") never hand out stale or foreign values: after step() left them gathered, parameters changed
 // outside step() (local_shard() + refresh_params(), load_checkpoint) reach the next forward; an evaluation in
 // another order reads the current values and leaves training as it would have been without it; and an engine
-// destroyed right after step(), its gathers still in flight, leaves the ranks' communicator usable.
+// destroyed right after step(), its gathers still in flight, leaves the ranks' communicator usable. The checkpoint is
+// saved right after a step() whose gathers may still be queued on the communication thread (overlap_comm): its own
+// collectives on the engine's communicator must come after them on every rank (Engine::communicator()).
 // zero3-test-ranks: 1 2 3
 #include <gtest/gtest.h>
 
