@@ -1248,19 +1248,20 @@ void EngineImpl::end_micro_step_schedule(bool keep_first) {
   if (keep_first) {
     for (UnitId id : schedule_->plan_start()) first[static_cast<size_t>(id.index)] = true;
   }
-  ahead_numel_ = 0;
+  int64_t kept_numel = 0;
   for (size_t i = 0; i < units_.size(); ++i) {
     UnitState& u = units_[i];
     if (u.info.persistent) continue;
     if (first[i] && u.kept) {
       u.kept = false;
-      u.prefetched_unused = true;
-      ahead_numel_ += u.info.numel;
+      u.prefetched_unused = true;  // as if gathered ahead: the next micro-step's entry counts a hit
+      kept_numel += u.info.numel;
       stats_.boundary_keeps++;
     } else {
       release_gather(u);
     }
   }
+  ahead_numel_ = kept_numel;
 }
 
 bool EngineImpl::keep_for_next_micro_step(const UnitState& u) const {

@@ -178,3 +178,28 @@ TEST(Schedule, ReuseKeepsUnitsAndTheCapEvictsThem) {
     e.step();
   }
 }
+
+TEST(Schedule, AfterAMicroStepThatLeftTheOrderStepGathersTheBudgetsFirstUnits) {
+  auto comm = engine_world();
+  Engine e(resolved_for(schedule_config(250, 300, 0), *comm), comm, cpu_device());
+  Model m = declare(e);
+  e.materialize();
+  micro_step(e, m);
+  e.step();  // the order recorded; u0 and u1 gathered ahead
+  // The next micro-step leaves the order after u0: u1 and u2, gathered ahead, are never entered.
+  const std::vector<UnitId> other = {m.big[0], m.big[3], m.big[4], m.big[1]};
+  for (UnitId u : other) {
+    auto s = e.forward_scope(u);
+  }
+  for (auto it = other.rbegin(); it != other.rend(); ++it) {
+    auto s = e.backward_scope(*it);
+  }
+  e.reset_schedule_stats();
+  e.step();
+  // The optimizer step releases everything and gathers the new order's first units: u0 always, u3 within 250
+  // elements ahead (u4 would make 300), whatever was gathered ahead and left unused.
+  ScheduleStats s = e.schedule_stats();
+  EXPECT_EQ(names(e, s.gather_order), (Names{"small", "u0", "u3"}));
+  EXPECT_EQ(s.boundary_prefetches, 2);
+  EXPECT_EQ(s.live_numel, 200);
+}
