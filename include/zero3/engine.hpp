@@ -352,9 +352,9 @@ class Engine {
   // scale and refreshes the compute-dtype parameters. Every scope must be closed.
   // At stage 3 it returns with the persistent units gathered and the next micro-step's first units (along the
   // recorded order, as many as stage3_prefetch_bucket_size and stage3_max_live_parameters allow: the first one
-  // always, none with a bucket of 0) gathered or in flight, from the updated weights after an optimizer step; within the accumulation
-  // window those still gathered from their last use are kept. refresh_params() and load_checkpoint gather them
-  // again from the new values; evaluate() releases them and its end gathers them again.
+  // always, none with a bucket of 0) gathered or in flight, from the updated weights after an optimizer step;
+  // within the accumulation window those still gathered from their last use are kept. refresh_params() and
+  // load_checkpoint gather them again from the new values; evaluate() releases them and its end gathers them again.
   // A boundary with no backward_scope since the previous one (on any rank: the ranks' scopes are the same)
   // applies nothing, as PyTorch's optimizers skip parameters without gradients: no update, no weight decay, no
   // Adam step, no move of the lr schedule; the result has boundary set and applied unset, and it counts as a

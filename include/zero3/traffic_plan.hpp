@@ -65,13 +65,18 @@ struct RankTraffic {
 struct TrafficPlanOptions {
   int64_t world_size = 1;
   int64_t ranks_per_node = 1;  // must divide world_size
+  // Within an accumulation window the engine keeps the next micro-step's first units gathered from their last use
+  // (docs/gpu.md, "Prefetch across the micro-step boundary"); false plans a flow that gathers them again (DeepSpeed).
+  bool keep_first_units = true;
 };
 
 // What the engine sends in one optimizer step of the steady state (the order of units recorded, as from the second
 // micro-step on; the first micro-step of a run gathers every unit on demand, and the first step after materialize()
 // has no persistent units to re-gather). The micro-step is the memory plan's: every unit's forward scope in
 // declaration order, then its backward scopes in reverse, with the config's prefetch, reuse and live-parameter rules
-// deciding how often each unit is gathered (include/zero3/memory_plan.hpp). Per optimizer step, with a =
+// deciding how often each unit is gathered (include/zero3/memory_plan.hpp); each micro-step of the window but its
+// last keeps the next one's first units still gathered at its end (keep_first_units), one gather less for each in
+// the next micro-step. Per optimizer step, with a =
 // gradient_accumulation_steps, W the partition's ranks (the world, or mics_shard_size), S_u = ceil(P_u / W):
 //   stage 3, every non-persistent unit, each of its gathers: an all_gather of S_u compute-dtype elements per rank
 //     over the partition's group; MiCS's hierarchical gather: one over the shard group's nodes (S_u) and then one

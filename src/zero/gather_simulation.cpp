@@ -27,12 +27,10 @@ SimulatedGathers simulate_gathers(const std::vector<SimulatedUnit>& units, int64
     int64_t first_numel = 0;
     for (int64_t u = 0; u < n; ++u) {
       if (units[u].persistent) continue;
-      if (first_numel > 0 &&
-          (first_numel + units[u].numel > prefetch_bucket || first_numel + units[u].numel > max_live))
-        break;
-      if (first_numel == 0 && units[u].numel > max_live) break;
+      const int64_t with = first_numel + units[u].numel;
+      if (with > max_live || (first_numel > 0 && with > prefetch_bucket)) break;
       first[u] = true;
-      first_numel += units[u].numel;
+      first_numel = with;
     }
   }
   std::vector<bool> gathered(units.size(), false), kept(units.size(), false), ahead(units.size(), false);

@@ -100,6 +100,7 @@ StepTime model_step_time(const ModelDesc& model, const LlamaDims& dims, const Co
   TrafficPlanOptions traffic_options;
   traffic_options.world_size = cluster.world();
   traffic_options.ranks_per_node = cluster.gpus_per_node;
+  traffic_options.keep_first_units = !deepspeed;  // DeepSpeed releases every unit at a micro-step's end
   const TrafficPlan plan = plan_traffic(model, flow_config, traffic_options);
   const int64_t c = static_cast<int64_t>(dtype_size(config.compute_dtype()));
 

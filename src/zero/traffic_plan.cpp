@@ -101,16 +101,16 @@ TrafficPlan plan_traffic(const ModelDesc& model, const Config& config, const Tra
         persistent_total += u.numel;
       }
     }
-    // Per accumulation window: the last micro-step releases everything before the optimizer step; each of the
-    // others keeps the next one's first units that are still gathered at its end, saving their gathers there.
-    gathers =
-        detail::simulate_gathers(units, *z.prefetch_bucket_size, z.max_live_parameters, z.max_reuse_distance).gathers;
-    if (a > 1) {
-      const detail::SimulatedGathers window = detail::simulate_gathers(
-          units, *z.prefetch_bucket_size, z.max_live_parameters, z.max_reuse_distance, /*keep_first_units=*/true);
-      for (size_t i = 0; i < units.size(); ++i) {
-        gathers[i] += (a - 1) * (window.gathers[i] - (window.kept_at_end[i] ? 1 : 0));
-      }
+    // Per optimizer step: a micro-steps. With keep_first_units the last of them releases everything before the
+    // optimizer step, and each of the others keeps the next one's first units still gathered at its end, one
+    // gather less for each in the next micro-step.
+    const detail::SimulatedGathers last =
+        detail::simulate_gathers(units, *z.prefetch_bucket_size, z.max_live_parameters, z.max_reuse_distance);
+    const bool keep = a > 1 && options.keep_first_units;
+    const detail::SimulatedGathers window = detail::simulate_gathers(
+        units, *z.prefetch_bucket_size, z.max_live_parameters, z.max_reuse_distance, /*keep_first_units=*/keep);
+    for (size_t i = 0; i < units.size(); ++i) {
+      gathers[i] = last.gathers[i] + (a - 1) * (window.gathers[i] - (window.kept_at_end[i] ? 1 : 0));
     }
   }
 

@@ -31,6 +31,26 @@ inline std::vector<UnitId> next_micro_step_first_units(const Engine& e) {
   return out;
 }
 
+// The first unit along the recorded order that step() did not gather ahead: the next micro-step's first gather
+// (issued ahead when its first scope opens).
+inline UnitId first_unit_not_gathered_ahead(const Engine& e) {
+  const std::vector<UnitId> first = next_micro_step_first_units(e);
+  for (const ScheduleEvent& ev : e.recorded_order()) {
+    if (e.unit(ev.unit).persistent) continue;
+    bool ahead = false;
+    for (UnitId u : first) ahead = ahead || u == ev.unit;
+    if (!ahead) return ev.unit;
+  }
+  return UnitId{};
+}
+
+// Enters (and closes) the forward scopes of the recorded order one after the other.
+inline void forward_along_the_order(Engine& e) {
+  for (const ScheduleEvent& ev : e.recorded_order()) {
+    if (ev.phase == Phase::forward) e.forward_scope(ev.unit).close();
+  }
+}
+
 // Their gathered bytes (padded, in the compute dtype).
 inline int64_t gathered_bytes(const Engine& e, const std::vector<UnitId>& units) {
   int64_t bytes = 0;

@@ -129,7 +129,9 @@ Config tiny_config() {
   c.bf16.enabled = true;
   c.zero.stage = 3;
   c.zero.reduce_bucket_size = 1000;
-  c.zero.prefetch_bucket_size = 1000;
+  // No prefetch: nothing is gathered ahead, nor kept across the micro-steps of the window (the next test keeps),
+  // so the hand arithmetic below counts every unit twice a micro-step in both flows.
+  c.zero.prefetch_bucket_size = 0;
   c.zero.param_persistence_threshold = 0;
   c.zero.max_reuse_distance = -1;  // nothing stays gathered for backward: every unit gathered twice a micro-step
   c.zero.max_live_parameters = 1000;
@@ -173,6 +175,26 @@ TEST(StepTimeModel, HandComputedStep) {
   t = model_step_time(m, tiny_dims(), tiny_config(), cl, o);
   EXPECT_EQ(t.bound, "compute");
   EXPECT_NEAR(t.step_s, 2 * 61.92 + 14.1, 1e-9);
+}
+
+// With prefetch (a bucket of 1000 elements holds the whole order), zero3 keeps the next micro-step's first units,
+// here all three, from the first micro-step's backward into the second (docs/gpu.md, "Prefetch across the
+// micro-step boundary"): that micro-step gathers each unit once (its backward), so a step sends 3 x 282 bytes of
+// gathers (2 for the first micro-step, 1 for the second) and 2 x 282 of reduce-scatters: 1410 bytes over the node
+// link, 7.05 s a micro-step. DeepSpeed releases every unit at a micro-step's end: 2 x 846.
+TEST(StepTimeModel, Zero3KeepsTheFirstUnitsWithinTheWindow) {
+  ClusterDesc cl = parse_cluster_desc(kCluster, "c.json");
+  ModelDesc m = llama_model_desc(tiny_dims(), "tiny");
+  Config c = tiny_config();
+  c.zero.prefetch_bucket_size = 1000;
+  StepTimeOptions o;
+  o.seq_len = 3;
+  const StepTime z = model_step_time(m, tiny_dims(), c, cl, o);
+  EXPECT_EQ(z.node_inter_bytes, 5 * 282);
+  EXPECT_NEAR(z.inter_node_s, 7.05, 1e-9);
+  EXPECT_NEAR(z.step_s, 2 * 7.05 + 14.1, 1e-9);
+  o.flow = DataFlow::deepspeed;
+  EXPECT_EQ(model_step_time(m, tiny_dims(), c, cl, o).node_inter_bytes, 2 * 846);
 }
 
 // offload_optimizer and offload_param on cpu. zero3: each of the 12 gathers a step (6 a micro-step, all from the

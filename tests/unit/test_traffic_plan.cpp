@@ -73,6 +73,17 @@ TEST(TrafficPlan, PlainZero3SendsEveryGatherAndReductionAcrossFromTheLastRankOfA
   EXPECT_NE(format_traffic_plan(p).find("zero3 traffic plan: ZeRO-3 over 4 ranks, 2 micro-step(s)"), std::string::npos);
 }
 
+TEST(TrafficPlan, WithoutTheKeepAcrossMicroStepsEveryMicroStepGathersItsFirstUnit) {
+  TrafficPlanOptions o = two_nodes_of_two();
+  o.keep_first_units = false;  // DeepSpeed's flow
+  const TrafficPlan p = plan_traffic(crafted(), config(), o);
+  for (int r = 0; r < 4; ++r) {
+    const RankTraffic& t = p.ranks[static_cast<size_t>(r)];
+    EXPECT_EQ(t.gathers.collectives, 2 * 5 + 1) << r;  // a gathered in both micro-steps
+    EXPECT_EQ(t.primary_gather_elements, 2 * (2 * 8 + 2 * 7 + 26) + 2) << r;
+  }
+}
+
 TEST(TrafficPlan, HsdpCrossesNodesOnlyForTheAllReduceAcrossReplicas) {
   Config c = config();
   c.zero.mics_shard_size = 2;
