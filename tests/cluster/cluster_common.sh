@@ -41,9 +41,9 @@ node_bytes() {  # node_bytes <workdir> <node> rx|tx
 
 # What the collectives carried over node $2's link, direction $3 (rx or tx), in the run of workdir $1: the interface's
 # bytes less 66 bytes per packet (the Ethernet, IP and TCP headers with timestamps that every frame carries; a pure
-# acknowledgement is nothing else). The plans count payload, and headers go per packet: the quantized runs of
-# test_train_zeropp.sh (50 steps of small messages) spend 12-14% of their interface bytes on them, more than the
-# upper bound below leaves over the plan.
+# acknowledgement is nothing else). The plans count payload, and headers go per packet: the qwZ + qgZ runs of
+# test_train_zeropp.sh (50 steps of small messages) spend 12-13% of their interface bytes on them, which with the
+# small collectives is more than the upper bound below leaves over the plan (docs/benchmarks.md).
 node_payload() {  # node_payload <workdir> <node> rx|tx
   awk -v n="$2" -v which="$3" '$1 == n { print (which == "rx") ? $3 - 66 * $5 : $4 - 66 * $6 }' "$1/counters.tsv"
 }
