@@ -17,7 +17,7 @@ source "$ROOT/examples/llama3/tests/zeropp_common.sh"
 require_cluster
 rm -rf "$WORK"
 mkdir -p "$WORK"
-cd "$ROOT"
+cd "$ROOT" || fail "cannot enter the source tree $ROOT"
 export OMP_NUM_THREADS=1 OMP_WAIT_POLICY=passive
 world=$((NODES * RANKS))
 case $LAYOUT in

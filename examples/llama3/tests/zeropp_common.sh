@@ -14,7 +14,9 @@
 
 # The llama3_train arguments of the job, run from the source tree (the caller adds --deepspeed and --metrics); the
 # first ones are also `zero3 plan`'s for the job's traffic plan.
+# shellcheck disable=SC2034  # used by the scripts that source this one
 ZEROPP_PLAN_ARGS=(--model configs/models/llama-3-tiny.json --micro-batch 4 --grad-accum 2 --lr 3e-3 --precision bf16)
+# shellcheck disable=SC2034
 ZEROPP_TRAIN_ARGS=("${ZEROPP_PLAN_ARGS[@]}" --data /usr/share/common-licenses --tokenizer bytes --seq-len 64
                    --steps 50 --warmup-steps 5 --device cpu)
 ZEROPP_STEPS=50
