@@ -178,22 +178,35 @@ class GlooCommunicator final : public Communicator {
         rank_(rank),
         size_(size),
         timeout_(timeout) {
+    const std::string who = "gloo connect of rank " + std::to_string(rank) + " of " + std::to_string(size) +
+                            " (store prefix " + prefix_ + ")";
     try {
       context_ = std::make_shared<::gloo::rendezvous::Context>(rank, size);
       context_->setTimeout(timeout);
       GlooStore rendezvous(make_prefix_store(store_, prefix_));
       context_->connectFullMesh(rendezvous, device_);
     } catch (const TimeoutError& e) {
-      throw TimeoutError("gloo rendezvous of rank " + std::to_string(rank) + " of " + std::to_string(size) +
-                         " (store prefix " + prefix_ + ") timed out: " + e.what());
+      throw TimeoutError(who + " timed out: " + e.what());
     } catch (const std::exception& e) {
-      throw CommError("gloo rendezvous of rank " + std::to_string(rank) + " of " + std::to_string(size) +
-                      " (store prefix " + prefix_ + ") failed: " + e.what());
+      throw CommError(who + " failed: " + e.what());
     } catch (...) {
-      throw CommError("gloo rendezvous of rank " + std::to_string(rank) + " of " + std::to_string(size) +
-                      " (store prefix " + prefix_ + ") failed with an exception that is not a std::exception");
+      throw CommError(who + " failed with an exception that is not a std::exception");
     }
-    if (size_ > 1) start_watch();
+    if (size_ > 1) {
+      try {
+        start_watch(who);
+        confirm_connected(who);
+      } catch (const CommError&) {
+        close(false);
+        throw;
+      } catch (const std::exception& e) {
+        close(false);
+        throw CommError(who + " failed: " + e.what());
+      } catch (...) {
+        close(false);
+        throw CommError(who + " failed with an exception that is not a std::exception");
+      }
+    }
     worker_ = std::thread([this] { work_loop(); });
   }
 
@@ -204,18 +217,7 @@ class GlooCommunicator final : public Communicator {
     }
     cv_.notify_all();
     if (worker_.joinable()) worker_.join();
-    stop_watch();
-    try {
-      agreement_.reset();
-      context_.reset();  // closes the connections (gloo may throw from its teardown)
-      any_watch_.reset();
-      peer_watch_.clear();
-      goodbye_.reset();
-    } catch (const std::exception& e) {
-      log::warn("gloo: closing the connections of rank ", rank_, " of ", size_, " failed: ", e.what());
-    } catch (...) {
-      log::warn("gloo: closing the connections of rank ", rank_, " of ", size_, " failed");
-    }
+    close(true);
   }
 
   int rank() const override { return rank_; }
@@ -520,7 +522,7 @@ class GlooCommunicator final : public Communicator {
           task.work->fail(std::make_exception_ptr(CommError(what + " failed: " + msg)));
         } else {
           // gloo failed the operation itself (its connection broke); the watch names the rank.
-          broken_ = peer_failure_seen(msg + "; a peer rank may have exited or crashed");
+          broken_ = peer_failure_seen(msg, msg + "; a peer rank may have exited or crashed");
           task.work->fail(std::make_exception_ptr(CommError(what + " failed: " + broken_)));
         }
       } catch (...) {
@@ -752,9 +754,9 @@ class GlooCommunicator final : public Communicator {
 
   // Posts, to every peer, two receives on slots no collective uses: one into a buffer of that peer's own, which
   // no message completes (which peer broke), and one into a buffer shared by all, which only a peer's goodbye
-  // completes (stop_watch: it destroyed this communicator). Gloo fails them when their connection breaks; the
+  // completes (close(): it destroyed this communicator). Gloo fails them when their connection breaks; the
   // watch thread waits on the shared buffer, so that a connection that breaks without a goodbye wakes it.
-  void start_watch() {
+  void start_watch(const std::string& who) {
     const auto n = static_cast<size_t>(size_);
     watch_bytes_.assign(3 * n, 0);
     peer_watch_.resize(n);
@@ -765,26 +767,89 @@ class GlooCommunicator final : public Communicator {
       if (p == rank_) continue;
       auto& mine = peer_watch_[static_cast<size_t>(p)];
       mine = context_->createUnboundBuffer(&watch_bytes_[n + static_cast<size_t>(p)], 1);
-      mine->recv(p, ::gloo::Slot::build(kWatchSlotPrefix, 1), 0, 1);
-      any_watch_->recv(p, ::gloo::Slot::build(kWatchSlotPrefix, 0), static_cast<size_t>(p), 1);
+      try {
+        mine->recv(p, ::gloo::Slot::build(kWatchSlotPrefix, 1), 0, 1);
+        any_watch_->recv(p, ::gloo::Slot::build(kWatchSlotPrefix, 0), static_cast<size_t>(p), 1);
+      } catch (const std::exception& e) {
+        throw CommError(who + " failed: the connection to rank " + std::to_string(p) + " closed (" + e.what() +
+                        ") before it confirmed the connect: it exited or crashed");
+      }
     }
     watch_ = std::thread([this] { watch_loop(); });
   }
 
-  // Says goodbye to every peer (not waited for: a dead peer never takes it) and ends the watch thread.
-  void stop_watch() {
-    if (!watch_.joinable()) return;
-    for (int p = 0; p < size_; ++p) {
-      if (p == rank_) continue;
-      try {
-        goodbye_->send(p, ::gloo::Slot::build(kWatchSlotPrefix, 0), 0, 1);
-      } catch (const std::exception&) {
-        // that connection is broken already
+  // Every rank tells every peer that its watch is posted, and waits until every peer has said the same: no rank
+  // leaves connect (and may destroy the communicator or exit) before every peer watches it, so that a peer which
+  // leaves early is a goodbye or a broken watch on every other rank, never a receive that cannot be posted. The
+  // waits go through wait(), so a peer that dies meanwhile is named by the watch.
+  void confirm_connected(const std::string& who) {
+    const auto n = static_cast<size_t>(size_);
+    const auto deadline = std::chrono::steady_clock::now() + timeout_;
+    auto left = [&] {
+      auto rest = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+      return std::max(rest, std::chrono::milliseconds(1));
+    };
+    const auto slot = ::gloo::Slot::build(kWatchSlotPrefix, 2);
+    std::vector<char> bytes(n + 1, 0);
+    std::vector<std::unique_ptr<::gloo::transport::UnboundBuffer>> from(n);
+    std::unique_ptr<::gloo::transport::UnboundBuffer> to = context_->createUnboundBuffer(&bytes[n], 1);
+    int peer = -1;  // the peer of the step that failed
+    try {
+      for (peer = 0; peer < size_; ++peer) {
+        if (peer == rank_) continue;
+        from[static_cast<size_t>(peer)] = context_->createUnboundBuffer(&bytes[static_cast<size_t>(peer)], 1);
+        from[static_cast<size_t>(peer)]->recv(peer, slot, 0, 1);
       }
+      for (peer = 0; peer < size_; ++peer) {
+        if (peer != rank_) to->send(peer, slot, 0, 1);
+      }
+      for (peer = 0; peer < size_; ++peer) {
+        if (peer != rank_) wait(*from[static_cast<size_t>(peer)], true, left());
+      }
+      peer = -1;
+      for (int p = 1; p < size_; ++p) wait(*to, false, left());
+    } catch (const CommError& e) {  // the watch's verdict, naming the rank(s)
+      throw CommError(who + " failed: " + e.what());
+    } catch (const std::exception& e) {
+      const std::string msg = e.what();
+      const std::string whom = peer >= 0 ? "rank " + std::to_string(peer) : "a peer";
+      if (msg.find("Timed out") != std::string::npos) {
+        throw TimeoutError(who + " timed out after " + std::to_string(timeout_.count()) + " ms waiting for " + whom +
+                           " to confirm the connect (" + msg + ")");
+      }
+      throw CommError(who + " failed: " +
+                      peer_failure_seen(msg, "the connection to " + whom + " closed (" + msg +
+                                        ") before it confirmed the connect: it exited or crashed"));
     }
-    watch_stop_ = true;
-    any_watch_->abortWaitRecv();
-    watch_.join();
+  }
+
+  // Ends the watch, first saying goodbye to every peer when `goodbye` (this communicator is destroyed after a
+  // connect that succeeded; not waited for: a dead peer never takes it), and closes the connections. Never throws.
+  void close(bool goodbye) {
+    if (watch_.joinable()) {
+      for (int p = 0; goodbye && p < size_; ++p) {
+        if (p == rank_) continue;
+        try {
+          goodbye_->send(p, ::gloo::Slot::build(kWatchSlotPrefix, 0), 0, 1);
+        } catch (const std::exception&) {
+          // that connection is closed already
+        }
+      }
+      watch_stop_ = true;
+      any_watch_->abortWaitRecv();
+      watch_.join();
+    }
+    try {
+      agreement_.reset();
+      context_.reset();  // closes the connections (gloo may throw from its teardown)
+      any_watch_.reset();
+      peer_watch_.clear();
+      goodbye_.reset();
+    } catch (const std::exception& e) {
+      log::warn("gloo: closing the connections of rank ", rank_, " of ", size_, " failed: ", e.what());
+    } catch (...) {
+      log::warn("gloo: closing the connections of rank ", rank_, " of ", size_, " failed");
+    }
   }
 
   void watch_loop() {
@@ -793,7 +858,10 @@ class GlooCommunicator final : public Communicator {
       try {
         int from = -1;
         if (!any_watch_->waitRecv(&from, kForever) || watch_stop_) return;
-        if (from >= 0 && from < size_) left_[static_cast<size_t>(from)] = true;  // a goodbye
+        if (from >= 0 && from < size_) {  // a goodbye
+          std::lock_guard<std::mutex> lock(watch_mu_);
+          left_[static_cast<size_t>(from)] = true;
+        }
         continue;
       } catch (const std::exception& e) {
         message = e.what();
@@ -815,14 +883,8 @@ class GlooCommunicator final : public Communicator {
     } else if (broken.empty()) {
       failure = "a connection of this communicator failed (" + message + ")";
     } else {
-      failure = "the connection" + std::string(broken.size() > 1 ? "s" : "") + " to ";
-      for (size_t i = 0; i < broken.size(); ++i) {
-        failure += (i == 0                   ? ""
-                    : i + 1 == broken.size() ? " and "
-                                             : ", ") +
-                   std::string("rank ") + std::to_string(broken[i]);
-      }
-      failure += " closed (" + message + "): " + (broken.size() > 1 ? "they" : "it") + " exited or crashed";
+      failure = "the connection" + std::string(broken.size() > 1 ? "s" : "") + " to " + rank_list(broken) +
+                " closed (" + message + "): " + (broken.size() > 1 ? "they" : "it") + " exited or crashed";
     }
     std::lock_guard<std::mutex> lock(watch_mu_);
     peer_failure_ = failure;
@@ -846,12 +908,30 @@ class GlooCommunicator final : public Communicator {
     }
   }
 
-  // The watch's verdict on a failure the worker saw first (gloo failed an operation of the broken connection):
-  // waits briefly for the watch thread, which is woken by the same failure.
-  std::string peer_failure_seen(const std::string& fallback) {
+  // The watch's verdict on a failure the worker saw first (gloo failed an operation of a closed connection with
+  // `gloo_message`): waits briefly for the watch thread, which is woken by the same failure. Without one, a peer
+  // that said goodbye before its connection closed destroyed its communicator (which the watch does not report):
+  // named as such. Otherwise `otherwise`.
+  std::string peer_failure_seen(const std::string& gloo_message, const std::string& otherwise) {
     std::unique_lock<std::mutex> lock(watch_mu_);
     watch_cv_.wait_for(lock, std::chrono::milliseconds(500), [&] { return !peer_failure_.empty(); });
-    return peer_failure_.empty() ? fallback : peer_failure_;
+    if (!peer_failure_.empty()) return peer_failure_;
+    std::vector<int> departed;
+    for (size_t p = 0; p < left_.size(); ++p) {
+      if (left_[p]) departed.push_back(static_cast<int>(p));
+    }
+    if (departed.empty()) return otherwise;
+    return rank_list(departed) + (departed.size() > 1 ? " have" : " has") +
+           " destroyed this communicator, so no call on it can complete (" + gloo_message + ")";
+  }
+
+  // "rank 1", "rank 1 and rank 3", "rank 0, rank 1 and rank 3".
+  static std::string rank_list(const std::vector<int>& ranks) {
+    std::string s;
+    for (size_t i = 0; i < ranks.size(); ++i) {
+      s += (i == 0 ? "" : i + 1 == ranks.size() ? " and " : ", ") + std::string("rank ") + std::to_string(ranks[i]);
+    }
+    return s;
   }
 
   std::shared_ptr<::gloo::transport::Device> device_;
@@ -872,7 +952,7 @@ class GlooCommunicator final : public Communicator {
   std::vector<uint8_t> watch_bytes_;
   std::vector<std::unique_ptr<::gloo::transport::UnboundBuffer>> peer_watch_;  // by rank; none for this rank
   std::unique_ptr<::gloo::transport::UnboundBuffer> any_watch_, goodbye_;
-  std::vector<bool> left_;  // by rank: said goodbye (watch thread only)
+  std::vector<bool> left_;  // by rank: said goodbye (written by the watch thread under watch_mu_)
   std::thread watch_;
   std::atomic<bool> watch_stop_{false};
   std::mutex watch_mu_;
