@@ -121,9 +121,10 @@ TEST(LaunchFaultJob, TrainUntilStopped) {
     return;
   }
   try {
-    // A survivor must learn of a dead peer at once; the comm timeout (60 s) is far beyond what the driver waits.
+    // A survivor must learn of a dead peer at once: the comm timeout is the default (600 s), far beyond the
+    // launcher's report grace (3 s, its default).
     const KillPoint kill = kill_point();
-    std::shared_ptr<Communicator> comm = connect(host_comm_options(60s));
+    std::shared_ptr<Communicator> comm = connect(host_comm_options(600s));
     std::shared_ptr<DyingComm> dying;
     if (kill.victim == rank) comm = dying = std::make_shared<DyingComm>(comm, kill);
     TrainPlan plan;
@@ -298,9 +299,10 @@ TEST_F(LaunchFaults, KillingTheLauncherMidTrainingLeavesNoRank) {
 // reduce-scatter (each at once after issuing it, or a moment later, while it moves data) and just before step(),
 // as rank 0 (which also serves the store) and as another rank; then the driver kills one at some moment of
 // training (where a survivor could be left waiting on a send gloo had already handed to the dead connection). The
-// launcher stops the job with the killed rank's status. Every survivor fails on its own, long before its comm timeout
-// (60 s), with a CommError line naming the dead rank, whichever peer it was waiting for (the dead one, or a survivor
-// that had already failed).
+// launcher stops the job with the killed rank's status. Every survivor fails on its own with a CommError line naming
+// the dead rank, whichever peer it was waiting for (the dead one, or a survivor that had already failed), within the
+// launcher's default report grace (3 s) while its comm timeout is the default (600 s): a survivor that only the
+// timeout would end is stopped by the launcher ("still running") without its line.
 TEST_F(LaunchFaults, EverySurvivorReportsTheDeadRankPromptly) {
   const char* kills[] = {"0:all_gather_into:3:0",
                          "2:all_gather_into:7:300",
@@ -309,32 +311,27 @@ TEST_F(LaunchFaults, EverySurvivorReportsTheDeadRankPromptly) {
                          "2:step:1:0",
                          "0:step:2:0",
                          "0:outside:0:20000",
-                         "1:outside:0:70000",
-                         "0:outside:0:150000"};
+                         "1:outside:0:40000",
+                         "0:outside:0:70000",
+                         "1:outside:0:110000",
+                         "0:outside:0:150000",
+                         "1:outside:0:200000"};
   constexpr int kRanks = 3;
-  // Far below the comm timeout, far above the milliseconds it takes (a loaded machine included).
-  constexpr auto kBound = 10s;
   for (const std::string kill : kills) {
     const int victim = kill[0] - '0';
-    start("die", {"--report-grace", "15"}, kRanks, kill);
+    start("die", {}, kRanks, kill);
     const std::map<int, pid_t> ranks = wait_for("training");
     ASSERT_EQ(ranks.size(), static_cast<size_t>(kRanks)) << kill;
-    const auto training = Clock::now();
     if (kill.find(":outside:") != std::string::npos) {
       std::this_thread::sleep_for(std::chrono::microseconds(std::stoi(kill.substr(kill.rfind(':') + 1))));
       ::kill(ranks.at(victim), SIGKILL);
     }
     const int status = finish();
-    const auto took = Clock::now() - training;
     const std::string out = read_file(log_);
     EXPECT_EQ(status, 128 + SIGKILL) << kill << ":\n" << out;
     EXPECT_NE(out.find("failed: rank " + std::to_string(victim) + " was killed by signal 9"), std::string::npos)
         << kill << ":\n"
         << out;
-    EXPECT_LT(took, kBound) << kill << ": the job took "
-                            << std::chrono::duration_cast<std::chrono::milliseconds>(took).count()
-                            << " ms to end after training began:\n"
-                            << out;
     EXPECT_EQ(out.find("still running"), std::string::npos) << kill << ": the launcher had to stop a survivor:\n"
                                                             << out;
     for (int survivor = 0; survivor < kRanks; ++survivor) {
