@@ -17,7 +17,9 @@
 // handed to the socket (queued behind a full buffer, or written into a connection the peer had just reset),
 // whose wait only ends at the timeout. A watch thread per communicator keeps a receive that never completes
 // posted to every peer; gloo fails it when that peer's connection breaks, and the thread then names the dead
-// rank(s) and aborts the wait the worker is in.
+// rank(s) and aborts the wait the worker is in. A destroyed communicator says goodbye to its peers first, so that
+// they see a departure, not a crash; and connecting ends only when every rank watches every peer
+// (confirm_connected), so that a rank leaving at once cannot break a connection a slower rank has yet to watch.
 //
 // 16-bit reductions add in f32 and round every partial sum to the dtype before passing it on, as NCCL does, so
 // what crosses the links is 2 bytes per element. reduce_scatter and all_reduce are rings ((N-1)/N of the input
