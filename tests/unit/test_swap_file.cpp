@@ -123,15 +123,26 @@ TEST_F(SwapFileTest, NotADirectory) {
   EXPECT_TRUE(contains(msg, "is not a directory")) << msg;
 }
 
-// Permission bits do not stop root, so as root the check runs with the effective uid of "nobody".
+// Permission bits do not stop root, so as root the check runs with the effective uid of "nobody". "nobody" must
+// be able to reach the directory: a checkout under a private (0700) directory would make the failure "cannot be
+// reached" instead of "not writable", so as root the directory lives in the system's temporary directory.
 TEST_F(SwapFileTest, ReadOnlyDirectory) {
-  fs::path ro = dir_ / "readonly";
+  bool root = ::geteuid() == 0;
+  fs::path ro = (root ? fs::temp_directory_path() : dir_) / ("zero3-swaptest-readonly-" + std::to_string(::getpid()));
+  fs::remove_all(ro);
   fs::create_directory(ro);
+  struct RemoveAtEnd {
+    fs::path dir;
+    ~RemoveAtEnd() {
+      std::error_code ignored;
+      fs::permissions(dir, fs::perms::owner_all, ignored);
+      fs::remove_all(dir, ignored);
+    }
+  } remove_at_end{ro};
   fs::permissions(ro, fs::perms::owner_read | fs::perms::owner_exec | fs::perms::group_read | fs::perms::group_exec |
                           fs::perms::others_read | fs::perms::others_exec);
   SwapFileSpec s = spec(1 << 20);
   s.dir = ro.string();
-  bool root = ::geteuid() == 0;
   if (root) {
     ASSERT_EQ(::seteuid(65534), 0);
   }
