@@ -165,7 +165,10 @@ struct CommOptions {
 // store) and returns the communicator, which keeps the store alive. ZERO3_COMM_TIMEOUT_S, when set, overrides
 // options.timeout. It reads no config: zero3::initialize() (initialize.hpp) fills CommOptions from the config's
 // zero3 section and calls it. Logs the launcher, the store address and the backend chosen. Blocks until every rank has
-// joined or options.timeout passed (TimeoutError).
+// joined or options.timeout passed (TimeoutError); on gloo, until every rank is connected to every other and
+// watches it, so that a rank may return, destroy its communicator and exit at once (the others see it leave, and
+// a call that still needs it fails naming it). Any other failure is a CommError naming the rank and, where one is
+// at fault, the peer.
 std::unique_ptr<Communicator> connect(const CommOptions& options = {});
 
 // Same, with a known launch description and an existing store (tests, custom launchers). `store` may be null

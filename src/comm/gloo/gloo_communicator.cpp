@@ -68,6 +68,15 @@ constexpr size_t kInlineBytes = 1024;
 constexpr size_t kMessageBytes = kCallBytes + kInlineBytes;
 constexpr uint64_t kCallMagic = 0x7a337063;  // "z3pc"
 
+// What is left of one timeout shared by several waits, at least 1 ms.
+struct Deadline {
+  std::chrono::steady_clock::time_point at;
+  std::chrono::milliseconds operator()() const {
+    auto rest = std::chrono::duration_cast<std::chrono::milliseconds>(at - std::chrono::steady_clock::now());
+    return std::max(rest, std::chrono::milliseconds(1));
+  }
+};
+
 void encode_call(const CollectiveCall& call, uint64_t sequence, uint64_t* out) {
   out[0] = (kCallMagic << 32) | (uint64_t{static_cast<uint8_t>(call.kind)} << 16) |
            (uint64_t{static_cast<uint8_t>(call.dtype)} << 8) | static_cast<uint8_t>(call.op + 1);
@@ -404,11 +413,7 @@ class GlooCommunicator final : public Communicator {
   // once every rank's description matched, every rank has every peer's data and finishes the call from them,
   // with no other message; returns true then. The whole exchange has one timeout.
   bool agree(const Task& task, uint32_t tag, const std::string& what) {
-    const auto deadline = std::chrono::steady_clock::now() + timeout_;
-    auto left = [&] {
-      auto rest = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
-      return std::max(rest, std::chrono::milliseconds(1));
-    };
+    const Deadline left{std::chrono::steady_clock::now() + timeout_};
     const auto n = static_cast<size_t>(size_);
     if (!agreement_) {
       // Every peer's message, then this rank's message to every peer.
@@ -786,11 +791,7 @@ class GlooCommunicator final : public Communicator {
   // waits go through wait(), so a peer that dies meanwhile is named by the watch.
   void confirm_connected(const std::string& who) {
     const auto n = static_cast<size_t>(size_);
-    const auto deadline = std::chrono::steady_clock::now() + timeout_;
-    auto left = [&] {
-      auto rest = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
-      return std::max(rest, std::chrono::milliseconds(1));
-    };
+    const Deadline left{std::chrono::steady_clock::now() + timeout_};
     const auto slot = ::gloo::Slot::build(kWatchSlotPrefix, 2);
     std::vector<char> bytes(n + 1, 0);
     std::vector<std::unique_ptr<::gloo::transport::UnboundBuffer>> from(n);
