@@ -144,6 +144,7 @@ struct MemoryStats {
   int64_t grads = 0;            // gradient accumulators and open backward scopes' buffers
   int64_t optimizer_state = 0;  // Adam's exp_avg and exp_avg_sq
   int64_t buffers = 0;          // communication buckets and staging
+  int64_t peak_buffers = 0;     // the most `buffers` seen (gathers in flight hold scratch: qwZ, hierarchical MiCS)
   int64_t gathered = 0;         // part of `params`: stage-3 full buffers now gathered or in flight
   int64_t peak_gathered = 0;
   int64_t peak_total = 0;  // the largest total seen

@@ -18,18 +18,24 @@ class MemoryCounters {
   static constexpr size_t kCategories = 6;
 
   void add(MemoryCategory c, int64_t bytes) {
-    bytes_[static_cast<size_t>(c)].fetch_add(bytes);
-    int64_t now = total_.fetch_add(bytes) + bytes;
-    int64_t peak = peak_total_.load();
-    while (now > peak && !peak_total_.compare_exchange_weak(peak, now)) {
-    }
+    const auto i = static_cast<size_t>(c);
+    raise(peaks_[i], bytes_[i].fetch_add(bytes) + bytes);
+    raise(peak_total_, total_.fetch_add(bytes) + bytes);
   }
   int64_t bytes(MemoryCategory c) const { return bytes_[static_cast<size_t>(c)].load(); }
+  int64_t peak(MemoryCategory c) const { return peaks_[static_cast<size_t>(c)].load(); }
   int64_t total() const { return total_.load(); }
   int64_t peak_total() const { return peak_total_.load(); }
 
  private:
+  static void raise(std::atomic<int64_t>& peak, int64_t now) {
+    int64_t seen = peak.load();
+    while (now > seen && !peak.compare_exchange_weak(seen, now)) {
+    }
+  }
+
   std::array<std::atomic<int64_t>, kCategories> bytes_{};
+  std::array<std::atomic<int64_t>, kCategories> peaks_{};
   std::atomic<int64_t> total_{0};
   std::atomic<int64_t> peak_total_{0};
 };

@@ -12,6 +12,7 @@
 #include "device/device_kernels.hpp"
 #include "kernels/philox_init.hpp"
 #include "zero/collective_guard.hpp"
+#include "zero/gather_simulation.hpp"
 #include "zero/param_fill.hpp"
 #include "zero/partition.hpp"
 #include "zero/persistence_log.hpp"
@@ -1056,8 +1057,10 @@ void EngineImpl::issue_gather(UnitState& u, bool prefetch) {
   const int nodes = layout_.hierarchical ? static_cast<int>(groups_.shard_inter_node.ranks.size()) : 0;
   const int64_t message_words = quantized ? words * (1 + pieces) : 0;
   if (quantized || layout_.hierarchical) {
-    u.gather_scratch = DeviceBuffer(device_, counters_, MemoryCategory::buffers,
-                                    static_cast<size_t>(message_words + nodes * words) * ws);
+    u.gather_scratch =
+        DeviceBuffer(device_, counters_, MemoryCategory::buffers,
+                     static_cast<size_t>(gather_scratch_bytes(piece, pieces, nodes, quantized, fmt,
+                                                              static_cast<int64_t>(es))));
   }
   Stream s = nullptr;
   DeviceEvent* gathered = nullptr;
@@ -1393,6 +1396,7 @@ MemoryStats EngineImpl::memory() const {
   m.grads = counters_.bytes(MemoryCategory::grads);
   m.optimizer_state = counters_.bytes(MemoryCategory::optimizer_state);
   m.buffers = counters_.bytes(MemoryCategory::buffers);
+  m.peak_buffers = counters_.peak(MemoryCategory::buffers);
   m.gathered = gathered_bytes_;
   m.peak_gathered = peak_gathered_bytes_;
   m.peak_total = counters_.peak_total();

@@ -92,4 +92,10 @@ SimulatedGathers simulate_gathers(const std::vector<SimulatedUnit>& units, int64
   return sim;
 }
 
+int64_t gather_scratch_bytes(int64_t piece, int pieces, int staged, bool quantized, const QuantFormat& format,
+                             int64_t element_size) {
+  if (!quantized) return staged * piece * element_size;
+  return (1 + pieces + staged) * quant_message_bytes(piece, format);
+}
+
 }  // namespace zero3::detail

@@ -11,6 +11,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "kernels/block_quantize.hpp"
+
 namespace zero3::detail {
 
 struct SimulatedUnit {
@@ -27,5 +29,12 @@ struct SimulatedGathers {
 
 SimulatedGathers simulate_gathers(const std::vector<SimulatedUnit>& units, int64_t prefetch_bucket, int64_t max_live,
                                   int64_t max_reuse_distance);
+
+// The scratch one stage-3 gather holds while in flight (EngineImpl::issue_gather, freed in wait_gather), for pieces of
+// `piece` elements from each of `pieces` ranks: with qwZ (`quantized`), this rank's int8 message and every rank's, 1 +
+// pieces messages of quant_message_bytes(piece, format); with MiCS's hierarchical gather, the inter-node stage's
+// `staged` pieces (messages under qwZ, else `piece` elements of `element_size` bytes); 0 when neither.
+int64_t gather_scratch_bytes(int64_t piece, int pieces, int staged, bool quantized, const QuantFormat& format,
+                             int64_t element_size);
 
 }  // namespace zero3::detail

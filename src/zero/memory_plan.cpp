@@ -1,6 +1,7 @@
 #include "zero3/memory_plan.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -368,12 +369,44 @@ MemoryPlan plan_memory(const ModelDesc& model, const Config& config, const Memor
       add(MemoryCategory::params, MemoryTier::device, secondary * c,
           "hpZ secondary partition, 1/" + std::to_string(layout.hpz_size) + " of each unit (" + cl + ")");
     }
-    if (layout.hierarchical) {
-      // The inter-node stage's slices of a unit in flight (one per node the shard group spans), at most the gathered
-      // units' share.
-      const int64_t span = layout.shard_size / layout.nodes.ranks_per_node;
-      add(MemoryCategory::buffers, MemoryTier::device, (plan.live_params + plan.persistent_params) / w * span * c,
-          "hierarchical gather staging, worst case (" + cl + ")");
+    if (layout.hierarchical || z.quantized_weights) {
+      // The scratch of the gathers in flight (gather_scratch_bytes: qwZ's int8 messages, the hierarchical gather's
+      // inter-node stage). A non-persistent unit holds its scratch only while it is live, so the live units' is at
+      // most that of the units with the most scratch per padded element filling live_params (the last one in part);
+      // a persistent unit's gather (unquantized) after the step may run beside it.
+      const int staged = layout.hierarchical ? layout.shard_size / layout.nodes.ranks_per_node : 0;
+      const QuantFormat fmt{8, config.zero3.qwz_block_size};
+      auto scratch_of = [&](int64_t piece, int pieces, bool quantized) {
+        return detail::gather_scratch_bytes(piece, pieces, staged, quantized && pieces > 1, fmt, c);
+      };
+      int64_t scratch = 0;
+      std::vector<std::pair<int64_t, int64_t>> live;  // scratch, padded elements
+      for (const auto& u : units) {
+        int64_t b = scratch_of(u.padded / w, static_cast<int>(w), z.quantized_weights && !u.persistent);
+        if (layout.kind == detail::LayoutKind::hpz && !u.persistent) {  // the later gathers read the secondary copy
+          b = std::max(b, scratch_of(u.padded / layout.hpz_size, layout.hpz_size, z.quantized_weights));
+        }
+        if (u.persistent) {
+          scratch += b;
+        } else {
+          live.emplace_back(b, u.padded);
+        }
+      }
+      std::sort(live.begin(), live.end(), [](const auto& x, const auto& y) {
+        return static_cast<long double>(x.first) * y.second > static_cast<long double>(y.first) * x.second;
+      });
+      int64_t room = plan.live_params;
+      for (const auto& [b, padded] : live) {
+        const int64_t taken = std::min(room, padded);
+        scratch += taken == padded ? b
+                                   : static_cast<int64_t>(std::ceil(static_cast<long double>(b) * taken / padded));
+        room -= taken;
+      }
+      const std::string parts = z.quantized_weights && layout.hierarchical ? "qwZ int8 messages, hierarchical staging"
+                                : z.quantized_weights                      ? "qwZ int8 messages"
+                                                                           : "hierarchical staging";
+      add(MemoryCategory::buffers, MemoryTier::device, scratch,
+          "gather scratch, worst case (" + parts + (layout.hierarchical ? ", " + cl : std::string()) + ")");
     }
   }
 
@@ -402,8 +435,19 @@ MemoryPlan plan_memory(const ModelDesc& model, const Config& config, const Memor
   if (z.stage >= 2) {
     int64_t chunk = std::max<int64_t>(1, std::min(std::max<int64_t>(1, bucket / w), plan.shard_params));
     const int64_t n = detail::reduce_buckets_in_flight(largest_slice * w, chunk * w);
-    add(MemoryCategory::buffers, MemoryTier::device, n * (chunk * w + chunk) * cb,
-        "reduce-scatter buckets, " + std::to_string(n) + " x " + std::to_string(chunk * w) + " (" + comm_label + ")");
+    if (z.quantized_gradients) {
+      // qgZ: each bucket's output holds the two all-to-alls' int4 messages and their fp32 sums (qgz_layout).
+      const int local = layout.qgz_intra_group(0).size(), across = layout.qgz_inter_group(0).size();
+      const auto out = static_cast<int64_t>(
+          detail::qgz_layout(chunk, local, across, QuantFormat{4, config.zero3.qgz_block_size}).total);
+      add(MemoryCategory::buffers, MemoryTier::device, n * (chunk * w * cb + out),
+          "qgZ buckets, " + std::to_string(n) + " x " + std::to_string(chunk * w) + " (" + comm_label +
+              " in, int4 + fp32 out)");
+    } else {
+      add(MemoryCategory::buffers, MemoryTier::device, n * (chunk * w + chunk) * cb,
+          "reduce-scatter buckets, " + std::to_string(n) + " x " + std::to_string(chunk * w) + " (" + comm_label +
+              ")");
+    }
     if (layout.replicas() > 1) {
       int64_t across = std::max<int64_t>(1, std::min(*z.reduce_bucket_size, plan.shard_params));
       const int64_t na = detail::reduce_buckets_in_flight(largest_slice, across);

@@ -47,15 +47,15 @@ Reducer::Reducer(ReducerOptions options, Device& device, MemoryCounters& counter
   }
 }
 
-Reducer::QuantLayout Reducer::quant_layout(int64_t fill) const {
-  QuantLayout q;
-  q.m1 = quant_message_bytes(nodes_ * fill, opt_.format);
-  q.m2 = quant_message_bytes(fill, opt_.format);
-  q.recv1 = static_cast<size_t>(local_ * q.m1);
+QgzLayout qgz_layout(int64_t fill, int local, int nodes, const QuantFormat& format) {
+  QgzLayout q;
+  q.m1 = quant_message_bytes(nodes * fill, format);
+  q.m2 = quant_message_bytes(fill, format);
+  q.recv1 = static_cast<size_t>(local * q.m1);
   q.partial = 2 * q.recv1;
-  q.send2 = q.partial + static_cast<size_t>(nodes_ * fill) * 4;
-  q.recv2 = q.send2 + static_cast<size_t>(nodes_ * q.m2);
-  q.result = q.recv2 + static_cast<size_t>(nodes_ * q.m2);
+  q.send2 = q.partial + static_cast<size_t>(nodes * fill) * 4;
+  q.recv2 = q.send2 + static_cast<size_t>(nodes * q.m2);
+  q.result = q.recv2 + static_cast<size_t>(nodes * q.m2);
   q.total = q.result + static_cast<size_t>(fill) * 4;
   return q;
 }
@@ -211,7 +211,7 @@ void Reducer::launch() {
 
 void Reducer::launch_quantized(Bucket& b, const std::string& what, std::vector<Piece> pieces, void* in, int64_t fill,
                                DeviceEvent* reduced) {
-  const QuantLayout q = quant_layout(fill);
+  const QgzLayout q = quant_layout(fill);
   char* work_area = static_cast<char*>(b.out.data());
   if (opt_.traffic != nullptr) {
     if (local_ > 1) count_collective(*opt_.traffic, opt_.intra_link, CollectiveKind::all_to_all, q.m1 / 4, 4);

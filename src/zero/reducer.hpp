@@ -74,6 +74,15 @@ struct ReducerOptions {
 // holds anyway) plus the bucket being filled. The memory plan counts the same ring.
 int reduce_buckets_in_flight(int64_t largest_numel, int64_t bucket_numel);
 
+// qgZ's byte offsets in a bucket's output buffer (Reducer::Bucket::out) for chunks of `fill` elements, over `local`
+// ranks on the node and then `nodes` nodes: [stage 1 send | stage 1 receive | partial sum (fp32, nodes*fill) | stage
+// 2 send | stage 2 receive | result (fp32, fill)]. The memory plan counts `total` per bucket.
+struct QgzLayout {
+  int64_t m1, m2;  // bytes of one message of each stage
+  size_t recv1, partial, send2, recv2, result, total;
+};
+QgzLayout qgz_layout(int64_t fill, int local, int nodes, const QuantFormat& format);
+
 class Reducer {
  public:
   Reducer(ReducerOptions options, Device& device, MemoryCounters& counters, Communicator& comm, CommQueue& queue);
@@ -119,13 +128,7 @@ class Reducer {
   void launch();
   // The bucket slot of rank r's chunk: r, or with qgZ the by-destination order above.
   int64_t slot(int r) const { return opt_.quantized ? (r % local_) * nodes_ + r / local_ : r; }
-  // qgZ's byte offsets in Bucket::out for chunks of `fill` elements: [stage 1 send | stage 1 receive | partial sum
-  // (fp32, N*fill) | stage 2 send | stage 2 receive | result (fp32, fill)].
-  struct QuantLayout {
-    int64_t m1, m2;  // bytes of one message of each stage
-    size_t recv1, partial, send2, recv2, result, total;
-  };
-  QuantLayout quant_layout(int64_t fill) const;
+  QgzLayout quant_layout(int64_t fill) const { return qgz_layout(fill, local_, nodes_, opt_.format); }
   void launch_quantized(Bucket& b, const std::string& what, std::vector<Piece> pieces, void* in, int64_t fill,
                         DeviceEvent* reduced);
 

@@ -8,13 +8,8 @@
 #   - a layout other than plain equals plain ZeRO-3 (layouts/plain.json, on loopback): step, samples, tokens, lr,
 #     loss scale and skipped the same, loss, grad norm and clip coefficient within the equivalence tests' relative
 #     bound (fp32 1e-5: only the order of the reductions differs; bf16 5e-3, tests/dist/test_equivalence.cpp);
-#   - every node's link carried, each way, at least the bytes `zero3 plan` says the node's ranks send to other
-#     nodes per optimizer step times the steps (plan_traffic(): the parameter gathers and gradient reductions of
-#     this layout, include/zero3/traffic_plan.hpp), and at most 1.2 times that plus 512 KiB (TCP/IP framing and
-#     acknowledgements, start-up, the small collectives that agree on orders, overflow and norms, and the
-#     checkpoints). The layouts here send the same to and from every node (checked on the plan), so both
-#     directions compare with the node's figure. A layout that moved its traffic between nodes that the plan
-#     keeps inside one (HSDP's per-micro-step reduce-scatter, hpZ's backward gathers) breaks the upper bound;
+#   - every node's link carried, each way, the bytes of the layout's traffic plan times the steps, within the bounds
+#     of expect_planned_link_bytes (cluster_common.sh: at least the plan, at most 1.2 times it plus 512 KiB);
 #   - fp32, layouts other than plain: a checkpoint saved under the layout at step 2 resumes under plain ZeRO-3, and
 #     one saved under plain ZeRO-3 resumes under the layout, on the cluster, and steps 3-4 equal those of the run
 #     that never stopped within 1e-5;
@@ -108,27 +103,10 @@ echo "the $steps steps are the same on the cluster as on loopback:"
 rows "$WORK/cluster.csv"
 [ "$name" = plain ] || within_tolerance "$name against plain ZeRO-3" "$WORK/cluster.csv" "$WORK/plain.csv" 1
 
-# The plan's inter-node bytes per optimizer step of each node ("to other nodes", gathers plus reductions).
 "$ZERO3" plan --model "$model" --config "$WORK/layout.json" --world-size "$world" --ranks-per-node "$RANKS" \
   --micro-batch 2 --grad-accum "$accum" --lr 3e-3 --precision "$PRECISION" > "$WORK/plan.txt" 2>&1 ||
   { cat "$WORK/plan.txt"; fail "zero3 plan failed"; }
-awk '/^zero3 traffic plan/ { on = 1; next } on && $1 ~ /^[0-9]+$/ { gsub(",", "", $4); b[$1] += $4 }
-     END { for (n in b) print n, b[n] }' "$WORK/plan.txt" | sort -n > "$WORK/plan.tsv"
-[ "$(wc -l < "$WORK/plan.tsv")" = "$NODES" ] || { cat "$WORK/plan.txt"; fail "no traffic plan for $NODES nodes in the output of zero3 plan"; }
-[ "$(awk '{ print $2 }' "$WORK/plan.tsv" | sort -u | wc -l)" = 1 ] ||
-  { cat "$WORK/plan.tsv"; fail "the plan sends different bytes from different nodes; the bounds below assume the same"; }
-grep -A 20 '^zero3 traffic plan' "$WORK/plan.txt"
-for ((i = 0; i < NODES; ++i)); do
-  per_step=$(awk -v n="$i" '$1 == n { print $2 }' "$WORK/plan.tsv")
-  low=$((steps * per_step))
-  high=$((steps * per_step * 12 / 10 + 512 * 1024))
-  for way in tx rx; do
-    got=$(node_bytes "$WORK/cluster" "$i" "$way")
-    echo "node $i: $way $got bytes over $steps steps; the plan: $per_step per step, so $low..$high"
-    [ "$got" -ge "$low" ] || fail "node $i's link carried less ($way $got) than the layout's collectives must send ($low)"
-    [ "$got" -le "$high" ] || fail "node $i's link carried more ($way $got) than the plan of $name allows ($high)"
-  done
-done
+expect_planned_link_bytes "$WORK/plan.txt" "$WORK/cluster" "$steps"
 
 if [ "$name" != plain ] && [ "$PRECISION" = fp32 ]; then
   echo "== resume across layouts on the cluster: plain ZeRO-3 from $name's step $save_at, and the reverse"

@@ -1,12 +1,14 @@
 // The memory plan against the engine it describes: the same model and config, planned from shapes and then
 // trained for a few steps on 1-3 ranks, must give the engine's measured bytes per category and its measured
 // peak of gathered elements (stage 3) exactly; also under the layouts for slow links (hpZ's secondary partition,
-// MiCS's buckets across the replicas, the hierarchical gather's staging) on simulated nodes.
+// MiCS's buckets across the replicas, the hierarchical gather's staging) on simulated nodes, and with ZeRO++'s qwZ and
+// qgZ (their messages and sums), where the most buffers the engine held must match the plan's too.
 // zero3-test-ranks: 1 2 3
 // zero3-test-nodes: 2x2 3x2
 #include <gtest/gtest.h>
 
 #include <functional>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -60,7 +62,11 @@ int64_t planned(const MemoryPlan& p, MemoryCategory cat, const std::string& leav
   return total;
 }
 
-void check(int stage, bool bf16, int64_t reuse, const std::function<void(Config&)>& layout = nullptr) {
+// How the most buffers the engine held compares with the plan's buffers, worst cases included.
+enum class PeakBuffers { at_most, equal };
+
+void check(int stage, bool bf16, int64_t reuse, const std::function<void(Config&)>& layout = nullptr,
+           PeakBuffers peak = PeakBuffers::at_most) {
   SCOPED_TRACE("stage " + std::to_string(stage) + (bf16 ? " bf16" : " fp32") + " reuse " + std::to_string(reuse) +
                (layout ? " with a layout" : ""));
   auto comm = engine_world();
@@ -96,6 +102,11 @@ void check(int stage, bool bf16, int64_t reuse, const std::function<void(Config&
   EXPECT_EQ(m.grads, planned(plan, MemoryCategory::grads, "backward scope"));
   EXPECT_EQ(m.optimizer_state, planned(plan, MemoryCategory::optimizer_state));
   EXPECT_EQ(m.buffers, planned(plan, MemoryCategory::buffers, "worst case"));
+  if (peak == PeakBuffers::equal) {
+    EXPECT_EQ(m.peak_buffers, planned(plan, MemoryCategory::buffers));
+  } else {
+    EXPECT_LE(m.peak_buffers, planned(plan, MemoryCategory::buffers));
+  }
   if (stage == 3) {
     ScheduleStats s = e.schedule_stats();
     EXPECT_EQ(s.persistent_numel, plan.persistent_numel);
@@ -128,6 +139,46 @@ TEST(MemoryPlanEngine, Layouts) {
     SCOPED_TRACE(name);
     check(3, true, 1'000'000'000, layout);
     check(3, false, 0, layout);
+  }
+}
+
+// ZeRO++: qgZ's buckets (int4 messages and fp32 sums, held for good) and qwZ's gather messages (held while a gather is
+// in flight). Units a, b and c persistent, so that d's gathers alone hold messages: then the most buffers the engine
+// held is the plan's buffers, its worst case included, exactly; with the hierarchical gather (whose persistent units'
+// staging the plan adds to d's) at most that. Every unit gathered again in backward (reuse 0), so that hpZ's gathers
+// from the secondary copy run too.
+TEST(MemoryPlanEngine, QuantizedCollectives) {
+  const LaunchInfo launch = detect_launch();
+  if (launch.world_size < 2) GTEST_SKIP() << "the collectives quantize over two or more ranks";
+  const int per_node = launch.local_world_size, nodes = launch.world_size / per_node;
+  std::vector<std::tuple<const char*, std::function<void(Config&)>, PeakBuffers>> layouts = {
+      {"plain", [](Config&) {}, PeakBuffers::equal}};
+  if (nodes >= 2) {
+    layouts.emplace_back("hpz", [&](Config& c) { c.zero.hpz_partition_size = per_node; }, PeakBuffers::equal);
+    layouts.emplace_back("hsdp", [&](Config& c) { c.zero.mics_shard_size = per_node; }, PeakBuffers::equal);
+    layouts.emplace_back(
+        "mics_hierarchical",
+        [&](Config& c) {
+          c.zero.mics_shard_size = launch.world_size;
+          c.zero.mics_hierarchical_params_gather = true;
+        },
+        PeakBuffers::at_most);
+  }
+  for (const auto& [name, layout, peak] : layouts) {
+    for (const auto& [qwz, qgz] : {std::pair{true, false}, {false, true}, {true, true}}) {
+      SCOPED_TRACE(std::string(name) + (qwz ? " qwZ" : "") + (qgz ? " qgZ" : ""));
+      check(
+          3, /*bf16=*/true, 0,
+          [&, qwz = qwz, qgz = qgz](Config& c) {
+            layout(c);
+            c.zero.param_persistence_threshold = 40;
+            c.zero.quantized_weights = qwz;
+            c.zero.quantized_gradients = qgz;
+            c.zero3.qwz_block_size = 16;  // several blocks per slice
+            c.zero3.qgz_block_size = 8;
+          },
+          peak);
+    }
   }
 }
 
