@@ -19,8 +19,9 @@
 // ranks, or TimeoutError when it did not finish within the communicator's timeout. No collective blocks
 // forever: the timeout is CommOptions::timeout (default 600 s), which zero3::initialize() takes from the
 // config's zero3.comm_timeout_s. A rank that dies makes
-// the collectives it takes part in fail on the other ranks, usually at once (its connections close), at
-// the latest at the timeout. After a failed collective the communicator is broken: every later call fails
+// the collectives it takes part in fail on the other ranks: on gloo at once, naming the dead rank (every pending
+// operation of a communicator is ended when a peer's connection breaks without the goodbye a destroyed
+// communicator sends); on nccl at its watchdog's next check, at the latest at the timeout. After a failed collective the communicator is broken: every later call fails
 // with the first error. Invalid arguments (null buffer with a non-zero count, overlapping buffers other than
 // the in-place layout, a root outside the world, max for reduce_scatter) throw InvalidArgument from the
 // call itself, before anything is sent, so the ranks stay in step.
@@ -29,7 +30,9 @@
 // reduce op or root) must not reach the transport: Gloo would abort the process on a size it did not expect,
 // NCCL would hang or move the wrong bytes. Gloo compares every call across ranks before it moves data (each
 // rank sends its call's description to every other rank): a difference is a CollectiveMismatchError on every
-// rank, naming each rank's call, and the communicator stays usable. NCCL cannot compare calls;
+// rank, naming each rank's call, and the communicator stays usable. A Gloo call of at most 1 KiB per message
+// sends its data in that same message (every rank combines the ranks' data in rank order, so all get the same
+// bits), so it costs one message; a larger one moves its data after the comparison. NCCL cannot compare calls;
 // checks_collectives() says which kind a communicator is (the engine checks the calls itself where it is not).
 //
 // Gloo runs each communicator's operations on a worker thread of its own; the calling thread only queues
@@ -162,7 +165,10 @@ struct CommOptions {
 // store) and returns the communicator, which keeps the store alive. ZERO3_COMM_TIMEOUT_S, when set, overrides
 // options.timeout. It reads no config: zero3::initialize() (initialize.hpp) fills CommOptions from the config's
 // zero3 section and calls it. Logs the launcher, the store address and the backend chosen. Blocks until every rank has
-// joined or options.timeout passed (TimeoutError).
+// joined or options.timeout passed (TimeoutError); on gloo, until every rank is connected to every other and
+// watches it, so that a rank may return, destroy its communicator and exit at once (the others see it leave, and
+// a call that still needs it fails naming it). Any other failure is a CommError naming the rank and, where one is
+// at fault, the peer.
 std::unique_ptr<Communicator> connect(const CommOptions& options = {});
 
 // Same, with a known launch description and an existing store (tests, custom launchers). `store` may be null

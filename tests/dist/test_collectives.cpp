@@ -191,16 +191,22 @@ TEST_F(Collectives, SixteenBitSumsTravelInTheirDtype) {
   // The ring's own order in the reduce-scatter: rank r's chunk is summed starting after it (r+1, r+2, ...) and ends
   // with rank r's own value, so the chunk of the last rank adds rank 0's big value first and loses every one after
   // it, while rank 0's own chunk adds the ones first and the big value last. (Gloo's ring; NCCL picks its own.)
+  // A call of at most 1 KiB per message travels with the call comparison and is combined in rank order on every
+  // rank: rank 0's big value first, so every one after it rounds away on every rank.
   if (size_ >= 3 && std::string(test_backend()) == "gloo") {
     const DType dtype = DType::bf16;
-    auto in = make(dtype, static_cast<size_t>(size_), [&](size_t) { return rank_ == 0 ? 256.0 : 1.0; });
-    std::vector<uint8_t> out(2);
-    comm_->reduce_scatter(out.data(), in.data(), 1, dtype, ReduceOp::sum)->wait();
-    const double got = at(out, dtype, 0);
-    if (rank_ == 0) {
-      EXPECT_EQ(got, bf16_to_f32(f32_to_bf16(static_cast<float>(256 + size_ - 1))));
-    } else if (rank_ == size_ - 1) {
-      EXPECT_EQ(got, 256.0) << "each one added after 256 rounds away";
+    for (const size_t count : {size_t{1}, size_t{1024}}) {
+      auto in = make(dtype, count * static_cast<size_t>(size_), [&](size_t) { return rank_ == 0 ? 256.0 : 1.0; });
+      std::vector<uint8_t> out(2 * count);
+      comm_->reduce_scatter(out.data(), in.data(), count, dtype, ReduceOp::sum)->wait();
+      const double got = at(out, dtype, count - 1);
+      if (count == 1) {
+        EXPECT_EQ(got, 256.0) << "rank order: each one added after 256 rounds away";
+      } else if (rank_ == 0) {
+        EXPECT_EQ(got, bf16_to_f32(f32_to_bf16(static_cast<float>(256 + size_ - 1))));
+      } else if (rank_ == size_ - 1) {
+        EXPECT_EQ(got, 256.0) << "each one added after 256 rounds away";
+      }
     }
   }
 }

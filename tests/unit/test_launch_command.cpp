@@ -268,6 +268,21 @@ TEST(ZeroLaunchFailure, ADyingRankFailsTheOthersWithinTheTimeout) {
   EXPECT_TRUE(contains(r.err, "exited with status 42")) << r.err;
 }
 
+// Drives tests/dist/test_collectives_failure: rank 1 of 2 exits while rank 0 broadcasts 256 MiB to it; rank 0,
+// which only sends, must report a CommError naming rank 1 and finish its test, long before its timeout.
+TEST(ZeroLaunchFailure, ASendToADeadRankFailsAtOnce) {
+  auto backends = zero3::available_backends();
+  if (std::find(backends.begin(), backends.end(), "gloo") == backends.end()) GTEST_SKIP() << "no gloo in this build";
+  std::string program =
+      std::string(std::getenv("ZERO3_BIN_DIR") ? std::getenv("ZERO3_BIN_DIR") : ".") + "/test_collectives_failure";
+  if (::access(program.c_str(), X_OK) != 0) GTEST_SKIP() << program << " is not built";
+  auto r = launch({"-n", "2", "--keep-going", "--", program}, {"DIST_TEST_DEAD_RECEIVER=1"});
+  EXPECT_EQ(r.status, 43) << r.out << r.err;
+  EXPECT_TRUE(contains(r.out, "[rank 1] rank 1 leaves in the middle of a broadcast")) << r.out;
+  EXPECT_TRUE(contains(r.out, "[rank 0] rank 0 saw after")) << r.out;
+  EXPECT_TRUE(contains(r.out, "[rank 0] [  PASSED  ] 1 test")) << r.out;
+}
+
 }  // namespace
 
 namespace {

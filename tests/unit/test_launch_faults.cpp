@@ -1,6 +1,7 @@
 // `zero3 launch` against a real training job that is hit from outside: the launcher killed with SIGKILL while a
 // rank waits for the store and while both train (no rank may outlive it by more than 1 s), and one rank killed
-// in the middle of training (the survivor's own error line must reach the launcher's output, every time).
+// in the middle of training, in a forward gather, a backward reduce-scatter or at step() (every survivor's own
+// error line, naming the dead rank, must reach the launcher's output every time, long before the comm timeout).
 //
 // The program is both the driver (run by ctest) and the job: the job's test runs only when the driver sets
 // LAUNCH_FAULT_PHASE, and the driver's tests only when it is unset.
@@ -10,6 +11,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -33,6 +35,80 @@ using namespace std::chrono_literals;
 
 const char* phase() { return std::getenv("LAUNCH_FAULT_PHASE"); }
 
+// Where the victim of phase "die" kills itself: its `nth` call (counted from the second optimizer step on) of
+// `point` (all_gather_into, reduce_scatter, or step: just before Engine::step()), `delay_us` after issuing it.
+// Point "outside": the driver kills it, `delay_us` after it began training.
+struct KillPoint {
+  int victim = -1;
+  std::string point;
+  int nth = 0;
+  int delay_us = 0;
+};
+
+KillPoint kill_point() {
+  KillPoint k;
+  if (const char* v = std::getenv("LAUNCH_FAULT_KILL")) {
+    std::istringstream in(v);
+    std::string field;
+    std::getline(in, field, ':');
+    k.victim = std::stoi(field);
+    std::getline(in, k.point, ':');
+    std::getline(in, field, ':');
+    k.nth = std::stoi(field);
+    std::getline(in, field, ':');
+    k.delay_us = std::stoi(field);
+  }
+  return k;
+}
+
+// The victim's communicator: its own collectives, until the chosen one, after which the process dies with
+// SIGKILL while that collective is on its way (queued, being compared, or moving data).
+class DyingComm final : public Communicator {
+ public:
+  DyingComm(std::shared_ptr<Communicator> inner, KillPoint kill) : inner_(std::move(inner)), kill_(std::move(kill)) {}
+  void arm() { armed_ = true; }
+  int rank() const override { return inner_->rank(); }
+  int size() const override { return inner_->size(); }
+  const char* backend() const override { return inner_->backend(); }
+  std::chrono::milliseconds timeout() const override { return inner_->timeout(); }
+  bool checks_collectives() const override { return inner_->checks_collectives(); }
+  WorkPtr all_gather_into(void* out, const void* in, size_t count, DType dtype, Stream stream) override {
+    return maybe_die("all_gather_into", inner_->all_gather_into(out, in, count, dtype, stream));
+  }
+  WorkPtr reduce_scatter(void* out, const void* in, size_t count, DType dtype, ReduceOp op, Stream stream) override {
+    return maybe_die("reduce_scatter", inner_->reduce_scatter(out, in, count, dtype, op, stream));
+  }
+  WorkPtr all_reduce(void* buf, size_t count, DType dtype, ReduceOp op, Stream stream) override {
+    return inner_->all_reduce(buf, count, dtype, op, stream);
+  }
+  WorkPtr broadcast(void* buf, size_t count, DType dtype, int root, Stream stream) override {
+    return inner_->broadcast(buf, count, dtype, root, stream);
+  }
+  WorkPtr all_to_all(void* out, const void* in, size_t count, DType dtype, Stream stream) override {
+    return inner_->all_to_all(out, in, count, dtype, stream);
+  }
+  void barrier() override { inner_->barrier(); }
+  std::unique_ptr<Communicator> split(int color, int key) override { return inner_->split(color, key); }
+
+  void die_if(const std::string& point) {
+    if (armed_ && point == kill_.point && ++seen_ == kill_.nth) die();
+  }
+
+ private:
+  WorkPtr maybe_die(const char* point, WorkPtr work) {
+    die_if(point);
+    return work;
+  }
+  void die() {
+    if (kill_.delay_us > 0) std::this_thread::sleep_for(std::chrono::microseconds(kill_.delay_us));
+    ::raise(SIGKILL);
+  }
+  std::shared_ptr<Communicator> inner_;
+  KillPoint kill_;
+  std::atomic<bool> armed_{false};
+  std::atomic<int> seen_{0};
+};
+
 // ---- The job: says who it is, joins the world and trains until something stops it. ----
 TEST(LaunchFaultJob, TrainUntilStopped) {
   if (phase() == nullptr) GTEST_SKIP() << "started by the driver below";
@@ -45,16 +121,26 @@ TEST(LaunchFaultJob, TrainUntilStopped) {
     return;
   }
   try {
-    // A survivor notices a dead peer at once in most collectives, but Gloo does not fail a send that still waits
-    // for the dead peer to post its receive: that one ends at the timeout. 5 s keeps the test short; the
-    // driver gives the survivors longer than that to report (--report-grace).
-    std::shared_ptr<Communicator> comm = connect(host_comm_options(5s));
+    // A survivor must learn of a dead peer at once: the comm timeout is the default (600 s), far beyond the
+    // launcher's report grace (3 s, its default).
+    const KillPoint kill = kill_point();
+    std::shared_ptr<Communicator> comm = connect(host_comm_options(600s));
+    std::shared_ptr<DyingComm> dying;
+    if (kill.victim == rank) comm = dying = std::make_shared<DyingComm>(comm, kill);
     TrainPlan plan;
     plan.world = comm->size();
     MlpEngine m = make_mlp_engine(equivalence_config(3), comm, cpu_device());
+    const int64_t gas = m.engine->gradient_accumulation_steps();
     for (int64_t step = 0;; ++step) {
-      train_steps(*m.engine, m.units, plan, step, 1);
+      for (int64_t micro = 0; micro < gas; ++micro) {
+        Batch b =
+            make_batch(plan.dims, plan.data_seed, batch_index(step, micro, gas, rank, plan.world), plan.micro_batch);
+        mlp_micro_step(*m.engine, m.units, plan.dims, b);
+        if (dying) dying->die_if("step");
+        m.engine->step();
+      }
       if (step == 0) {
+        if (dying) dying->arm();
         std::printf("job rank %d pid %d training\n", rank, static_cast<int>(::getpid()));
         std::fflush(stdout);
       }
@@ -118,10 +204,13 @@ class LaunchFaults : public ::testing::Test {
     if (!dir_.empty()) fs::remove_all(dir_, ec);
   }
 
-  // Starts `zero3 launch -n 2 [flags] -- <this program>` as the job of `job_phase`, its output in a file.
-  void start(const std::string& job_phase, const std::vector<std::string>& flags = {}) {
+  // Starts `zero3 launch -n <ranks> [flags] -- <this program>` as the job of `job_phase` (and `kill`, phase
+  // "die"), its output in a file.
+  void start(const std::string& job_phase, const std::vector<std::string>& flags = {}, int ranks = 2,
+             const std::string& kill = "") {
+    ranks_ = ranks;
     log_ = dir_ / (job_phase + "-" + std::to_string(++runs_) + ".log");
-    std::vector<std::string> args = {zero3_bin(), "launch", "-n", "2"};
+    std::vector<std::string> args = {zero3_bin(), "launch", "-n", std::to_string(ranks)};
     args.insert(args.end(), flags.begin(), flags.end());
     for (const std::string& a : {std::string("--"), self_exe(), std::string("--gtest_filter=LaunchFaultJob.*")}) {
       args.push_back(a);
@@ -132,6 +221,7 @@ class LaunchFaults : public ::testing::Test {
     launcher_ = ::fork();
     if (launcher_ == 0) {
       ::setenv("LAUNCH_FAULT_PHASE", job_phase.c_str(), 1);
+      if (!kill.empty()) ::setenv("LAUNCH_FAULT_KILL", kill.c_str(), 1);
       const int fd = ::open(log_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
       ::dup2(fd, 1);
       ::dup2(fd, 2);
@@ -150,7 +240,7 @@ class LaunchFaults : public ::testing::Test {
       for (std::sregex_iterator it(text.begin(), text.end(), line), end; it != end; ++it) {
         pids[std::stoi((*it)[1])] = static_cast<pid_t>(std::stol((*it)[2]));
       }
-      if (pids.size() == 2) return pids;
+      if (static_cast<int>(pids.size()) == ranks_) return pids;
       std::this_thread::sleep_for(20ms);
     }
     ADD_FAILURE() << "the ranks never printed '" << what << "':\n" << read_file(log_);
@@ -184,6 +274,7 @@ class LaunchFaults : public ::testing::Test {
   fs::path dir_, log_;
   pid_t launcher_ = -1;
   int runs_ = 0;
+  int ranks_ = 2;
 };
 
 // Rank 0 has not started serving the store yet: rank 1 waits in the store's connect retry (600 s by default,
@@ -204,24 +295,55 @@ TEST_F(LaunchFaults, KillingTheLauncherMidTrainingLeavesNoRank) {
   kill_launcher_and_expect_no_rank_left(ranks);
 }
 
-// One rank killed in the middle of training, five times (rank 0, which also serves the store, and rank 1 in
-// turn): the launcher stops the job with the killed rank's status, and the survivor's own error line, which
-// says what it saw, is in the output every time.
-TEST_F(LaunchFaults, TheSurvivorsErrorReachesTheLogEveryTime) {
-  for (int run = 0; run < 5; ++run) {
-    const int victim = run % 2, survivor = 1 - victim;
-    start("train", {"--report-grace", "15"});
+// One of 3 ranks kills itself (SIGKILL) in the middle of training: in a forward gather, in a backward
+// reduce-scatter (each at once after issuing it, or a moment later, while it moves data) and just before step(),
+// as rank 0 (which also serves the store) and as another rank; then the driver kills one at some moment of
+// training (where a survivor could be left waiting on a send gloo had already handed to the dead connection). The
+// launcher stops the job with the killed rank's status. Every survivor fails on its own with a CommError line naming
+// the dead rank, whichever peer it was waiting for (the dead one, or a survivor that had already failed), within the
+// launcher's default report grace (3 s) while its comm timeout is the default (600 s): a survivor that only the
+// timeout would end is stopped by the launcher ("still running") without its line.
+TEST_F(LaunchFaults, EverySurvivorReportsTheDeadRankPromptly) {
+  const char* kills[] = {"0:all_gather_into:3:0",
+                         "2:all_gather_into:7:300",
+                         "1:reduce_scatter:2:0",
+                         "0:reduce_scatter:5:200",
+                         "2:step:1:0",
+                         "0:step:2:0",
+                         "0:outside:0:20000",
+                         "1:outside:0:40000",
+                         "0:outside:0:70000",
+                         "1:outside:0:110000",
+                         "0:outside:0:150000",
+                         "1:outside:0:200000"};
+  constexpr int kRanks = 3;
+  for (const std::string kill : kills) {
+    const int victim = kill[0] - '0';
+    start("die", {}, kRanks, kill);
     const std::map<int, pid_t> ranks = wait_for("training");
-    ASSERT_EQ(ranks.size(), 2u);
-    ASSERT_EQ(::kill(ranks.at(victim), SIGKILL), 0);
-    EXPECT_EQ(finish(), 128 + SIGKILL) << "run " << run;
+    ASSERT_EQ(ranks.size(), static_cast<size_t>(kRanks)) << kill;
+    if (kill.find(":outside:") != std::string::npos) {
+      std::this_thread::sleep_for(std::chrono::microseconds(std::stoi(kill.substr(kill.rfind(':') + 1))));
+      ::kill(ranks.at(victim), SIGKILL);
+    }
+    const int status = finish();
     const std::string out = read_file(log_);
-    const std::string error_line =
-        "[rank " + std::to_string(survivor) + "] [zero3 rank " + std::to_string(survivor) + "] ERROR job: CommError: ";
-    EXPECT_NE(out.find(error_line), std::string::npos) << "run " << run << ", rank " << victim << " killed:\n" << out;
+    EXPECT_EQ(status, 128 + SIGKILL) << kill << ":\n" << out;
     EXPECT_NE(out.find("failed: rank " + std::to_string(victim) + " was killed by signal 9"), std::string::npos)
-        << "run " << run << ":\n"
+        << kill << ":\n"
         << out;
+    EXPECT_EQ(out.find("still running"), std::string::npos) << kill << ": the launcher had to stop a survivor:\n"
+                                                            << out;
+    for (int survivor = 0; survivor < kRanks; ++survivor) {
+      if (survivor == victim) continue;
+      const std::string head = "[rank " + std::to_string(survivor) + "] [zero3 rank " + std::to_string(survivor) +
+                               "] ERROR job: CommError: ";
+      const size_t at = out.find(head);
+      const std::string line = at == std::string::npos ? "" : out.substr(at, out.find('\n', at) - at);
+      EXPECT_NE(at, std::string::npos) << kill << ": no error line from rank " << survivor << ":\n" << out;
+      EXPECT_TRUE(std::regex_search(line, std::regex("rank " + std::to_string(victim) + "\\b.*(died|exited|closed)")))
+          << kill << ": rank " << survivor << "'s error does not name the dead rank " << victim << ": " << line;
+    }
   }
 }
 

@@ -11,22 +11,27 @@
 // catch, and the process aborts. A difference is a CollectiveMismatchError on every rank; since nothing else was
 // sent, the communicator stays usable.
 //
+// Every collective is zero3's own code over gloo's unbound buffers (rings, and a pipeline for broadcast), and every
+// wait goes through wait_recv/wait_send, so that a dead peer ends every pending operation at once. Gloo alone
+// does not: when a connection breaks it fails the operations still waiting for the peer, but not a send already
+// handed to the socket (queued behind a full buffer, or written into a connection the peer had just reset),
+// whose wait only ends at the timeout. A watch thread per communicator keeps a receive that never completes
+// posted to every peer; gloo fails it when that peer's connection breaks, and the thread then names the dead
+// rank(s) and aborts the wait the worker is in. A destroyed communicator says goodbye to its peers first, so that
+// they see a departure, not a crash; and connecting ends only when every rank watches every peer
+// (confirm_connected), so that a rank leaving at once cannot break a connection a slower rank has yet to watch.
+//
 // 16-bit reductions add in f32 and round every partial sum to the dtype before passing it on, as NCCL does, so
-// what crosses the links is 2 bytes per element. reduce_scatter is a ring over gloo's unbound buffers: (N-1)/N of
-// the input crosses each link, like NCCL's; all_reduce is gloo's own (a ring) with a 16-bit reduce function.
-#include <gloo/allgather.h>
-#include <gloo/allreduce.h>
-#include <gloo/alltoall.h>
-#include <gloo/barrier.h>
-#include <gloo/broadcast.h>
+// what crosses the links is 2 bytes per element. reduce_scatter and all_reduce are rings ((N-1)/N of the input
+// crosses each link for reduce_scatter, twice that for all_reduce, like NCCL's).
 #include <gloo/common/error.h>
-#include <gloo/math.h>
 #include <gloo/rendezvous/context.h>
 #include <gloo/transport/tcp/device.h>
 #include <gloo/types.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <condition_variable>
 #include <cstdlib>
 #include <cstring>
@@ -48,9 +53,29 @@ namespace {
 // Gloo's own collectives use slot prefixes 0x01..0x08.
 constexpr uint8_t kReduceScatterSlotPrefix = 0x40;
 constexpr uint8_t kAgreementSlotPrefix = 0x41;
+constexpr uint8_t kWatchSlotPrefix = 0x42;
+constexpr uint8_t kAllGatherSlotPrefix = 0x43;
+constexpr uint8_t kBroadcastSlotPrefix = 0x44;
+constexpr uint8_t kAllToAllSlotPrefix = 0x45;
+// A wait that must never time out (gloo closes every connection of the context when a wait times out).
+constexpr std::chrono::milliseconds kForever = std::chrono::hours(24 * 365 * 100);
 // A call's description on the wire: 4 x uint64 (magic, kind, dtype, op | count | root + 1 | sequence).
 constexpr size_t kCallWords = 4;
+constexpr size_t kCallBytes = kCallWords * sizeof(uint64_t);
+// A call whose data per message is at most this travels with its description (agree()): the schedule's hashes,
+// gradient norms, overflow flags, small broadcasts.
+constexpr size_t kInlineBytes = 1024;
+constexpr size_t kMessageBytes = kCallBytes + kInlineBytes;
 constexpr uint64_t kCallMagic = 0x7a337063;  // "z3pc"
+
+// What is left of one timeout shared by several waits, at least 1 ms.
+struct Deadline {
+  std::chrono::steady_clock::time_point at;
+  std::chrono::milliseconds operator()() const {
+    auto rest = std::chrono::duration_cast<std::chrono::milliseconds>(at - std::chrono::steady_clock::now());
+    return std::max(rest, std::chrono::milliseconds(1));
+  }
+};
 
 void encode_call(const CollectiveCall& call, uint64_t sequence, uint64_t* out) {
   out[0] = (kCallMagic << 32) | (uint64_t{static_cast<uint8_t>(call.kind)} << 16) |
@@ -100,7 +125,13 @@ void store(void* p, DType dtype, size_t i, float v) {
 }
 
 // dst[i] = dtype(f32(a[i]) + f32(b[i])) / divisor: one addition in f32, one rounding. dst may be a or b.
-void add_into(void* dst, const void* a, const void* b, DType dtype, size_t n, float divisor = 1.0f) {
+// With op max: dst[i] = max(a[i], b[i]).
+void add_into(void* dst, const void* a, const void* b, DType dtype, size_t n, float divisor = 1.0f,
+              ReduceOp op = ReduceOp::sum) {
+  if (op == ReduceOp::max) {
+    for (size_t i = 0; i < n; ++i) store(dst, dtype, i, std::max(load(a, dtype, i), load(b, dtype, i)));
+    return;
+  }
   if (dtype == DType::f32) {
     auto* d = static_cast<float*>(dst);
     auto* x = static_cast<const float*>(a);
@@ -158,20 +189,34 @@ class GlooCommunicator final : public Communicator {
         rank_(rank),
         size_(size),
         timeout_(timeout) {
+    const std::string who = "gloo connect of rank " + std::to_string(rank) + " of " + std::to_string(size) +
+                            " (store prefix " + prefix_ + ")";
     try {
       context_ = std::make_shared<::gloo::rendezvous::Context>(rank, size);
       context_->setTimeout(timeout);
       GlooStore rendezvous(make_prefix_store(store_, prefix_));
       context_->connectFullMesh(rendezvous, device_);
     } catch (const TimeoutError& e) {
-      throw TimeoutError("gloo rendezvous of rank " + std::to_string(rank) + " of " + std::to_string(size) +
-                         " (store prefix " + prefix_ + ") timed out: " + e.what());
+      throw TimeoutError(who + " timed out: " + e.what());
     } catch (const std::exception& e) {
-      throw CommError("gloo rendezvous of rank " + std::to_string(rank) + " of " + std::to_string(size) +
-                      " (store prefix " + prefix_ + ") failed: " + e.what());
+      throw CommError(who + " failed: " + e.what());
     } catch (...) {
-      throw CommError("gloo rendezvous of rank " + std::to_string(rank) + " of " + std::to_string(size) +
-                      " (store prefix " + prefix_ + ") failed with an exception that is not a std::exception");
+      throw CommError(who + " failed with an exception that is not a std::exception");
+    }
+    if (size_ > 1) {
+      try {
+        start_watch(who);
+        confirm_connected(who);
+      } catch (const CommError&) {
+        close(false);
+        throw;
+      } catch (const std::exception& e) {
+        close(false);
+        throw CommError(who + " failed: " + e.what());
+      } catch (...) {
+        close(false);
+        throw CommError(who + " failed with an exception that is not a std::exception");
+      }
     }
     worker_ = std::thread([this] { work_loop(); });
   }
@@ -183,14 +228,7 @@ class GlooCommunicator final : public Communicator {
     }
     cv_.notify_all();
     if (worker_.joinable()) worker_.join();
-    try {
-      agreement_.reset();
-      context_.reset();  // closes the connections (gloo may throw from its teardown)
-    } catch (const std::exception& e) {
-      log::warn("gloo: closing the connections of rank ", rank_, " of ", size_, " failed: ", e.what());
-    } catch (...) {
-      log::warn("gloo: closing the connections of rank ", rank_, " of ", size_, " failed");
-    }
+    close(true);
   }
 
   int rank() const override { return rank_; }
@@ -208,18 +246,23 @@ class GlooCommunicator final : public Communicator {
     bool in_place = in == own;
     require_no_partial_overlap(out, bytes * static_cast<size_t>(size_), in, bytes, own, what);
     if (count == 0) return completed_work();
-    return enqueue(what, {CollectiveKind::all_gather_into, count, dtype}, [=, this](uint32_t tag) {
-      if (size_ == 1) {
-        if (!in_place) std::memcpy(out, in, bytes);
-        return;
-      }
-      ::gloo::AllgatherOptions opts(context_);
-      if (!in_place) opts.setInput(static_cast<char*>(const_cast<void*>(in)), bytes);
-      opts.setOutput(static_cast<char*>(out), bytes * static_cast<size_t>(size_));
-      opts.setTag(tag);
-      opts.setTimeout(timeout_);
-      ::gloo::allgather(opts);
-    });
+    Small small;
+    if (bytes <= kInlineBytes) {
+      small.payload = [=](int) { return std::pair<const void*, size_t>(in, bytes); };
+      small.finish = [=, this](const std::vector<const char*>& from) {
+        for (int p = 0; p < size_; ++p) {
+          char* dst = static_cast<char*>(out) + static_cast<size_t>(p) * bytes;
+          if (from[static_cast<size_t>(p)] != dst) std::memcpy(dst, from[static_cast<size_t>(p)], bytes);
+        }
+      };
+    }
+    return enqueue(
+        what, {CollectiveKind::all_gather_into, count, dtype},
+        [=, this](uint32_t tag) {
+          if (!in_place) std::memcpy(own, in, bytes);
+          ring_all_gather(static_cast<char*>(out), Chunks::even(bytes, size_), tag);
+        },
+        std::move(small));
   }
 
   WorkPtr reduce_scatter(void* out, const void* in, size_t count, DType dtype, ReduceOp op, Stream) override {
@@ -231,42 +274,43 @@ class GlooCommunicator final : public Communicator {
     const char* own = static_cast<const char*>(in) + static_cast<size_t>(rank_) * bytes;
     require_no_partial_overlap(in, bytes * static_cast<size_t>(size_), out, bytes, own, what);
     if (count == 0) return completed_work();
-    return enqueue(what, {CollectiveKind::reduce_scatter, count, dtype, static_cast<int>(op)},
-                   [=, this](uint32_t tag) { ring_reduce_scatter(out, in, count, dtype, op, tag); });
+    Small small;
+    if (bytes <= kInlineBytes) {
+      small.payload = [=](int peer) {
+        return std::pair<const void*, size_t>(static_cast<const char*>(in) + static_cast<size_t>(peer) * bytes, bytes);
+      };
+      small.finish = [=, this](const std::vector<const char*>& from) {
+        reduce_in_rank_order(out, from, count, dtype, op);
+      };
+    }
+    return enqueue(
+        what, {CollectiveKind::reduce_scatter, count, dtype, static_cast<int>(op)},
+        [=, this](uint32_t tag) { ring_reduce_scatter(out, in, Chunks::even(count, size_), dtype, op, tag); },
+        std::move(small));
   }
 
+  // A ring reduce-scatter over uneven chunks of buf, in place, then a ring all-gather of the reduced chunks.
   WorkPtr all_reduce(void* buf, size_t count, DType dtype, ReduceOp op, Stream) override {
     std::string what = "gloo " + describe_collective("all_reduce", count, dtype, rank_, size_, reduce_op_name(op));
     require_buffer(buf, "buf", count, what);
     if (count == 0) return completed_work();
-    return enqueue(what, {CollectiveKind::all_reduce, count, dtype, static_cast<int>(op)}, [=, this](uint32_t tag) {
-      if (size_ == 1) return;
-      ::gloo::AllreduceOptions opts(context_);
-      if (dtype == DType::f32) {
-        opts.setOutput(static_cast<float*>(buf), count);
-        if (op == ReduceOp::max) {
-          opts.setReduceFunction(static_cast<void (*)(void*, const void*, const void*, size_t)>(&::gloo::max<float>));
-        } else {
-          opts.setReduceFunction(static_cast<void (*)(void*, const void*, const void*, size_t)>(&::gloo::sum<float>));
-        }
-      } else {
-        // 16-bit on the wire: each partial result of gloo's ring is computed in f32 and rounded to the dtype.
-        opts.setOutput(static_cast<uint16_t*>(buf), count);
-        opts.setReduceFunction([dtype, op](void* c, const void* a, const void* b, size_t n) {
-          if (op == ReduceOp::max) {
-            for (size_t i = 0; i < n; ++i) store(c, dtype, i, std::max(load(a, dtype, i), load(b, dtype, i)));
-          } else {
-            add_into(c, a, b, dtype, n);
-          }
-        });
-      }
-      opts.setTag(tag);
-      opts.setTimeout(timeout_);
-      ::gloo::allreduce(opts);
-      if (op == ReduceOp::avg) {
-        for (size_t i = 0; i < count; ++i) store(buf, dtype, i, load(buf, dtype, i) / static_cast<float>(size_));
-      }
-    });
+    const size_t bytes = count * dtype_size(dtype);
+    Small small;
+    if (bytes <= kInlineBytes) {
+      small.payload = [=](int) { return std::pair<const void*, size_t>(buf, bytes); };
+      small.finish = [=, this](const std::vector<const char*>& from) {
+        reduce_in_rank_order(buf, from, count, dtype, op);
+      };
+    }
+    return enqueue(
+        what, {CollectiveKind::all_reduce, count, dtype, static_cast<int>(op)},
+        [=, this](uint32_t tag) {
+          const Chunks chunks = Chunks::split(count, size_);
+          char* own = static_cast<char*>(buf) + chunks.offset[static_cast<size_t>(rank_)] * dtype_size(dtype);
+          ring_reduce_scatter(own, buf, chunks, dtype, op, tag);
+          ring_all_gather(static_cast<char*>(buf), chunks.scaled(dtype_size(dtype)), tag);
+        },
+        std::move(small));
   }
 
   WorkPtr broadcast(void* buf, size_t count, DType dtype, int root, Stream) override {
@@ -275,17 +319,22 @@ class GlooCommunicator final : public Communicator {
     require_root(root, size_, what);
     if (count == 0) return completed_work();
     size_t bytes = count * dtype_size(dtype);
-    return enqueue(what, {CollectiveKind::broadcast, count, dtype, -1, root}, [=, this](uint32_t tag) {
-      if (size_ == 1) return;
-      ::gloo::BroadcastOptions opts(context_);
-      opts.setOutput(static_cast<char*>(buf), bytes);
-      opts.setRoot(root);
-      opts.setTag(tag);
-      opts.setTimeout(timeout_);
-      ::gloo::broadcast(opts);
-    });
+    Small small;
+    if (bytes <= kInlineBytes) {
+      small.payload = [=, this](int) {
+        return rank_ == root ? std::pair<const void*, size_t>(buf, bytes) : std::pair<const void*, size_t>(nullptr, 0);
+      };
+      small.finish = [=, this](const std::vector<const char*>& from) {
+        if (rank_ != root) std::memcpy(buf, from[static_cast<size_t>(root)], bytes);
+      };
+    }
+    return enqueue(
+        what, {CollectiveKind::broadcast, count, dtype, -1, root},
+        [=, this](uint32_t tag) { ring_broadcast(static_cast<char*>(buf), bytes, root, tag); }, std::move(small));
   }
 
+  // Equal splits: block p of `in` goes to rank p, block p of `out` comes from rank p. Every peer's block is sent
+  // and received over unbound buffers, each wait through wait_recv/wait_send like the rings'.
   WorkPtr all_to_all(void* out, const void* in, size_t count, DType dtype, Stream) override {
     std::string what = "gloo " + describe_collective("all_to_all", count, dtype, rank_, size_);
     require_buffer(out, "out", count, what);
@@ -293,29 +342,21 @@ class GlooCommunicator final : public Communicator {
     const size_t bytes = count * dtype_size(dtype) * static_cast<size_t>(size_);
     require_no_partial_overlap(out, bytes, in, bytes, nullptr, what);
     if (count == 0) return completed_work();
-    return enqueue(what, {CollectiveKind::all_to_all, count, dtype}, [=, this](uint32_t tag) {
-      if (size_ == 1) {
-        std::memcpy(out, in, bytes);
-        return;
-      }
-      ::gloo::AlltoallOptions opts(context_);
-      opts.setInput(static_cast<char*>(const_cast<void*>(in)), bytes);
-      opts.setOutput(static_cast<char*>(out), bytes);
-      opts.setTag(tag);
-      opts.setTimeout(timeout_);
-      ::gloo::alltoall(opts);
-    });
+    return enqueue(what, {CollectiveKind::all_to_all, count, dtype},
+                   [=, this](uint32_t tag) { exchange_blocks(static_cast<char*>(out), static_cast<const char*>(in),
+                                                             count * dtype_size(dtype), tag); });
   }
 
+  // The call comparison every rank takes part in is itself the barrier: no rank gets past it before every
+  // other rank has sent its description of this call.
   void barrier() override {
     std::string what = "gloo barrier on rank " + std::to_string(rank_) + " of " + std::to_string(size_);
-    enqueue(what, {CollectiveKind::barrier}, [this](uint32_t tag) {
-      if (size_ == 1) return;
-      ::gloo::BarrierOptions opts(context_);
-      opts.setTag(tag);
-      opts.setTimeout(timeout_);
-      ::gloo::barrier(opts);
-    })->wait();
+    Small nothing;
+    nothing.payload = [](int) { return std::pair<const void*, size_t>(nullptr, 0); };
+    nothing.finish = [](const std::vector<const char*>&) {};
+    enqueue(
+        what, {CollectiveKind::barrier}, [](uint32_t) {}, std::move(nothing))
+        ->wait();
   }
 
   std::unique_ptr<Communicator> split(int color, int key) override {
@@ -339,50 +380,75 @@ class GlooCommunicator final : public Communicator {
   }
 
  private:
+  // A call whose data rides on the call comparison's messages (agree()).
+  struct Small {
+    // The bytes (at most kInlineBytes) this rank sends to `peer`, or to itself (its own part of the result).
+    std::function<std::pair<const void*, size_t>(int peer)> payload;
+    // Finishes the call from every rank's payload to this rank (by rank).
+    std::function<void(const std::vector<const char*>& from)> finish;
+    explicit operator bool() const { return static_cast<bool>(finish); }
+  };
+
   struct Task {
     CollectiveCall call;
     std::function<void(uint32_t)> body;
     std::shared_ptr<AsyncWork> work;
+    Small small;
   };
 
-  WorkPtr enqueue(const std::string& what, CollectiveCall call, std::function<void(uint32_t)> body) {
+  WorkPtr enqueue(const std::string& what, CollectiveCall call, std::function<void(uint32_t)> body, Small small = {}) {
     auto work = std::make_shared<AsyncWork>(what, timeout_);
     {
       std::lock_guard<std::mutex> lock(mu_);
-      queue_.push_back({call, std::move(body), work});
+      queue_.push_back({call, std::move(body), work, std::move(small)});
     }
     cv_.notify_one();
     return work;
   }
 
-  // Every rank's description of its call number `tag`, exchanged with every peer on a slot of its own; throws
-  // CollectiveMismatchError when they differ. Fixed-size messages, so this exchange itself cannot mismatch. The
-  // whole exchange has one timeout. The receives for the next call are posted as soon as this one is done, so
-  // that a peer's description goes out the moment it is sent, without a ready-to-receive round trip first.
-  void agree(const CollectiveCall& call, uint32_t tag, const std::string& what) {
-    const auto deadline = std::chrono::steady_clock::now() + timeout_;
-    auto left = [&] {
-      auto rest = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
-      return std::max(rest, std::chrono::milliseconds(1));
-    };
-    constexpr size_t kBytes = kCallWords * sizeof(uint64_t);
+  // Every rank's description of its call number `tag`, sent to every peer on a slot of its own; throws
+  // CollectiveMismatchError when they differ. The receives are posted ahead, at a fixed size (a description and
+  // up to kInlineBytes), so that a peer's description goes out the moment it is sent and no message of this
+  // exchange can exceed what its receiver posted. A small call (task.small) carries its data in the same message:
+  // once every rank's description matched, every rank has every peer's data and finishes the call from them,
+  // with no other message; returns true then. The whole exchange has one timeout.
+  bool agree(const Task& task, uint32_t tag, const std::string& what) {
+    const Deadline left{std::chrono::steady_clock::now() + timeout_};
+    const auto n = static_cast<size_t>(size_);
     if (!agreement_) {
-      agreement_words_.assign(kCallWords * static_cast<size_t>(size_), 0);
-      agreement_ = context_->createUnboundBuffer(agreement_words_.data(), agreement_words_.size() * sizeof(uint64_t));
-      post_agreement_receives(tag);
+      // Every peer's message, then this rank's message to every peer.
+      agreement_bytes_.assign(2 * n * kMessageBytes, 0);
+      agreement_ = context_->createUnboundBuffer(agreement_bytes_.data(), agreement_bytes_.size());
+      posted_.assign(n, 0);
     }
-    uint64_t* words = agreement_words_.data();
-    encode_call(call, tag, &words[kCallWords * static_cast<size_t>(rank_)]);
+    post_agreement_receives(tag, false);
+    char* received = agreement_bytes_.data();
+    char* sending = received + n * kMessageBytes;
+    const CollectiveCall& call = task.call;
     const auto slot = ::gloo::Slot::build(kAgreementSlotPrefix, tag);
     for (int p = 0; p < size_; ++p) {
-      if (p != rank_) agreement_->send(p, slot, static_cast<size_t>(rank_) * kBytes, kBytes);
+      if (p == rank_) continue;
+      char* message = sending + static_cast<size_t>(p) * kMessageBytes;
+      encode_call(call, tag, reinterpret_cast<uint64_t*>(message));
+      size_t bytes = kCallBytes;
+      if (task.small) {
+        const auto [data, length] = task.small.payload(p);
+        if (length) std::memcpy(message + kCallBytes, data, length);
+        bytes += length;
+      }
+      agreement_->send(p, slot, static_cast<size_t>(p) * kMessageBytes + n * kMessageBytes, bytes);
     }
-    for (int i = 1; i < size_; ++i) agreement_->waitRecv(left());
-    for (int i = 1; i < size_; ++i) agreement_->waitSend(left());
+    for (int i = 1; i < size_; ++i) wait(*agreement_, true, left());
+    for (int i = 1; i < size_; ++i) wait(*agreement_, false, left());
     std::vector<CollectiveCall> calls;
     bool same = true;
     for (int p = 0; p < size_; ++p) {
-      const uint64_t* w = &words[kCallWords * static_cast<size_t>(p)];
+      if (p == rank_) {
+        calls.push_back(call);
+        continue;
+      }
+      uint64_t w[kCallWords];
+      std::memcpy(w, received + static_cast<size_t>(p) * kMessageBytes, kCallBytes);
       if ((w[0] >> 32) != kCallMagic || w[3] != tag) {
         throw CommError(what + ": rank " + std::to_string(p) + " sent a call description this rank cannot read " +
                         "(another zero3 version, or a corrupted connection)");
@@ -390,15 +456,38 @@ class GlooCommunicator final : public Communicator {
       calls.push_back(decode_call(w));
       same = same && calls.back() == call;
     }
-    post_agreement_receives(tag + 1);
-    if (!same) throw CollectiveMismatchError(mismatch_message(what, tag, calls));
+    if (!same) {
+      post_agreement_receives(tag + 1, true);
+      throw CollectiveMismatchError(mismatch_message(what, tag, calls));
+    }
+    if (!task.small) {
+      post_agreement_receives(tag + 1, true);
+      return false;
+    }
+    std::vector<const char*> from(n);
+    for (size_t p = 0; p < n; ++p) {
+      from[p] = static_cast<int>(p) == rank_ ? static_cast<const char*>(task.small.payload(rank_).first)
+                                             : received + p * kMessageBytes + kCallBytes;
+    }
+    task.small.finish(from);
+    // Only now: the next call's messages land where this one's were read.
+    post_agreement_receives(tag + 1, true);
+    return true;
   }
 
-  void post_agreement_receives(uint32_t tag) {
-    constexpr size_t kBytes = kCallWords * sizeof(uint64_t);
+  // Posts the receives of call `tag` not posted yet. Ahead of a call (`ahead`), a peer whose connection is closed
+  // already (it finished its last call and left) is no error of the call just done: its receive is posted again
+  // when call `tag` runs, and fails that call.
+  void post_agreement_receives(uint32_t tag, bool ahead) {
     const auto slot = ::gloo::Slot::build(kAgreementSlotPrefix, tag);
     for (int p = 0; p < size_; ++p) {
-      if (p != rank_) agreement_->recv(p, slot, static_cast<size_t>(p) * kBytes, kBytes);
+      if (p == rank_ || posted_[static_cast<size_t>(p)] == tag) continue;
+      try {
+        agreement_->recv(p, slot, static_cast<size_t>(p) * kMessageBytes, kMessageBytes);
+        posted_[static_cast<size_t>(p)] = tag;
+      } catch (const std::exception&) {
+        if (!ahead) throw;
+      }
     }
   }
 
@@ -421,8 +510,7 @@ class GlooCommunicator final : public Communicator {
       }
       try {
         ++tag;
-        if (size_ > 1) agree(task.call, tag, what);
-        task.body(tag);
+        if (size_ == 1 || !agree(task, tag, what)) task.body(tag);
         task.work->complete();
       } catch (const CollectiveMismatchError&) {
         // Every rank found the same difference before sending anything: the connections are in step.
@@ -437,9 +525,12 @@ class GlooCommunicator final : public Communicator {
           task.work->fail(std::make_exception_ptr(
               TimeoutError(what + " timed out after " + std::to_string(timeout_.count()) + " ms (" + msg +
                            "); a rank may have stopped, died, or issued collectives in a different order")));
+        } else if (dynamic_cast<const CommError*>(&e)) {
+          task.work->fail(std::make_exception_ptr(CommError(what + " failed: " + msg)));
         } else {
-          task.work->fail(std::make_exception_ptr(
-              CommError(what + " failed: " + msg + "; a peer rank may have exited or crashed")));
+          // gloo failed the operation itself (its connection broke); the watch names the rank.
+          broken_ = peer_failure_seen(msg, msg + "; a peer rank may have exited or crashed");
+          task.work->fail(std::make_exception_ptr(CommError(what + " failed: " + broken_)));
         }
       } catch (...) {
         broken_ = "an exception that is not a std::exception";
@@ -448,57 +539,402 @@ class GlooCommunicator final : public Communicator {
     }
   }
 
-  // Ring reduce-scatter. At step s rank r sends the partial sum of chunk (r-s-1) to its right neighbour and
-  // receives the partial sum of chunk (r-s-2) from its left one, adding its own input; after size-1 steps it
-  // holds chunk r summed over all ranks. Partial sums travel in the input's dtype (added in f32, rounded once per
-  // step, as NCCL does); two chunk-sized buffers alternate between sending and receiving, and the first step sends
-  // straight from the input. Each step moves its chunk in segments, so adding one segment overlaps receiving the
-  // next; the last step writes the output.
-  void ring_reduce_scatter(void* out, const void* in, size_t count, DType dtype, ReduceOp op, uint32_t tag) {
+  // How a buffer is cut into one chunk per rank: chunk c is [offset[c], offset[c] + length[c]) (elements or bytes).
+  struct Chunks {
+    std::vector<size_t> offset, length;
+    static Chunks even(size_t each, int n) {
+      Chunks c;
+      for (int i = 0; i < n; ++i) {
+        c.offset.push_back(static_cast<size_t>(i) * each);
+        c.length.push_back(each);
+      }
+      return c;
+    }
+    // `count` cut as evenly as possible (the first count % n chunks one longer).
+    static Chunks split(size_t count, int n) {
+      Chunks c;
+      const size_t base = count / static_cast<size_t>(n), extra = count % static_cast<size_t>(n);
+      size_t at = 0;
+      for (size_t i = 0; i < static_cast<size_t>(n); ++i) {
+        c.offset.push_back(at);
+        c.length.push_back(base + (i < extra ? 1 : 0));
+        at += c.length.back();
+      }
+      return c;
+    }
+    Chunks scaled(size_t factor) const {
+      Chunks c = *this;
+      for (auto& o : c.offset) o *= factor;
+      for (auto& l : c.length) l *= factor;
+      return c;
+    }
+    size_t largest() const { return *std::max_element(length.begin(), length.end()); }
+  };
+
+  // Ring reduce-scatter of `chunks` (elements) of `in` into `out` (this rank's chunk). At step s rank r sends the
+  // partial result of chunk (r-s-1) to its right neighbour and receives the partial result of chunk (r-s-2) from
+  // its left one, combining its own input; after size-1 steps it holds chunk r reduced over all ranks. Partial
+  // sums travel in the input's dtype (added in f32, rounded once per step, as NCCL does); two chunk-sized buffers
+  // alternate between sending and receiving, and the first step sends straight from the input. Each step moves
+  // its chunk in segments, so combining one segment overlaps receiving the next; the last step writes the output
+  // (which may be this rank's chunk of `in` itself).
+  void ring_reduce_scatter(void* out, const void* in, const Chunks& chunks, DType dtype, ReduceOp op, uint32_t tag) {
     const int n = size_, r = rank_;
     const size_t esize = dtype_size(dtype);
-    auto chunk = [&](int c) { return static_cast<const char*>(in) + static_cast<size_t>(c) * count * esize; };
-    if (n == 1) {  // sum and avg of one rank
-      if (out != in) std::memmove(out, in, count * esize);
+    auto at = [&](int c) { return static_cast<const char*>(in) + chunks.offset[static_cast<size_t>(c)] * esize; };
+    auto len = [&](int c) { return chunks.length[static_cast<size_t>(c)]; };
+    if (n == 1) {  // sum, avg and max of one rank
+      if (out != in) std::memmove(out, in, len(0) * esize);
       return;
     }
     const float divisor = op == ReduceOp::avg ? static_cast<float>(n) : 1.0f;
+    const size_t largest = chunks.largest() * esize;
+    if (largest == 0) return;
     // Scratch kept across calls: fresh multi-megabyte buffers would cost a page fault per 4 KiB every time.
     for (auto& b : scratch_) {
-      if (b.size() < count * esize) b.resize(count * esize);
+      if (b.size() < largest) b.resize(largest);
     }
     char* buf[2] = {scratch_[0].data(), scratch_[1].data()};
-    std::unique_ptr<::gloo::transport::UnboundBuffer> ub[2] = {context_->createUnboundBuffer(buf[0], count * esize),
-                                                               context_->createUnboundBuffer(buf[1], count * esize)};
+    std::unique_ptr<::gloo::transport::UnboundBuffer> ub[2] = {context_->createUnboundBuffer(buf[0], largest),
+                                                               context_->createUnboundBuffer(buf[1], largest)};
+    const int first = (r - 1 + n) % n;
     // gloo only reads a buffer it sends from.
     std::unique_ptr<::gloo::transport::UnboundBuffer> input =
-        context_->createUnboundBuffer(const_cast<char*>(chunk((r - 1 + n) % n)), count * esize);
+        context_->createUnboundBuffer(const_cast<char*>(at(first)), std::max<size_t>(len(first) * esize, 1));
     ::gloo::transport::UnboundBuffer* sending = input.get();
     const auto slot = ::gloo::Slot::build(kReduceScatterSlotPrefix, tag);
     const int right = (r + 1) % n, left = (r - 1 + n) % n;
-    const size_t seg = kSegmentElements, segments = (count + seg - 1) / seg;
     int receiving = 0;
     for (int s = 0; s < n - 1; ++s) {
       const bool last = s == n - 2;
+      const int sent = (r - s - 1 + 2 * n) % n, received = (r - s - 2 + 2 * n) % n;
       // Transfers on one pair and slot complete in the order they were posted.
-      for (size_t k = 0; k < segments; ++k) {
-        size_t len = std::min(seg, count - k * seg);
-        ub[receiving]->recv(left, slot, k * seg * esize, len * esize);
-        sending->send(right, slot, k * seg * esize, len * esize);
+      const size_t recv_segments = segments(len(received)), send_segments = segments(len(sent));
+      for (size_t k = 0; k < recv_segments; ++k) {
+        ub[receiving]->recv(left, slot, k * kSegmentElements * esize, segment(len(received), k) * esize);
       }
-      const char* mine = chunk((r - s - 2 + 2 * n) % n);
+      for (size_t k = 0; k < send_segments; ++k) {
+        sending->send(right, slot, k * kSegmentElements * esize, segment(len(sent), k) * esize);
+      }
+      const char* mine = at(received);
       char* acc = buf[receiving];
-      for (size_t k = 0; k < segments; ++k) {
-        const size_t off = k * seg * esize, len = std::min(seg, count - k * seg);
-        ub[receiving]->waitRecv(timeout_);
-        // The last step writes the output, which may be `mine` itself (in place).
-        add_into(last ? static_cast<char*>(out) + off : acc + off, acc + off, mine + off, dtype, len,
-                 last ? divisor : 1.0f);
+      for (size_t k = 0; k < recv_segments; ++k) {
+        const size_t off = k * kSegmentElements * esize;
+        wait_recv(*ub[receiving]);
+        add_into(last ? static_cast<char*>(out) + off : acc + off, acc + off, mine + off, dtype,
+                 segment(len(received), k), last ? divisor : 1.0f, op);
       }
-      for (size_t k = 0; k < segments; ++k) sending->waitSend(timeout_);
+      for (size_t k = 0; k < send_segments; ++k) wait_send(*sending);
       sending = ub[receiving].get();
       receiving = 1 - receiving;
     }
+  }
+
+  // Ring all-gather in place: `buf` holds every rank's chunk (bytes) and this rank's is in place. At step s rank r
+  // sends chunk (r-s) to its right neighbour and receives chunk (r-s-1) from its left one.
+  void ring_all_gather(char* buf, const Chunks& chunks, uint32_t tag) {
+    const int n = size_, r = rank_;
+    if (n == 1) return;
+    const size_t total = chunks.offset.back() + chunks.length.back();
+    if (total == 0) return;
+    std::unique_ptr<::gloo::transport::UnboundBuffer> ub = context_->createUnboundBuffer(buf, total);
+    const auto slot = ::gloo::Slot::build(kAllGatherSlotPrefix, tag);
+    const int right = (r + 1) % n, left = (r - 1 + n) % n;
+    constexpr size_t kSegmentBytes = kSegmentElements * sizeof(float);
+    for (int s = 0; s < n - 1; ++s) {
+      const size_t sent = static_cast<size_t>((r - s + n) % n), received = static_cast<size_t>((r - s - 1 + n) % n);
+      size_t recvs = 0, sends = 0;
+      for (size_t off = 0; off < chunks.length[received]; off += kSegmentBytes, ++recvs) {
+        ub->recv(left, slot, chunks.offset[received] + off, std::min(kSegmentBytes, chunks.length[received] - off));
+      }
+      for (size_t off = 0; off < chunks.length[sent]; off += kSegmentBytes, ++sends) {
+        ub->send(right, slot, chunks.offset[sent] + off, std::min(kSegmentBytes, chunks.length[sent] - off));
+      }
+      for (size_t k = 0; k < recvs; ++k) wait_recv(*ub);
+      for (size_t k = 0; k < sends; ++k) wait_send(*ub);
+    }
+  }
+
+  // All-to-all of `block` bytes per rank: this rank's own block is copied; every other one is received from its
+  // rank while this rank's block for it is sent (in place is allowed: `in` is staged first when it is `out`).
+  void exchange_blocks(char* out, const char* in, size_t block, uint32_t tag) {
+    const size_t bytes = block * static_cast<size_t>(size_);
+    std::vector<char> staged;
+    if (in == out) {
+      staged.assign(in, in + bytes);
+      in = staged.data();
+    }
+    std::memcpy(out + static_cast<size_t>(rank_) * block, in + static_cast<size_t>(rank_) * block, block);
+    if (size_ == 1) return;
+    std::unique_ptr<::gloo::transport::UnboundBuffer> rx = context_->createUnboundBuffer(out, bytes);
+    std::unique_ptr<::gloo::transport::UnboundBuffer> tx =
+        context_->createUnboundBuffer(const_cast<char*>(in), bytes);
+    const auto slot = ::gloo::Slot::build(kAllToAllSlotPrefix, tag);
+    for (int p = 0; p < size_; ++p) {
+      if (p != rank_) rx->recv(p, slot, static_cast<size_t>(p) * block, block);
+    }
+    for (int p = 0; p < size_; ++p) {
+      if (p != rank_) tx->send(p, slot, static_cast<size_t>(p) * block, block);
+    }
+    for (int p = 1; p < size_; ++p) wait_recv(*rx);
+    for (int p = 1; p < size_; ++p) wait_send(*tx);
+  }
+
+  // Broadcast as a pipeline along the ring from the root: each rank but the root receives every segment from its
+  // left neighbour and, unless it is the last, passes it on to its right one as soon as it arrived.
+  void ring_broadcast(char* buf, size_t bytes, int root, uint32_t tag) {
+    const int n = size_, r = rank_;
+    if (n == 1) return;
+    std::unique_ptr<::gloo::transport::UnboundBuffer> ub = context_->createUnboundBuffer(buf, bytes);
+    const auto slot = ::gloo::Slot::build(kBroadcastSlotPrefix, tag);
+    const int right = (r + 1) % n, left = (r - 1 + n) % n;
+    const bool receives = r != root, sends = right != root;
+    constexpr size_t kSegmentBytes = kSegmentElements * sizeof(float);
+    const size_t count = (bytes + kSegmentBytes - 1) / kSegmentBytes;
+    auto length = [&](size_t k) { return std::min(kSegmentBytes, bytes - k * kSegmentBytes); };
+    if (receives) {
+      for (size_t k = 0; k < count; ++k) ub->recv(left, slot, k * kSegmentBytes, length(k));
+    }
+    for (size_t k = 0; k < count; ++k) {
+      if (receives) wait_recv(*ub);
+      if (sends) ub->send(right, slot, k * kSegmentBytes, length(k));
+    }
+    if (sends) {
+      for (size_t k = 0; k < count; ++k) wait_send(*ub);
+    }
+  }
+
+  // out = op over ranks of from[0..size) (count elements each), combined in rank order, so every rank computes the
+  // same bits; each partial result is rounded to the dtype (NCCL's rule). `out` may be one of them.
+  void reduce_in_rank_order(void* out, const std::vector<const char*>& from, size_t count, DType dtype, ReduceOp op) {
+    const size_t bytes = count * dtype_size(dtype);
+    std::vector<char> acc(from[0], from[0] + bytes);
+    const float divisor = op == ReduceOp::avg ? static_cast<float>(size_) : 1.0f;
+    for (size_t p = 1; p < from.size(); ++p) {
+      add_into(acc.data(), acc.data(), from[p], dtype, count, p + 1 == from.size() ? divisor : 1.0f, op);
+    }
+    std::memcpy(out, acc.data(), bytes);
+  }
+
+  static size_t segments(size_t elements) { return (elements + kSegmentElements - 1) / kSegmentElements; }
+  static size_t segment(size_t elements, size_t k) {
+    return std::min(kSegmentElements, elements - k * kSegmentElements);
+  }
+
+  // ---- Waiting, and the watch over the peers ----
+
+  // Waits for one receive (send) of `buffer` to complete. Every wait of a collective goes through these, so that
+  // the watch thread can end it the moment a peer's connection breaks. A wait past the timeout makes gloo close
+  // every connection and throw "Timed out waiting ...".
+  void wait_recv(::gloo::transport::UnboundBuffer& buffer) { wait(buffer, true, timeout_); }
+  void wait_send(::gloo::transport::UnboundBuffer& buffer) { wait(buffer, false, timeout_); }
+
+  void wait(::gloo::transport::UnboundBuffer& buffer, bool recv, std::chrono::milliseconds timeout) {
+    {
+      std::lock_guard<std::mutex> lock(watch_mu_);
+      if (!peer_failure_.empty()) throw CommError(peer_failure_);
+      waiting_ = &buffer;
+    }
+    bool done = false;
+    try {
+      done = recv ? buffer.waitRecv(timeout) : buffer.waitSend(timeout);
+    } catch (...) {
+      std::lock_guard<std::mutex> lock(watch_mu_);
+      waiting_ = nullptr;
+      throw;
+    }
+    {
+      std::lock_guard<std::mutex> lock(watch_mu_);
+      waiting_ = nullptr;
+    }
+    if (done) return;
+    // Aborted by the watch. The operation may have completed just before its peer closed the connection (the
+    // peer's last message, then its exit): an abort wins over a completion in gloo, so look once more. A wait that
+    // is not complete now fails (its timeout closes every connection, which are broken by now anyway).
+    try {
+      if (recv ? buffer.waitRecv(std::chrono::milliseconds(1)) : buffer.waitSend(std::chrono::milliseconds(1))) return;
+    } catch (const std::exception&) {
+    }
+    std::lock_guard<std::mutex> lock(watch_mu_);
+    throw CommError(peer_failure_);
+  }
+
+  // Posts, to every peer, two receives on slots no collective uses: one into a buffer of that peer's own, which
+  // no message completes (which peer broke), and one into a buffer shared by all, which only a peer's goodbye
+  // completes (close(): it destroyed this communicator). Gloo fails them when their connection breaks; the
+  // watch thread waits on the shared buffer, so that a connection that breaks without a goodbye wakes it.
+  void start_watch(const std::string& who) {
+    const auto n = static_cast<size_t>(size_);
+    watch_bytes_.assign(3 * n, 0);
+    peer_watch_.resize(n);
+    left_.assign(n, false);
+    any_watch_ = context_->createUnboundBuffer(watch_bytes_.data(), n);
+    goodbye_ = context_->createUnboundBuffer(&watch_bytes_[2 * n], 1);
+    for (int p = 0; p < size_; ++p) {
+      if (p == rank_) continue;
+      auto& mine = peer_watch_[static_cast<size_t>(p)];
+      mine = context_->createUnboundBuffer(&watch_bytes_[n + static_cast<size_t>(p)], 1);
+      try {
+        mine->recv(p, ::gloo::Slot::build(kWatchSlotPrefix, 1), 0, 1);
+        any_watch_->recv(p, ::gloo::Slot::build(kWatchSlotPrefix, 0), static_cast<size_t>(p), 1);
+      } catch (const std::exception& e) {
+        throw CommError(who + " failed: the connection to rank " + std::to_string(p) + " closed (" + e.what() +
+                        ") before it confirmed the connect: it exited or crashed");
+      }
+    }
+    watch_ = std::thread([this] { watch_loop(); });
+  }
+
+  // Every rank tells every peer that its watch is posted, and waits until every peer has said the same: no rank
+  // leaves connect (and may destroy the communicator or exit) before every peer watches it, so that a peer which
+  // leaves early is a goodbye or a broken watch on every other rank, never a receive that cannot be posted. The
+  // waits go through wait(), so a peer that dies meanwhile is named by the watch.
+  void confirm_connected(const std::string& who) {
+    const auto n = static_cast<size_t>(size_);
+    const Deadline left{std::chrono::steady_clock::now() + timeout_};
+    const auto slot = ::gloo::Slot::build(kWatchSlotPrefix, 2);
+    std::vector<char> bytes(n + 1, 0);
+    std::vector<std::unique_ptr<::gloo::transport::UnboundBuffer>> from(n);
+    std::unique_ptr<::gloo::transport::UnboundBuffer> to = context_->createUnboundBuffer(&bytes[n], 1);
+    int peer = -1;  // the peer of the step that failed
+    try {
+      for (peer = 0; peer < size_; ++peer) {
+        if (peer == rank_) continue;
+        from[static_cast<size_t>(peer)] = context_->createUnboundBuffer(&bytes[static_cast<size_t>(peer)], 1);
+        from[static_cast<size_t>(peer)]->recv(peer, slot, 0, 1);
+      }
+      for (peer = 0; peer < size_; ++peer) {
+        if (peer != rank_) to->send(peer, slot, 0, 1);
+      }
+      for (peer = 0; peer < size_; ++peer) {
+        if (peer != rank_) wait(*from[static_cast<size_t>(peer)], true, left());
+      }
+      peer = -1;
+      for (int p = 1; p < size_; ++p) wait(*to, false, left());
+    } catch (const CommError& e) {  // the watch's verdict, naming the rank(s)
+      throw CommError(who + " failed: " + e.what());
+    } catch (const std::exception& e) {
+      const std::string msg = e.what();
+      const std::string whom = peer >= 0 ? "rank " + std::to_string(peer) : "a peer";
+      if (msg.find("Timed out") != std::string::npos) {
+        throw TimeoutError(who + " timed out after " + std::to_string(timeout_.count()) + " ms waiting for " + whom +
+                           " to confirm the connect (" + msg + ")");
+      }
+      throw CommError(who + " failed: " +
+                      peer_failure_seen(msg, "the connection to " + whom + " closed (" + msg +
+                                        ") before it confirmed the connect: it exited or crashed"));
+    }
+  }
+
+  // Ends the watch, first saying goodbye to every peer when `goodbye` (this communicator is destroyed after a
+  // connect that succeeded; not waited for: a dead peer never takes it), and closes the connections. Never throws.
+  void close(bool goodbye) {
+    if (watch_.joinable()) {
+      for (int p = 0; goodbye && p < size_; ++p) {
+        if (p == rank_) continue;
+        try {
+          goodbye_->send(p, ::gloo::Slot::build(kWatchSlotPrefix, 0), 0, 1);
+        } catch (const std::exception&) {
+          // that connection is closed already
+        }
+      }
+      watch_stop_ = true;
+      any_watch_->abortWaitRecv();
+      watch_.join();
+    }
+    try {
+      agreement_.reset();
+      context_.reset();  // closes the connections (gloo may throw from its teardown)
+      any_watch_.reset();
+      peer_watch_.clear();
+      goodbye_.reset();
+    } catch (const std::exception& e) {
+      log::warn("gloo: closing the connections of rank ", rank_, " of ", size_, " failed: ", e.what());
+    } catch (...) {
+      log::warn("gloo: closing the connections of rank ", rank_, " of ", size_, " failed");
+    }
+  }
+
+  void watch_loop() {
+    std::string message;
+    while (true) {
+      try {
+        int from = -1;
+        if (!any_watch_->waitRecv(&from, kForever) || watch_stop_) return;
+        if (from >= 0 && from < size_) {  // a goodbye
+          std::lock_guard<std::mutex> lock(watch_mu_);
+          left_[static_cast<size_t>(from)] = true;
+        }
+        continue;
+      } catch (const std::exception& e) {
+        message = e.what();
+        break;
+      }
+    }
+    // Gloo fails the broken connection's receives one after another (in no fixed order): give it a moment to
+    // reach the peer's own buffer.
+    std::vector<int> broken;
+    for (int tries = 0; broken.empty() && tries < 200; ++tries) {
+      if (tries > 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      for (int p = 0; p < size_; ++p) {
+        if (p != rank_ && !left_[static_cast<size_t>(p)] && peer_failed(p)) broken.push_back(p);
+      }
+    }
+    std::string failure;
+    if (message.find("Application timeout") != std::string::npos) {
+      failure = "a wait on this rank timed out, which closed every connection of this communicator";
+    } else if (broken.empty()) {
+      failure = "a connection of this communicator failed (" + message + ")";
+    } else {
+      failure = "the connection" + std::string(broken.size() > 1 ? "s" : "") + " to " + rank_list(broken) +
+                " closed (" + message + "): " + (broken.size() > 1 ? "they" : "it") + " exited or crashed";
+    }
+    std::lock_guard<std::mutex> lock(watch_mu_);
+    peer_failure_ = failure;
+    if (waiting_) {
+      waiting_->abortWaitRecv();
+      waiting_->abortWaitSend();
+    }
+    watch_cv_.notify_all();
+  }
+
+  // Whether gloo failed peer p's watch receive. The wait is aborted before it starts, so it returns at once
+  // (throwing when the receive failed) and never times out.
+  bool peer_failed(int p) {
+    auto& buffer = *peer_watch_[static_cast<size_t>(p)];
+    buffer.abortWaitRecv();
+    try {
+      buffer.waitRecv(kForever);
+      return false;
+    } catch (const std::exception&) {
+      return true;
+    }
+  }
+
+  // The watch's verdict on a failure the worker saw first (gloo failed an operation of a closed connection with
+  // `gloo_message`): waits briefly for the watch thread, which is woken by the same failure. Without one, a peer
+  // that said goodbye before its connection closed destroyed its communicator (which the watch does not report):
+  // named as such. Otherwise `otherwise`.
+  std::string peer_failure_seen(const std::string& gloo_message, const std::string& otherwise) {
+    std::unique_lock<std::mutex> lock(watch_mu_);
+    watch_cv_.wait_for(lock, std::chrono::milliseconds(500), [&] { return !peer_failure_.empty(); });
+    if (!peer_failure_.empty()) return peer_failure_;
+    std::vector<int> departed;
+    for (size_t p = 0; p < left_.size(); ++p) {
+      if (left_[p]) departed.push_back(static_cast<int>(p));
+    }
+    if (departed.empty()) return otherwise;
+    return rank_list(departed) + (departed.size() > 1 ? " have" : " has") +
+           " destroyed this communicator, so no call on it can complete (" + gloo_message + ")";
+  }
+
+  // "rank 1", "rank 1 and rank 3", "rank 0, rank 1 and rank 3".
+  static std::string rank_list(const std::vector<int>& ranks) {
+    std::string s;
+    for (size_t i = 0; i < ranks.size(); ++i) {
+      s += (i == 0 ? "" : i + 1 == ranks.size() ? " and " : ", ") + std::string("rank ") + std::to_string(ranks[i]);
+    }
+    return s;
   }
 
   std::shared_ptr<::gloo::transport::Device> device_;
@@ -507,12 +943,25 @@ class GlooCommunicator final : public Communicator {
   int rank_, size_;
   std::chrono::milliseconds timeout_;
   std::shared_ptr<::gloo::rendezvous::Context> context_;
-  int splits_ = 0;                 // issuing thread only
+  int splits_ = 0;                // issuing thread only
   std::vector<char> scratch_[2];  // worker thread only
-  // The call descriptions of every rank (worker thread only), received into agreement_, whose receives for the
-  // next call are always posted.
-  std::vector<uint64_t> agreement_words_;
+  // The messages of the call comparison (worker thread only): every peer's, received into agreement_, whose
+  // receives for the next call are always posted, then this rank's to every peer.
+  std::vector<char> agreement_bytes_;
   std::unique_ptr<::gloo::transport::UnboundBuffer> agreement_;
+  std::vector<uint32_t> posted_;  // by rank: the call whose receive from that rank is posted
+
+  // The watch (start_watch): its receives and what it found.
+  std::vector<uint8_t> watch_bytes_;
+  std::vector<std::unique_ptr<::gloo::transport::UnboundBuffer>> peer_watch_;  // by rank; none for this rank
+  std::unique_ptr<::gloo::transport::UnboundBuffer> any_watch_, goodbye_;
+  std::vector<bool> left_;  // by rank: said goodbye (written by the watch thread under watch_mu_)
+  std::thread watch_;
+  std::atomic<bool> watch_stop_{false};
+  std::mutex watch_mu_;
+  std::condition_variable watch_cv_;
+  std::string peer_failure_;                             // set once, by the watch thread
+  ::gloo::transport::UnboundBuffer* waiting_ = nullptr;  // the buffer the worker waits on
 
   std::mutex mu_;
   std::condition_variable cv_;
