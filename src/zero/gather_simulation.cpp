@@ -82,11 +82,14 @@ SimulatedGathers simulate_gathers(const std::vector<SimulatedUnit>& units, int64
         gather(u);
       }
     }
-    // Prefetch along the order (after any entry, persistent units' included).
-    for (int64_t j = pos + 1; j < len; ++j) {
+    // Prefetch along the order (after any entry, persistent units' included), by Schedule::plan_from's rule: the
+    // bucket bounds what is fetched beyond the first unit ahead, so a unit larger than the bucket is still fetched.
+    for (int64_t j = pos + 1; j < len && prefetch_bucket > 0; ++j) {
       const int64_t v = trace[j];
       if (units[v].persistent || gathered[v]) continue;
-      if (ahead_numel + units[v].numel > prefetch_bucket || live + units[v].numel > max_live) break;
+      if ((ahead_numel > 0 && ahead_numel + units[v].numel > prefetch_bucket) || live + units[v].numel > max_live) {
+        break;
+      }
       gather(v);
       ahead[v] = true;
       ahead_numel += units[v].numel;

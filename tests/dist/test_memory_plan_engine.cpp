@@ -207,4 +207,11 @@ TEST(MemoryPlanEngine, Stage3Schedules) {
   check(3, true, 60);
 }
 
+// Every unit larger than the prefetch bucket (as a transformer layer is under "auto", 0.9 hidden^2): the first unit
+// ahead is still fetched while the current one computes, and the plan's worst case counts it.
+TEST(MemoryPlanEngine, UnitsLargerThanThePrefetchBucket) {
+  check(3, true, 0, [](Config& c) { c.zero.prefetch_bucket_size = 20; });
+  check(3, false, 60, [](Config& c) { c.zero.prefetch_bucket_size = 20; });
+}
+
 }  // namespace
