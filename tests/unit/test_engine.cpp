@@ -11,6 +11,7 @@
 #include "kernels/philox_init.hpp"
 #include "offload/swap_file.hpp"
 #include "support/engine_world.hpp"
+#include "support/forwarding_comm.hpp"
 #include "support/mlp_trainer.hpp"
 #include "support/rank_temp_dir.hpp"
 #include "support/reference_model.hpp"
@@ -71,35 +72,15 @@ TEST(Engine, DeclarationErrorsNameTheThing) {
 }
 
 // A host communicator that reports itself as nccl on CUDA device `cuda_device`.
-class NcclNamedComm final : public Communicator {
+class NcclNamedComm final : public ForwardingComm {
  public:
   explicit NcclNamedComm(std::shared_ptr<Communicator> inner, int cuda_device = -1)
-      : inner_(std::move(inner)), cuda_device_(cuda_device) {}
-  int rank() const override { return inner_->rank(); }
-  int size() const override { return inner_->size(); }
+      : ForwardingComm(std::move(inner)), cuda_device_(cuda_device) {}
   const char* backend() const override { return "nccl"; }
   int cuda_device() const override { return cuda_device_; }
-  std::chrono::milliseconds timeout() const override { return inner_->timeout(); }
-  WorkPtr all_gather_into(void* out, const void* in, size_t n, DType t, Stream s) override {
-    return inner_->all_gather_into(out, in, n, t, s);
-  }
-  WorkPtr reduce_scatter(void* out, const void* in, size_t n, DType t, ReduceOp op, Stream s) override {
-    return inner_->reduce_scatter(out, in, n, t, op, s);
-  }
-  WorkPtr all_reduce(void* buf, size_t n, DType t, ReduceOp op, Stream s) override {
-    return inner_->all_reduce(buf, n, t, op, s);
-  }
-  WorkPtr broadcast(void* buf, size_t n, DType t, int root, Stream s) override {
-    return inner_->broadcast(buf, n, t, root, s);
-  }
-  WorkPtr all_to_all(void* out, const void* in, size_t n, DType t, Stream s) override {
-    return inner_->all_to_all(out, in, n, t, s);
-  }
-  void barrier() override { inner_->barrier(); }
-  std::unique_ptr<Communicator> split(int color, int key) override { return inner_->split(color, key); }
+  bool checks_collectives() const override { return false; }  // as NCCL
 
  private:
-  std::shared_ptr<Communicator> inner_;
   int cuda_device_;
 };
 

@@ -23,6 +23,7 @@
 
 #include "support/checkpoint_testing.hpp"
 #include "support/engine_world.hpp"
+#include "support/forwarding_comm.hpp"
 #include "zero3/error.hpp"
 #include "zero3/log.hpp"
 
@@ -63,32 +64,17 @@ KillPoint kill_point() {
 
 // The victim's communicator: its own collectives, until the chosen one, after which the process dies with
 // SIGKILL while that collective is on its way (queued, being compared, or moving data).
-class DyingComm final : public Communicator {
+class DyingComm final : public ForwardingComm {
  public:
-  DyingComm(std::shared_ptr<Communicator> inner, KillPoint kill) : inner_(std::move(inner)), kill_(std::move(kill)) {}
+  DyingComm(std::shared_ptr<Communicator> inner, KillPoint kill)
+      : ForwardingComm(std::move(inner)), kill_(std::move(kill)) {}
   void arm() { armed_ = true; }
-  int rank() const override { return inner_->rank(); }
-  int size() const override { return inner_->size(); }
-  const char* backend() const override { return inner_->backend(); }
-  std::chrono::milliseconds timeout() const override { return inner_->timeout(); }
-  bool checks_collectives() const override { return inner_->checks_collectives(); }
   WorkPtr all_gather_into(void* out, const void* in, size_t count, DType dtype, Stream stream) override {
     return maybe_die("all_gather_into", inner_->all_gather_into(out, in, count, dtype, stream));
   }
   WorkPtr reduce_scatter(void* out, const void* in, size_t count, DType dtype, ReduceOp op, Stream stream) override {
     return maybe_die("reduce_scatter", inner_->reduce_scatter(out, in, count, dtype, op, stream));
   }
-  WorkPtr all_reduce(void* buf, size_t count, DType dtype, ReduceOp op, Stream stream) override {
-    return inner_->all_reduce(buf, count, dtype, op, stream);
-  }
-  WorkPtr broadcast(void* buf, size_t count, DType dtype, int root, Stream stream) override {
-    return inner_->broadcast(buf, count, dtype, root, stream);
-  }
-  WorkPtr all_to_all(void* out, const void* in, size_t count, DType dtype, Stream stream) override {
-    return inner_->all_to_all(out, in, count, dtype, stream);
-  }
-  void barrier() override { inner_->barrier(); }
-  std::unique_ptr<Communicator> split(int color, int key) override { return inner_->split(color, key); }
 
   void die_if(const std::string& point) {
     if (armed_ && point == kill_.point && ++seen_ == kill_.nth) die();
@@ -103,7 +89,6 @@ class DyingComm final : public Communicator {
     if (kill_.delay_us > 0) std::this_thread::sleep_for(std::chrono::microseconds(kill_.delay_us));
     ::raise(SIGKILL);
   }
-  std::shared_ptr<Communicator> inner_;
   KillPoint kill_;
   std::atomic<bool> armed_{false};
   std::atomic<int> seen_{0};
