@@ -539,18 +539,21 @@ int train(const TrainOptions& o, zero3::Config file_cfg, const ModelConfig& mc, 
     local_targets = count_targets(targets.data(), static_cast<int64_t>(targets.size()), mc.vocab_size);
     LossOptions lo;
     lo.normalizer = step_loss_normalizer(engine, local_targets, gas);
-    // The micro-batches' losses are summed on the device and read once, after the window (no wait per micro-batch).
+    // The micro-batches' losses are summed on the device, with no wait per micro-batch, and read once before the
+    // window's last step(): that wait ends with the backward, which the boundary's own read in step() waits for
+    // too, so the host still runs ahead of the optimizer's update into the next step.
     lo.defer_loss_sum = true;
-    double opt_time = 0;
+    double loss_sum = 0, opt_time = 0;
     zero3::StepResult r;
     for (int64_t k = 0; k < gas; ++k) {
       const size_t off = static_cast<size_t>(k * micro * o.seq_len);
       model.forward_backward(ids.data() + off, targets.data() + off, shape, lo);
+      if (k + 1 == gas) loss_sum = model.take_loss_sum();
       const auto t_opt = Clock::now();
       r = engine.step();
       opt_time += seconds_since(t_opt);
     }
-    float sum = static_cast<float>(model.take_loss_sum());
+    float sum = static_cast<float>(loss_sum);
     engine.all_reduce_host(&sum, 1);
     const double total_targets = lo.normalizer * static_cast<double>(world * gas);
     const double loss = total_targets > 0 ? sum / total_targets : 0.0;

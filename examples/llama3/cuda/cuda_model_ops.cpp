@@ -228,7 +228,7 @@ void CudaModelOps::attention_backward(const AttentionShape& s, const void* q, in
                                       const void* dout, int64_t lddo, void* dq, int64_t lddq, void* dk, int64_t lddk,
                                       void* dv, int64_t lddv) {
   if (cudnn_attention_ && cudnn_attention_->backward(dims(s), q, ldq, k, ldk, v, ldv, out, ldo, lse, dout, lddo, dq,
-                                                     lddq, dk, lddk, dv, lddv, act_)) {
+                                                    lddq, dk, lddk, dv, lddv, act_)) {
     return;
   }
   attention_->backward(dims(s), q, ldq, k, ldk, v, ldv, out, ldo, lse, dout, lddo, dq, lddq, dk, lddk, dv, lddv, act_);

@@ -103,7 +103,8 @@ class CudaModelOps final : public ModelOps {
   std::unique_ptr<cuda::CudnnAttention> cudnn_attention_;
   std::unique_ptr<cuda::LmHeadLoss> lm_head_;
   Scratch row_loss_;  // (n) f32 per-row losses of the LM head
-  // The loss accumulator: one double on the device, zero when nothing is pending (loss_pending_ false).
+  // The loss accumulator: one double on the device; while nothing is pending (loss_pending_ false) its value is
+  // stale and the next lm_head_cross_entropy overwrites it.
   Scratch loss_sum_;
   bool loss_pending_ = false;
   Scratch grouping_;  // the embedding backward's rows | offsets | token_ids, int32

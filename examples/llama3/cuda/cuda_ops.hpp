@@ -178,9 +178,9 @@ class Attention {
 // device (kIgnoreIndex skips a row). For each chunk of rows: logits = x w^T in f32, one block per row turns
 // the row into its loss and, when dx is not null, grad_scale * (softmax - onehot) (rounded to act); then
 // dx (overwritten, act) and dw (f32, +=) through Blas. row_loss (n, f32, device; null skips it) receives
-// each row's loss (0 for an ignored row); the caller sums it (in order, on the host or with sum_rows/add_rows) so the
-// result is deterministic. Targets must be in [0, vocab) or kIgnoreIndex (count_targets checks them on the
-// host); any other value gives that row a NaN loss and a zero gradient.
+// each row's loss (0 for an ignored row); the caller sums it (in order, on the host or with sum_rows/add_rows)
+// so the result is deterministic. Targets must be in [0, vocab) or kIgnoreIndex (count_targets checks them on
+// the host); any other value gives that row a NaN loss and a zero gradient.
 //
 // Chunks: chunk_rows > 0 forces that many rows; <= 0 takes plan_lm_head_chunks (backend/lm_head_plan.hpp): the
 // largest chunks whose workspace fits workspace_cap, so dW (read and written whole by each chunk's GEMM) is
