@@ -186,7 +186,7 @@ LossResult EngineModel::forward_backward(const int32_t* ids, const int32_t* targ
     }
     if (scale != 1.0) {
       result.normalizer = normalizer;
-      result.loss = normalizer > 0 ? result.loss_sum / normalizer : 0.0;
+      if (!loss.defer_loss_sum) result.loss = normalizer > 0 ? result.loss_sum / normalizer : 0.0;
     }
     commit_grads(s);
     s.close();

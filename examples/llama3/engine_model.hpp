@@ -26,7 +26,8 @@
 // staging buffer and are rounded into the engine's buffer when the scope closes.
 //
 // Threads: one thread drives the model (the engine's rule); the cpu kernels use OpenMP inside; on cuda the
-// work is queued on the device's default stream and the host waits once per micro-batch, for the loss.
+// work is queued on the device's default stream; the host waits for the loss once per micro-batch, or, with
+// LossOptions::defer_loss_sum, only in take_loss_sum() (train_main: once per optimizer step).
 // Errors: zero3 errors from the engine (named unit, rank, collective); InvalidArgument for a bad batch;
 // IoError for a safetensors file whose tensors do not match the model (named tensor and shapes);
 // Unsupported for a device or dtype the backends lack.
@@ -95,7 +96,8 @@ class EngineModel {
   // kIgnoreIndex skips). The loss is loss.normalizer-normalised (see LossOptions); gradients reach the engine
   // as each backward scope closes, and the caller then calls engine.step(). With fp16 the gradients are those
   // of the loss times engine.loss_scale() (the engine unscales them at the step); the returned loss is not
-  // scaled.
+  // scaled. With loss.defer_loss_sum the result's loss and loss_sum are NaN and take_loss_sum() reads the sum
+  // later (model_runner.hpp).
   LossResult forward_backward(const int32_t* ids, const int32_t* targets, const BatchShape& shape,
                               const LossOptions& loss = {});
 
@@ -103,7 +105,12 @@ class EngineModel {
   // (Engine::evaluate(); zero3::InvalidArgument otherwise): the forward scopes of the embedding, the layers
   // and the head, activations kept one layer at a time. ids, targets and the loss as forward_backward; fp16's
   // loss scale plays no part.
-  LossResult evaluate(const int32_t* ids, const int32_t* targets, const BatchShape& shape, const LossOptions& loss = {});
+  LossResult evaluate(const int32_t* ids, const int32_t* targets, const BatchShape& shape,
+                      const LossOptions& loss = {});
+
+  // The sum of the deferred micro-batches' losses (loss_sum, unnormalised) since the last take, in call order, in
+  // double: the bits of adding their loss_sum on the host. 0 when none. On cuda one 8-byte read and one wait.
+  double take_loss_sum() { return runner_->take_loss_sum(); }
 
   // Collective: unit `index`'s full fp32 master parameters, layouts()[index].numel floats, into host memory.
   void gather_unit(size_t index, float* out);

@@ -149,14 +149,19 @@ void layer_backward(const ModelConfig& c, LayerView<const T> w, const T* x, cons
 // number of non-ignored targets of this call (Hugging Face's mean). Pass the token count of the whole
 // optimizer step to get one mean across micro-batches and ranks. With no target and normalizer <= 0 the loss
 // is 0 and no gradient is produced (Hugging Face would return NaN).
+//
+// defer_loss_sum (ModelRunner and EngineModel only; this file's functions always return the loss): the loss is not
+// read back; the result's loss and loss_sum are NaN and the sum waits in the backend's loss accumulator until
+// take_loss_sum() (model_runner.hpp), so a GPU run does not wait on the device once per micro-batch.
 struct LossOptions {
   double normalizer = 0;
   int64_t chunk_rows = 0;  // rows of logits at a time; <= 0: default_loss_chunk_rows(vocab)
+  bool defer_loss_sum = false;
 };
 
 struct LossResult {
-  double loss = 0;        // loss_sum / normalizer
-  double loss_sum = 0;    // sum over non-ignored targets
+  double loss = 0;        // loss_sum / normalizer (NaN when deferred)
+  double loss_sum = 0;    // sum over non-ignored targets (NaN when deferred)
   int64_t count = 0;      // non-ignored targets
   double normalizer = 0;  // what loss_sum was divided by (0 when nothing was)
 };

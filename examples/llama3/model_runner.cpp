@@ -1,6 +1,7 @@
 #include "model_runner.hpp"
 
 #include <algorithm>
+#include <limits>
 #include <string>
 
 #include "llama_layout.hpp"
@@ -334,6 +335,11 @@ LossResult ModelRunner::head(const void* w, float* g, const void* embed_w, float
                 "gradients, its gradient buffer)"
               : ": untied embeddings: the LM head is in the head unit, pass no embedding buffers"));
   }
+  if (loss_deferred_ && !opt.defer_loss_sum) {
+    throw zero3::InvalidArgument(std::string("ModelRunner::") + what +
+                                 ": the loss sums of deferred heads are still pending; call take_loss_sum() before a "
+                                 "head that returns its loss");
+  }
   const int64_t n = shape_.tokens(), hid = config_.hidden_size, vocab = config_.vocab_size;
   const int64_t count = count_targets(host_targets_.data(), n, vocab);
   const double normalizer = opt.normalizer > 0 ? opt.normalizer : static_cast<double>(count);
@@ -347,16 +353,25 @@ LossResult ModelRunner::head(const void* w, float* g, const void* embed_w, float
   ops_.rmsnorm_forward(x, norm, xn, rstd, n, hid, eps_);
   const float grad_scale = normalizer > 0 ? static_cast<float>(1.0 / normalizer) : 0.0f;
   // opt.chunk_rows <= 0: the backend's own chunk (the CPU's cache-sized one, the GPU's planned one).
-  const CrossEntropyResult ce =
-      ops_.lm_head_cross_entropy(xn, lm_head, static_cast<const int32_t*>(targets_.ptr), host_targets_.data(), n, hid,
-                                 vocab, grad_scale, dxn, lm_head_grad, opt.chunk_rows);
+  ops_.lm_head_cross_entropy(xn, lm_head, static_cast<const int32_t*>(targets_.ptr), host_targets_.data(), n, hid,
+                             vocab, grad_scale, dxn, lm_head_grad, opt.chunk_rows);
   if (g != nullptr) ops_.rmsnorm_backward(x, norm, rstd, dxn, nullptr, dx_.ptr, g, n, hid);
   LossResult r;
-  r.loss_sum = ce.loss_sum;
-  r.count = ce.count;
+  r.count = count;
   r.normalizer = normalizer;
-  r.loss = normalizer > 0 ? ce.loss_sum / normalizer : 0.0;
+  if (opt.defer_loss_sum) {
+    loss_deferred_ = true;
+    r.loss_sum = r.loss = std::numeric_limits<double>::quiet_NaN();
+  } else {
+    r.loss_sum = ops_.take_loss_sum();
+    r.loss = normalizer > 0 ? r.loss_sum / normalizer : 0.0;
+  }
   return r;
+}
+
+double ModelRunner::take_loss_sum() {
+  loss_deferred_ = false;
+  return ops_.take_loss_sum();
 }
 
 }  // namespace llama3

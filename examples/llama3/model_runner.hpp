@@ -15,8 +15,14 @@
 //   embed_backward(g)
 // Parameters `w`: a unit's flat buffer (llama_layout.hpp) in ops.act(), backend memory. Gradients `g`: the
 // unit's flat f32 gradient buffer in backend memory, accumulated (+=). On the cuda backend every call
-// queues work and returns (head_forward_backward waits for its loss); the buffers may be reused by the next
-// call only in queue order, which the backend's single stream gives.
+// queues work and returns (head_forward_backward waits for its loss unless the loss is deferred); the buffers may
+// be reused by the next call only in queue order, which the backend's single stream gives.
+//
+// The loss: by default the head returns it (on cuda, one wait for the device). With LossOptions::defer_loss_sum
+// the head returns the count and the normalizer only (loss and loss_sum NaN) and the sum stays in the backend's
+// accumulator (ModelOps::take_loss_sum); take_loss_sum() returns the sum over every deferred head since the last
+// take, in call order, in double: the same bits as adding the heads' loss_sum on the host. A head that is not
+// deferred while deferred sums wait is zero3::InvalidArgument (its sum would mix with theirs).
 //
 // Buffers (backend memory, act unless noted; grown to the largest shape seen, kept across micro-batches):
 //   layer inputs   (L+1) x (tokens, hidden)            the residual stream between units
@@ -81,6 +87,8 @@ class ModelRunner {
                                    float* embed_g = nullptr);
   // The same loss without gradients (evaluation): final norm, LM head and cross-entropy, no backward.
   LossResult head_forward_loss(const void* w, const LossOptions& opt, const void* embed_w = nullptr);
+  // The loss sums of the deferred heads since the last take (0 when none); on cuda, one read and one wait.
+  double take_loss_sum();
   void layer_backward(int64_t layer, const void* w, float* g);
   void embed_backward(float* g);
 
@@ -132,6 +140,7 @@ class ModelRunner {
   BatchShape shape_{};
   bool checkpointing_ = true;
   bool batch_ready_ = false;
+  bool loss_deferred_ = false;  // deferred loss sums wait in the backend's accumulator
   std::vector<int32_t> host_ids_, host_targets_;
   BatchShape rope_shape_{};
 

@@ -481,18 +481,18 @@ int train(const TrainOptions& o, zero3::Config file_cfg, const ModelConfig& mc, 
   const BatchShape shape{micro, o.seq_len};
   auto evaluate = [&]() {
     std::vector<int32_t> eids(static_cast<size_t>(micro * o.seq_len)), etargets(eids.size());
-    double loss_sum = 0;
     int64_t count = 0;
+    // The losses stay on the device until the last batch: one read for the whole evaluation.
+    LossOptions lo;
+    lo.defer_loss_sum = true;
     zero3::EvalMode mode = engine.evaluate();
     for (int64_t b = 0; b < eval_batches->batches(); ++b) {
       eval_batches->fill(b, eids.data(), etargets.data());
-      const LossResult r = model.evaluate(eids.data(), etargets.data(), shape);
-      loss_sum += r.loss_sum;
-      count += r.count;
+      count += model.evaluate(eids.data(), etargets.data(), shape, lo).count;
       mode.next_batch();
     }
     mode.end();
-    float sum = static_cast<float>(loss_sum);
+    float sum = static_cast<float>(model.take_loss_sum());
     engine.all_reduce_host(&sum, 1);
     // The targets of all ranks, counted exactly (the normalizer of one micro-batch per rank, times the ranks).
     const double targets_all = step_loss_normalizer(engine, count, 1) * world;
@@ -539,11 +539,16 @@ int train(const TrainOptions& o, zero3::Config file_cfg, const ModelConfig& mc, 
     local_targets = count_targets(targets.data(), static_cast<int64_t>(targets.size()), mc.vocab_size);
     LossOptions lo;
     lo.normalizer = step_loss_normalizer(engine, local_targets, gas);
+    // The micro-batches' losses are summed on the device, with no wait per micro-batch, and read once before the
+    // window's last step(): that wait ends with the backward, which the boundary's own read in step() waits for
+    // too, so the host still runs ahead of the optimizer's update into the next step.
+    lo.defer_loss_sum = true;
     double loss_sum = 0, opt_time = 0;
     zero3::StepResult r;
     for (int64_t k = 0; k < gas; ++k) {
       const size_t off = static_cast<size_t>(k * micro * o.seq_len);
-      loss_sum += model.forward_backward(ids.data() + off, targets.data() + off, shape, lo).loss_sum;
+      model.forward_backward(ids.data() + off, targets.data() + off, shape, lo);
+      if (k + 1 == gas) loss_sum = model.take_loss_sum();
       const auto t_opt = Clock::now();
       r = engine.step();
       opt_time += seconds_since(t_opt);

@@ -155,10 +155,19 @@ void CpuModelOps::attention_backward(const AttentionShape& s, const void* q, int
                                     lddq, f(dk), lddk, f(dv), lddv);
 }
 
-CrossEntropyResult CpuModelOps::lm_head_cross_entropy(const void* x, const void* w, const int32_t* targets,
-                                                      const int32_t*, int64_t n, int64_t hidden, int64_t vocab,
-                                                      float grad_scale, void* dx, float* dw, int64_t chunk_rows) {
-  return llama3::lm_head_cross_entropy<float>(f(x), f(w), targets, n, hidden, vocab, grad_scale, f(dx), dw, chunk_rows);
+int64_t CpuModelOps::lm_head_cross_entropy(const void* x, const void* w, const int32_t* targets, const int32_t*,
+                                           int64_t n, int64_t hidden, int64_t vocab, float grad_scale, void* dx,
+                                           float* dw, int64_t chunk_rows) {
+  const CrossEntropyResult r =
+      llama3::lm_head_cross_entropy<float>(f(x), f(w), targets, n, hidden, vocab, grad_scale, f(dx), dw, chunk_rows);
+  loss_sum_ += r.loss_sum;
+  return r.count;
+}
+
+double CpuModelOps::take_loss_sum() {
+  const double total = loss_sum_;
+  loss_sum_ = 0;
+  return total;
 }
 
 }  // namespace llama3

@@ -51,9 +51,13 @@ class CpuModelOps final : public ModelOps {
                           const void* v, int64_t ldv, const void* out, int64_t ldo, const float* lse, const void* dout,
                           int64_t lddo, void* dq, int64_t lddq, void* dk, int64_t lddk, void* dv,
                           int64_t lddv) override;
-  CrossEntropyResult lm_head_cross_entropy(const void* x, const void* w, const int32_t* targets,
-                                           const int32_t* host_targets, int64_t n, int64_t hidden, int64_t vocab,
-                                           float grad_scale, void* dx, float* dw, int64_t chunk_rows) override;
+  int64_t lm_head_cross_entropy(const void* x, const void* w, const int32_t* targets, const int32_t* host_targets,
+                                int64_t n, int64_t hidden, int64_t vocab, float grad_scale, void* dx, float* dw,
+                                int64_t chunk_rows) override;
+  double take_loss_sum() override;
+
+ private:
+  double loss_sum_ = 0;  // the loss accumulator
 };
 
 }  // namespace llama3

@@ -17,8 +17,8 @@
 //
 // Ordering. Ops are queued in call order on the backend's one stream (cpu: run in the call; cuda: CUDA's
 // legacy default stream, the stream the engine orders its gathers and reductions against). copy_to_host,
-// lm_head_cross_entropy and synchronize return with their results on the host; everything else may return
-// before the work is done. A backend object is used by one thread at a time.
+// take_loss_sum and synchronize return with their results on the host; everything else may return before the
+// work is done. A backend object is used by one thread at a time.
 //
 // Errors: zero3::InvalidArgument for a bad shape, token id or target (named); zero3::Unsupported
 // ("<backend> model ops do not support <what>") for an element type the backend lacks; zero3::CudaError
@@ -131,12 +131,18 @@ class ModelOps {
   // the same on the host (counted and checked there). With dx: dx (n, hidden) overwritten and dw (f32) +=
   // the gradients of grad_scale * (sum of the row losses). chunk_rows > 0: rows of logits at a time; <= 0: the
   // backend's own (cpu: default_loss_chunk_rows, sized for a core's caches; cuda: plan_lm_head_chunks, as many
-  // rows as 1 GiB of logits holds, backend/lm_head_plan.hpp). Returns the sum of the row losses (in double, in
-  // row order) and the number of non-ignored targets, on the host.
-  virtual CrossEntropyResult lm_head_cross_entropy(const void* x, const void* w, const int32_t* targets,
-                                                   const int32_t* host_targets, int64_t n, int64_t hidden,
-                                                   int64_t vocab, float grad_scale, void* dx, float* dw,
-                                                   int64_t chunk_rows) = 0;
+  // rows as 1 GiB of logits holds, backend/lm_head_plan.hpp). Returns the number of non-ignored targets
+  // (counted on the host); the sum of the row losses (in double, in row order) is added to the loss accumulator.
+  virtual int64_t lm_head_cross_entropy(const void* x, const void* w, const int32_t* targets,
+                                        const int32_t* host_targets, int64_t n, int64_t hidden, int64_t vocab,
+                                        float grad_scale, void* dx, float* dw, int64_t chunk_rows) = 0;
+
+  // The loss accumulator: total = ((0 + s_1) + s_2) + ... in double over the row-loss sums s_i of the
+  // lm_head_cross_entropy calls since the last take, in call order (the bits a host loop adding the s_i gets);
+  // returns it and starts again from 0. cpu: the sums are added as each call computes them; cuda: on the device,
+  // on the stream (no host wait per call), and this call reads them with one copy and one wait (none when no
+  // call came since the last take).
+  virtual double take_loss_sum() = 0;
 };
 
 // The backend for a zero3 device: cpu -> CpuModelOps (f32 activations whatever `compute` is: 16-bit

@@ -1,5 +1,5 @@
 // The LM head fused with cross-entropy on the device (cuda_ops.hpp LmHeadLoss; ops/cross_entropy.hpp), and
-// sum_rows.
+// sum_rows / add_rows.
 //
 // The chunks are backend/lm_head_plan.hpp's: as many rows as fit the workspace cap (1 GiB by default), so the
 // f32 weight gradient, which each chunk's dW GEMM reads and writes whole, is passed over a few times per
@@ -27,6 +27,7 @@ using namespace kernels;
 
 constexpr int kLossThreads = 512;
 constexpr int kSumThreads = 256;
+constexpr int kSumTile = 4 * kSumThreads;  // floats staged per pass of sum_rows_kernel
 
 // exp(x - base) for a float x and a double base: x - base is formed exactly in double and split into
 // hi + lo (floats); exp(hi + lo) = expf(hi) * (1 + lo) to a few float units, so a large |x - base| costs no
@@ -103,18 +104,22 @@ __global__ void cross_entropy_rows_kernel(float* logits, T* grad_copy, const int
   }
 }
 
-// out[0] = sum of x[0, n) in double: thread t adds x[t], x[t + kSumThreads], ... in order, then a fixed tree.
-__global__ void sum_rows_kernel(const float* x, int64_t n, double* out) {
-  __shared__ double partial[kSumThreads];
+// out[0] = (accumulate ? out[0] : 0) + s, where s = ((x[0] + x[1]) + x[2]) + ... in double, in row order: the
+// host's loop, so the same bits. The block stages a tile of x in shared memory (coalesced loads), thread 0 adds it
+// in order; n dependent additions on one thread.
+__global__ void sum_rows_kernel(const float* x, int64_t n, double* out, bool accumulate) {
+  __shared__ float tile[kSumTile];
   double s = 0.0;
-  for (int64_t i = threadIdx.x; i < n; i += kSumThreads) s += static_cast<double>(x[i]);
-  partial[threadIdx.x] = s;
-  __syncthreads();
-  for (int width = kSumThreads / 2; width > 0; width /= 2) {
-    if (threadIdx.x < width) partial[threadIdx.x] += partial[threadIdx.x + width];
+  for (int64_t base = 0; base < n; base += kSumTile) {
+    const int64_t rows = n - base < kSumTile ? n - base : kSumTile;
+    for (int64_t i = threadIdx.x; i < rows; i += kSumThreads) tile[i] = x[base + i];
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      for (int64_t i = 0; i < rows; ++i) s += static_cast<double>(tile[i]);
+    }
     __syncthreads();
   }
-  if (threadIdx.x == 0) out[0] = partial[0];
+  if (threadIdx.x == 0) out[0] = accumulate ? out[0] + s : s;
 }
 
 }  // namespace
@@ -186,7 +191,13 @@ void LmHeadLoss::run(const void* x, const void* w, const int32_t* targets, int64
 
 void sum_rows(const float* values, int64_t n, double* out, cudaStream_t stream) {
   detail::check_non_negative(n, "sum_rows", "n");
-  sum_rows_kernel<<<1, kSumThreads, 0, stream>>>(values, n, out);
+  sum_rows_kernel<<<1, kSumThreads, 0, stream>>>(values, n, out, false);
+  LLAMA3_CUDA_CHECK_LAUNCH("sum_rows_kernel");
+}
+
+void add_rows(const float* values, int64_t n, double* accumulator, cudaStream_t stream) {
+  detail::check_non_negative(n, "add_rows", "n");
+  sum_rows_kernel<<<1, kSumThreads, 0, stream>>>(values, n, accumulator, true);
   LLAMA3_CUDA_CHECK_LAUNCH("sum_rows_kernel");
 }
 

@@ -64,6 +64,7 @@ CudaModelOps::CudaModelOps(zero3::Device& device, DType act)
 CudaModelOps::~CudaModelOps() {
   cudnn_attention_.reset();  // frees its workspace through this object's free()
   free(row_loss_.ptr, row_loss_.bytes);
+  free(loss_sum_.ptr, loss_sum_.bytes);
   free(grouping_.ptr, grouping_.bytes);
   if (grouping_host_ != nullptr) {
     try {
@@ -124,7 +125,7 @@ void CudaModelOps::synchronize() { LLAMA3_CUDA_CHECK(cudaStreamSynchronize(as_cu
 int64_t CudaModelOps::workspace_bytes() const {
   const int64_t cudnn = cudnn_attention_ ? cudnn_attention_->workspace_bytes() : 0;
   return attention_->workspace_bytes() + cudnn + lm_head_->workspace_bytes() + static_cast<int64_t>(row_loss_.bytes) +
-         static_cast<int64_t>(grouping_.bytes);
+         static_cast<int64_t>(loss_sum_.bytes) + static_cast<int64_t>(grouping_.bytes);
 }
 
 // ---- Ops ----
@@ -233,20 +234,31 @@ void CudaModelOps::attention_backward(const AttentionShape& s, const void* q, in
   attention_->backward(dims(s), q, ldq, k, ldk, v, ldv, out, ldo, lse, dout, lddo, dq, lddq, dk, lddk, dv, lddv, act_);
 }
 
-CrossEntropyResult CudaModelOps::lm_head_cross_entropy(const void* x, const void* w, const int32_t* targets,
-                                                       const int32_t* host_targets, int64_t n, int64_t hidden,
-                                                       int64_t vocab, float grad_scale, void* dx, float* dw,
-                                                       int64_t chunk_rows) {
-  CrossEntropyResult result;
-  result.count = count_targets(host_targets, n, vocab);
-  if (n == 0) return result;
+int64_t CudaModelOps::lm_head_cross_entropy(const void* x, const void* w, const int32_t* targets,
+                                            const int32_t* host_targets, int64_t n, int64_t hidden, int64_t vocab,
+                                            float grad_scale, void* dx, float* dw, int64_t chunk_rows) {
+  const int64_t count = count_targets(host_targets, n, vocab);
+  if (n == 0) return count;
   float* row_loss = static_cast<float*>(ensure(row_loss_, static_cast<size_t>(n) * sizeof(float)));
   lm_head_->run(x, w, targets, n, hidden, vocab, grad_scale, dx, dw, row_loss, chunk_rows, act_);
-  row_loss_host_.resize(static_cast<size_t>(n));
-  copy_to_host(row_loss_host_.data(), row_loss, static_cast<size_t>(n) * sizeof(float));
-  // In row order, in double: the CPU op's sum (chunk by chunk, row by row).
-  for (float l : row_loss_host_) result.loss_sum += static_cast<double>(l);
-  return result;
+  double* total = static_cast<double*>(ensure(loss_sum_, sizeof(double)));
+  // In row order, in double (the CPU op's sum, chunk by chunk, row by row), onto the sums of the calls before:
+  // the first call since a take overwrites whatever the accumulator held.
+  if (loss_pending_) {
+    cuda::add_rows(row_loss, n, total, as_cuda(stream_));
+  } else {
+    cuda::sum_rows(row_loss, n, total, as_cuda(stream_));
+  }
+  loss_pending_ = true;
+  return count;
+}
+
+double CudaModelOps::take_loss_sum() {
+  if (!loss_pending_) return 0.0;
+  double total = 0;
+  copy_to_host(&total, loss_sum_.ptr, sizeof(double));
+  loss_pending_ = false;
+  return total;
 }
 
 std::string cuda_device_name(int index) {

@@ -8,9 +8,10 @@
 // Stream: every op is queued on the device's compute stream, Device::default_stream() (CUDA's legacy default
 // stream, or the caller's stream the device was made with), which the engine orders its gathers and reductions
 // against, so a unit's parameters are ready when a scope opens and its gradients are complete when it
-// closes, without host waits. copy_from_host does not wait either (it stages through pinned memory). Host
-// waits: copy_to_host and lm_head_cross_entropy (it returns the loss sum on the host: one wait per
-// micro-batch, in the head's backward scope).
+// closes, without host waits. copy_from_host does not wait either (it stages through pinned memory), nor does
+// lm_head_cross_entropy: its row losses are summed into a device accumulator on the stream (cuda::add_rows, in
+// row order, in double). Host waits: copy_to_host, synchronize and take_loss_sum (one 8-byte read, when the
+// program asks for the loss: once per optimizer step in train_main).
 //
 // Memory: allocate() is the zero3 Device's (its stream-ordered pool; counted in its bytes_in_use and
 // peak_bytes_in_use); free() is stream-ordered (Device::deallocate_after). The kernels' own workspaces
@@ -25,7 +26,6 @@
 #pragma once
 
 #include <memory>
-#include <vector>
 
 #include "backend/model_ops.hpp"
 
@@ -81,9 +81,10 @@ class CudaModelOps final : public ModelOps {
                           const void* v, int64_t ldv, const void* out, int64_t ldo, const float* lse, const void* dout,
                           int64_t lddo, void* dq, int64_t lddq, void* dk, int64_t lddk, void* dv,
                           int64_t lddv) override;
-  CrossEntropyResult lm_head_cross_entropy(const void* x, const void* w, const int32_t* targets,
-                                           const int32_t* host_targets, int64_t n, int64_t hidden, int64_t vocab,
-                                           float grad_scale, void* dx, float* dw, int64_t chunk_rows) override;
+  int64_t lm_head_cross_entropy(const void* x, const void* w, const int32_t* targets, const int32_t* host_targets,
+                                int64_t n, int64_t hidden, int64_t vocab, float grad_scale, void* dx, float* dw,
+                                int64_t chunk_rows) override;
+  double take_loss_sum() override;
 
  private:
   // A device buffer that only grows; freed stream-ordered.
@@ -102,12 +103,15 @@ class CudaModelOps final : public ModelOps {
   std::unique_ptr<cuda::CudnnAttention> cudnn_attention_;
   std::unique_ptr<cuda::LmHeadLoss> lm_head_;
   Scratch row_loss_;  // (n) f32 per-row losses of the LM head
+  // The loss accumulator: one double on the device; while nothing is pending (loss_pending_ false) its value is
+  // stale and the next lm_head_cross_entropy overwrites it.
+  Scratch loss_sum_;
+  bool loss_pending_ = false;
   Scratch grouping_;  // the embedding backward's rows | offsets | token_ids, int32
   // Pinned host staging of the grouping, reused once the previous upload from it has finished.
   void* grouping_host_ = nullptr;
   size_t grouping_host_bytes_ = 0;
   std::unique_ptr<zero3::DeviceEvent> grouping_uploaded_;
-  std::vector<float> row_loss_host_;
 };
 
 // The product name of CUDA device `index` (cudaDeviceProp::name, e.g. "NVIDIA H100 80GB HBM3"). Throws

@@ -178,9 +178,9 @@ class Attention {
 // device (kIgnoreIndex skips a row). For each chunk of rows: logits = x w^T in f32, one block per row turns
 // the row into its loss and, when dx is not null, grad_scale * (softmax - onehot) (rounded to act); then
 // dx (overwritten, act) and dw (f32, +=) through Blas. row_loss (n, f32, device; null skips it) receives
-// each row's loss (0 for an ignored row); the caller sums it (in order, on the host or with sum_rows) so the
-// result is deterministic. Targets must be in [0, vocab) or kIgnoreIndex (count_targets checks them on the
-// host); any other value gives that row a NaN loss and a zero gradient.
+// each row's loss (0 for an ignored row); the caller sums it (in order, on the host or with sum_rows/add_rows)
+// so the result is deterministic. Targets must be in [0, vocab) or kIgnoreIndex (count_targets checks them on
+// the host); any other value gives that row a NaN loss and a zero gradient.
 //
 // Chunks: chunk_rows > 0 forces that many rows; <= 0 takes plan_lm_head_chunks (backend/lm_head_plan.hpp): the
 // largest chunks whose workspace fits workspace_cap, so dW (read and written whole by each chunk's GEMM) is
@@ -208,8 +208,12 @@ class LmHeadLoss {
   std::unique_ptr<Impl> impl_;
 };
 
-// out[0] (device) = the sum of values[0, n) (device) in double, in a fixed order (one block: strided per-thread
-// sums, then a tree), so a run repeats its bits. n == 0 writes 0.
+// out[0] (device) = the sum of values[0, n) (device) in double, in row order (((v0 + v1) + v2) + ...: the bits of
+// the host loop `double s = 0; for (float v : values) s += v;`). One block, n dependent additions on one thread.
+// n == 0 writes 0.
 void sum_rows(const float* values, int64_t n, double* out, cudaStream_t stream);
+// accumulator[0] (device) += that sum, on the stream, without a host wait: the deferred form of the host's
+// `total += s` (the same bits when the host would add the same sums in the same order).
+void add_rows(const float* values, int64_t n, double* accumulator, cudaStream_t stream);
 
 }  // namespace llama3::cuda

@@ -1,13 +1,15 @@
 // ModelRunner on the CPU backend, and EngineModel (which runs it inside the engine's scopes), against the reference
 // model_forward_backward of llama_model.cpp: the loss and every gradient must be the same bits, with and without
 // activation checkpointing, over two accumulated micro-batches, with a given normalizer and small loss chunks; with
-// bf16 compute the engine's model must equal the reference run on the bf16-rounded (widened) weights.
+// bf16 compute the engine's model must equal the reference run on the bf16-rounded (widened) weights. Deferred
+// losses (summed in the backend, read once per window) give the host sum's bits.
 //
 // Odd sizes as in test_model.cpp: hidden 12, 3 query heads on 1 kv head (head_dim 4), ffn 20, vocab 17, seq 5;
 // untied and tied embeddings (the head multiplies by the embedding unit's weight and adds to its gradient).
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cmath>
 #include <cstring>
 #include <memory>
 #include <ostream>
@@ -146,6 +148,40 @@ INSTANTIATE_TEST_SUITE_P(
                       RunnerCase{true, {}, "tied_checkpointing", true},
                       RunnerCase{false, with(32, 3), "tied_no_checkpointing_normalizer_chunk3", true}),
     [](const ::testing::TestParamInfo<RunnerCase>& i) { return i.param.name; });
+
+// Deferred losses (LossOptions::defer_loss_sum, what train_main runs): each head returns its count and
+// normalizer with a NaN loss, take_loss_sum() returns the sum over the deferred micro-batches with the bits of
+// adding the immediate heads' loss_sum on the host, in order, and the gradients are the immediate run's. A head that
+// returns its loss while deferred sums wait is refused; a take with nothing deferred is 0.
+TEST(Runner, DeferredLossSumIsTheHostSumBitForBit) {
+  const ModelConfig c = odd_config();
+  FlatModel<float> now(c), later(c);
+  randomize(now, 5);
+  randomize(later, 5);
+  CpuModelOps ops_now, ops_later;
+  ModelRunner immediate(c, ops_now), deferred(c, ops_later);
+  LossOptions lo = with(29, 3), lo_deferred = lo;
+  lo_deferred.defer_loss_sum = true;
+  double want = 0;
+  for (int k : {0, 1, 0}) {  // three micro-batches of one window
+    const LossResult a = run(immediate, now, batch(k), true, lo);
+    want += a.loss_sum;
+    const LossResult d = run(deferred, later, batch(k), true, lo_deferred);
+    EXPECT_TRUE(std::isnan(d.loss) && std::isnan(d.loss_sum)) << "micro-batch " << k;
+    EXPECT_EQ(d.count, a.count);
+    EXPECT_EQ(d.normalizer, a.normalizer);
+  }
+  ASSERT_GT(want, 0.0);
+  EXPECT_THROW(run(deferred, later, batch(1), true, lo), zero3::InvalidArgument);
+  const double have = deferred.take_loss_sum();
+  EXPECT_EQ(std::memcmp(&have, &want, sizeof(double)), 0) << have << " vs " << want;
+  EXPECT_EQ(deferred.take_loss_sum(), 0.0);
+  for (size_t u = 0; u < now.units().size(); ++u)
+    expect_same_bits(later.unit_grads(u), now.unit_grads(u), "gradient of unit " + now.units()[u].name);
+  // Taken: a head may return its loss again, the immediate one's.
+  const LossResult again = run(deferred, later, batch(1), true, lo);
+  EXPECT_EQ(again.loss_sum, run(immediate, now, batch(1), true, lo).loss_sum);
+}
 
 TEST(Runner, HoldsTheBuffersItsSizesSay) {
   const ModelConfig c = odd_config();

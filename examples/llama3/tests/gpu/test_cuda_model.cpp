@@ -18,6 +18,9 @@
 //   UploadsDoNotWait...     CudaModelOps on a device computing on the caller's stream: copy_from_host returns while
 //                           that stream is held (pinned staging, no host wait) and the bytes arrive in order; the
 //                           ops' scratch (cuBLAS's workspace included) is counted by the zero3 device: one pool.
+//   LossIsSummedOnThe...    the LM head's loss over a window of micro-batches (1, 7, 1003 rows) queues while the
+//                           caller's stream is held (no host wait per micro-batch), is read once by take_loss_sum,
+//                           equals the CPU backend's within 1e-5 and repeats its bits.
 // Without a CUDA device the program prints why and exits 77 (skipped).
 #include "gpu/cuda_test_env.hpp"
 
@@ -32,6 +35,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <map>
 #include <memory>
@@ -40,6 +44,7 @@
 #include <thread>
 #include <vector>
 
+#include "backend/cpu_model_ops.hpp"
 #include "backend/model_ops.hpp"
 #include "engine_model.hpp"
 #include "llama_model.hpp"
@@ -359,6 +364,79 @@ TEST(CudaModel, UploadsDoNotWaitAndScratchComesFromTheDevicesPool) {
     ops.reset();
     ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
     EXPECT_EQ(gpu->bytes_in_use(), 0) << "the ops left device memory behind";
+  }
+  ASSERT_EQ(cudaStreamDestroy(stream), cudaSuccess);
+}
+
+// The LM head's loss without a host wait per micro-batch: a window of micro-batches of 1, 7 and 1003 rows (odd
+// vocabulary, ignored targets, with the backward) is queued while the caller's stream is held, and every
+// lm_head_cross_entropy returns before the stream moves; take_loss_sum then reads the window's sum once. The sum
+// is the CPU backend's within f32 rounding of the row losses, and a second window on the same inputs gives the first
+// one's bits (the device adds the row losses in row order, in double; tests/gpu/test_cuda_ops.cpp
+// AddRowsAccumulatesMicroBatchesAsTheHostWould holds the order against the host's loop bit for bit).
+TEST(CudaModel, LossIsSummedOnTheDeviceAndReadOncePerWindow) {
+  cudaStream_t stream = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  {
+    auto gpu = zero3::make_device("cuda", stream);
+    std::unique_ptr<ModelOps> ops = make_model_ops(*gpu, zero3::DType::f32);
+    CpuModelOps cpu;
+    const int64_t hidden = 24, vocab = 37, max_rows = 1003;
+    const std::vector<int64_t> rows = {1, 7, 1003};
+    std::mt19937 rng(7);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    std::vector<float> x(static_cast<size_t>(max_rows * hidden)), w(static_cast<size_t>(vocab * hidden));
+    for (float& v : x) v = normal(rng);
+    for (float& v : w) v = 0.5f * normal(rng);
+    std::vector<int32_t> targets(static_cast<size_t>(max_rows));
+    for (int64_t i = 0; i < max_rows; ++i)
+      targets[static_cast<size_t>(i)] = i % 9 == 4 ? kIgnoreIndex : static_cast<int32_t>((i * 13 + 3) % vocab);
+    const size_t x_bytes = x.size() * 4, w_bytes = w.size() * 4;
+    void* xd = ops->allocate(x_bytes);
+    void* wd = ops->allocate(w_bytes);
+    void* dxd = ops->allocate(x_bytes);
+    void* dwd = ops->allocate(w_bytes);
+    void* td = ops->allocate(targets.size() * 4);
+    ops->copy_from_host(xd, x.data(), x_bytes);
+    ops->copy_from_host(wd, w.data(), w_bytes);
+    ops->copy_from_host(td, targets.data(), targets.size() * 4);
+    ops->zero(dwd, w_bytes);
+    auto window = [&](ModelOps& o, const void* xp, const void* wp, const int32_t* tp, void* dxp, float* dwp) {
+      int64_t count = 0;
+      for (int64_t n : rows)
+        count += o.lm_head_cross_entropy(xp, wp, tp, targets.data(), n, hidden, vocab, 0.01f, dxp, dwp, 0);
+      return count;
+    };
+    std::vector<float> dx_cpu(x.size()), dw_cpu(w.size(), 0.0f);
+    const int64_t want_count = window(cpu, x.data(), w.data(), targets.data(), dx_cpu.data(), dw_cpu.data());
+    const double want = cpu.take_loss_sum();
+    ASSERT_GT(want, 0.0);
+
+    // The first window (kernels loaded, workspaces sized), read once.
+    EXPECT_EQ(window(*ops, xd, wd, static_cast<const int32_t*>(td), dxd, static_cast<float*>(dwd)), want_count);
+    const double first = ops->take_loss_sum();
+    EXPECT_NEAR(first, want, 1e-5 * want);
+    EXPECT_EQ(ops->take_loss_sum(), 0.0) << "nothing is pending after a take";
+
+    // The steady state: the whole window queues while the stream is held.
+    std::atomic<bool> release{false}, returned{false};
+    ASSERT_EQ(cudaLaunchHostFunc(stream, hold_stream, &release), cudaSuccess);
+    int64_t count = 0;
+    std::thread trainer([&] {
+      count = window(*ops, xd, wd, static_cast<const int32_t*>(td), dxd, static_cast<float*>(dwd));
+      returned = true;
+    });
+    for (int i = 0; i < 500 && !returned; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    EXPECT_TRUE(returned) << "lm_head_cross_entropy waited for the stream";
+    release = true;
+    trainer.join();
+    EXPECT_EQ(count, want_count);
+    const double second = ops->take_loss_sum();
+    EXPECT_EQ(std::memcmp(&first, &second, sizeof(double)), 0) << first << " vs " << second;
+
+    for (void* p : {xd, dxd}) ops->free(p, x_bytes);
+    for (void* p : {wd, dwd}) ops->free(p, w_bytes);
+    ops->free(td, targets.size() * 4);
   }
   ASSERT_EQ(cudaStreamDestroy(stream), cudaSuccess);
 }

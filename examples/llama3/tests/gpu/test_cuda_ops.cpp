@@ -847,10 +847,21 @@ TEST_F(CudaOps, LmHeadLossInvalidAndIgnoredTargets) {
   }
 }
 
-TEST_F(CudaOps, SumRowsInDoubleInAFixedOrder) {
-  for (int64_t n : {int64_t{0}, int64_t{1}, int64_t{1000}}) {
+double read_double(const DeviceBuffer& b, cudaStream_t stream) {
+  auto bytes = bytes_of(b.get(), 8, stream);
+  double v;
+  std::memcpy(&v, bytes.data(), 8);
+  return v;
+}
+
+bool same_bits(double a, double b) { return std::memcmp(&a, &b, sizeof(double)) == 0; }
+
+// sum_rows is the host's row-order loop in double, bit for bit, at odd row counts and over several tiles of the
+// kernel (1024 rows each); whatever out held before is overwritten.
+TEST_F(CudaOps, SumRowsIsTheHostRowOrderSumBitForBit) {
+  for (int64_t n : {int64_t{0}, int64_t{1}, int64_t{7}, int64_t{1003}, int64_t{4099}}) {
     SCOPED_TRACE("n " + std::to_string(n));
-    auto values = rand_vec(static_cast<size_t>(n), 101, DType::f32, 5.0);
+    auto values = rand_vec(static_cast<size_t>(n), 101 + static_cast<uint64_t>(n), DType::f32, 5.0);
     double want = 0;
     for (float v : values) want += static_cast<double>(v);
     auto dvalues = upload(values, DType::f32);
@@ -858,11 +869,34 @@ TEST_F(CudaOps, SumRowsInDoubleInAFixedOrder) {
     DeviceBuffer out(8);
     cuda_ok(cudaMemcpy(out.get(), &garbage, 8, cudaMemcpyHostToDevice), "upload");
     lc::sum_rows(dvalues->as<float>(), n, out.as<double>(), stream_);
-    auto bytes = bytes_of(out.get(), 8, stream_);
-    double got;
-    std::memcpy(&got, bytes.data(), 8);
-    EXPECT_NEAR(got, want, 1e-12 * (1.0 + std::fabs(want)));
+    const double got = read_double(out, stream_);
+    EXPECT_TRUE(same_bits(got, want)) << got << " vs " << want;
   }
+}
+
+// add_rows, the LM head's deferred loss: several micro-batches of odd row counts summed on the device into one
+// accumulator, with no read in between, equal the host's `total += (row-order sum of the micro-batch)` bit for bit.
+TEST_F(CudaOps, AddRowsAccumulatesMicroBatchesAsTheHostWould) {
+  const std::vector<int64_t> rows = {1, 7, 1003, 7, 2049};
+  DeviceBuffer total(8);
+  std::vector<std::unique_ptr<DeviceBuffer>> kept;  // alive until the stream has read them
+  double want = 0;
+  for (size_t k = 0; k < rows.size(); ++k) {
+    // Row losses: non-negative, spanning magnitudes (a confident row's 1e-6 beside an unsure row's 10).
+    auto values = rand_vec(static_cast<size_t>(rows[k]), 300 + k, DType::f32, 1.0);
+    for (size_t i = 0; i < values.size(); ++i) values[i] = std::fabs(values[i]) * (i % 5 == 0 ? 1e-6f : 10.0f);
+    double s = 0;
+    for (float v : values) s += static_cast<double>(v);
+    want += s;
+    kept.push_back(upload(values, DType::f32));
+    if (k == 0) {
+      lc::sum_rows(kept.back()->as<float>(), rows[k], total.as<double>(), stream_);
+    } else {
+      lc::add_rows(kept.back()->as<float>(), rows[k], total.as<double>(), stream_);
+    }
+  }
+  const double got = read_double(total, stream_);
+  EXPECT_TRUE(same_bits(got, want)) << got << " vs " << want;
 }
 
 // ---- Determinism ----
