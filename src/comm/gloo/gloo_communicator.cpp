@@ -199,7 +199,12 @@ class GlooCommunicator final : public Communicator {
     } catch (const TimeoutError& e) {
       throw TimeoutError(who + " timed out: " + e.what());
     } catch (const std::exception& e) {
-      throw CommError(who + " failed: " + e.what());
+      // gloo's own connect timeout is an IoException ("Connect timeout", "Timed out ...").
+      const std::string msg = e.what();
+      if (msg.find("Timed out") != std::string::npos || msg.find("Connect timeout") != std::string::npos) {
+        throw TimeoutError(who + " timed out after " + std::to_string(timeout_.count()) + " ms: " + msg);
+      }
+      throw CommError(who + " failed: " + msg);
     } catch (...) {
       throw CommError(who + " failed with an exception that is not a std::exception");
     }
@@ -218,7 +223,12 @@ class GlooCommunicator final : public Communicator {
         throw CommError(who + " failed with an exception that is not a std::exception");
       }
     }
-    worker_ = std::thread([this] { work_loop(); });
+    try {
+      worker_ = std::thread([this] { work_loop(); });
+    } catch (const std::exception& e) {  // std::system_error: no thread could be made; the watch must not outlive us
+      close(false);
+      throw CommError(who + " failed: its worker thread could not be started (" + e.what() + ")");
+    }
   }
 
   ~GlooCommunicator() override {
@@ -529,7 +539,7 @@ class GlooCommunicator final : public Communicator {
           task.work->fail(std::make_exception_ptr(CommError(what + " failed: " + msg)));
         } else {
           // gloo failed the operation itself (its connection broke); the watch names the rank.
-          broken_ = peer_failure_seen(msg, msg + "; a peer rank may have exited or crashed");
+          broken_ = peer_failure_seen(msg, msg + "; a peer rank may have exited, crashed or timed out");
           task.work->fail(std::make_exception_ptr(CommError(what + " failed: " + broken_)));
         }
       } catch (...) {
@@ -779,7 +789,7 @@ class GlooCommunicator final : public Communicator {
         any_watch_->recv(p, ::gloo::Slot::build(kWatchSlotPrefix, 0), static_cast<size_t>(p), 1);
       } catch (const std::exception& e) {
         throw CommError(who + " failed: the connection to rank " + std::to_string(p) + " closed (" + e.what() +
-                        ") before it confirmed the connect: it exited or crashed");
+                        ") before it confirmed the connect: it exited, crashed or timed out");
       }
     }
     watch_ = std::thread([this] { watch_loop(); });
@@ -822,7 +832,7 @@ class GlooCommunicator final : public Communicator {
       }
       throw CommError(who + " failed: " +
                       peer_failure_seen(msg, "the connection to " + whom + " closed (" + msg +
-                                        ") before it confirmed the connect: it exited or crashed"));
+                                        ") before it confirmed the connect: it exited, crashed or timed out"));
     }
   }
 
@@ -887,7 +897,7 @@ class GlooCommunicator final : public Communicator {
       failure = "a connection of this communicator failed (" + message + ")";
     } else {
       failure = "the connection" + std::string(broken.size() > 1 ? "s" : "") + " to " + rank_list(broken) +
-                " closed (" + message + "): " + (broken.size() > 1 ? "they" : "it") + " exited or crashed";
+                " closed (" + message + "): " + (broken.size() > 1 ? "they" : "it") + " exited, crashed or timed out";
     }
     std::lock_guard<std::mutex> lock(watch_mu_);
     peer_failure_ = failure;
