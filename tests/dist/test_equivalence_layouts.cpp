@@ -16,8 +16,9 @@
 
 #include "support/boundary_prefetch.hpp"
 #include "support/engine_world.hpp"
-#include "support/planned_traffic.hpp"
 #include "support/equivalence_check.hpp"
+#include "support/layouts.hpp"
+#include "support/planned_traffic.hpp"
 #include "zero3/comm.hpp"
 #include "zero3/engine.hpp"
 #include "zero3/traffic_plan.hpp"
@@ -27,39 +28,15 @@ using namespace zero3::testing;
 
 namespace {
 
-// A group of one node, or on a single node half of it (so the layout still has two groups).
-int node_group() {
-  const LauncherNodes n = launcher_nodes();
-  return n.count > 1 ? n.per_node : n.per_node / 2;
-}
-
 struct LayoutVariant {
   std::string name;
   // Sets the layout; false when the world cannot hold it (the test is then skipped).
-  std::function<bool(Config&)> layout;
+  LayoutSetter layout;
   std::function<void(Config&)> change;
   double tolerance;
 };
 
 void PrintTo(const LayoutVariant& v, std::ostream* os) { *os << v.name; }
-
-bool hsdp(Config& c) {
-  c.zero.mics_shard_size = node_group();
-  return true;
-}
-
-bool mics_hierarchical(Config& c) {
-  const LauncherNodes n = launcher_nodes();
-  if (n.count < 2) return false;
-  c.zero.mics_shard_size = n.per_node * n.count;
-  c.zero.mics_hierarchical_params_gather = true;
-  return true;
-}
-
-bool hpz(Config& c) {
-  c.zero.hpz_partition_size = node_group();
-  return true;
-}
 
 void bf16_fp32_sums(Config& c) {
   c.bf16.enabled = true;
@@ -69,30 +46,31 @@ void bf16_fp32_sums(Config& c) {
 void bf16(Config& c) { c.bf16.enabled = true; }
 
 const LayoutVariant kVariants[] = {
-    {"hsdp", hsdp, nullptr, 1e-5},
-    {"hsdp_tight_schedule", hsdp, tight_schedule, 1e-5},
-    {"hsdp_accum3", hsdp, [](Config& c) { c.gradient_accumulation_steps = 3; }, 1e-5},
-    {"hsdp_no_overlap", hsdp, [](Config& c) { c.zero.overlap_comm = false, c.zero.overlap_comm_set = true; }, 1e-5},
-    {"hsdp_bf16", hsdp, bf16_fp32_sums, 5e-3},
-    {"hsdp_bf16_reduced_in_bf16", hsdp, bf16, 3e-2},
-    {"mics_hierarchical", mics_hierarchical, nullptr, 1e-5},
-    {"mics_hierarchical_tight_schedule", mics_hierarchical, tight_schedule, 1e-5},
-    {"mics_hierarchical_bf16", mics_hierarchical, bf16_fp32_sums, 5e-3},
-    {"hpz", hpz, nullptr, 1e-5},
-    {"hpz_tight_schedule", hpz, tight_schedule, 1e-5},
-    {"hpz_accum3_tight", hpz,
+    {"hsdp", hsdp_layout, nullptr, 1e-5},
+    {"hsdp_tight_schedule", hsdp_layout, tight_schedule, 1e-5},
+    {"hsdp_accum3", hsdp_layout, [](Config& c) { c.gradient_accumulation_steps = 3; }, 1e-5},
+    {"hsdp_no_overlap", hsdp_layout, [](Config& c) { c.zero.overlap_comm = false, c.zero.overlap_comm_set = true; },
+     1e-5},
+    {"hsdp_bf16", hsdp_layout, bf16_fp32_sums, 5e-3},
+    {"hsdp_bf16_reduced_in_bf16", hsdp_layout, bf16, 3e-2},
+    {"mics_hierarchical", mics_hierarchical_layout, nullptr, 1e-5},
+    {"mics_hierarchical_tight_schedule", mics_hierarchical_layout, tight_schedule, 1e-5},
+    {"mics_hierarchical_bf16", mics_hierarchical_layout, bf16_fp32_sums, 5e-3},
+    {"hpz", hpz_layout, nullptr, 1e-5},
+    {"hpz_tight_schedule", hpz_layout, tight_schedule, 1e-5},
+    {"hpz_accum3_tight", hpz_layout,
      [](Config& c) {
        tight_schedule(c);
        c.gradient_accumulation_steps = 3;
      },
      1e-5},
-    {"hpz_bf16", hpz,
+    {"hpz_bf16", hpz_layout,
      [](Config& c) {
        tight_schedule(c);
        bf16_fp32_sums(c);
      },
      5e-3},
-    {"hpz_bf16_reduced_in_bf16", hpz,
+    {"hpz_bf16_reduced_in_bf16", hpz_layout,
      [](Config& c) {
        tight_schedule(c);
        bf16(c);
@@ -143,8 +121,10 @@ TEST(LayoutTraffic, TheEngineCountsWhatThePlanPredicts) {
   const LauncherNodes n = launcher_nodes();
   TrainPlan plan;
   plan.world = comm->size();
-  const std::vector<std::pair<std::string, std::function<bool(Config&)>>> layouts = {
-      {"plain", [](Config&) { return true; }}, {"hsdp", hsdp}, {"mics_hierarchical", mics_hierarchical}, {"hpz", hpz}};
+  const std::vector<std::pair<std::string, LayoutSetter>> layouts = {{"plain", plain_layout},
+                                                                     {"hsdp", hsdp_layout},
+                                                                     {"mics_hierarchical", mics_hierarchical_layout},
+                                                                     {"hpz", hpz_layout}};
   for (const auto& [name, layout] : layouts) {
     for (bool tight : {false, true}) {
       Config c = equivalence_config(3);
@@ -175,7 +155,7 @@ TEST(LayoutTraffic, HsdpSendsNothingAcrossNodesBetweenBoundaries) {
   plan.world = comm->size();
   Config c = equivalence_config(3);
   c.gradient_accumulation_steps = 4;
-  hsdp(c);
+  hsdp_layout(c);
   Engine engine(resolved_for(c, *comm), comm, cpu_device());
   MlpUnits units = declare_mlp(engine, plan.dims);
   engine.materialize();
@@ -208,7 +188,7 @@ TEST(LayoutTraffic, HpzGathersAfterTheFirstStayInTheGroup) {
   Config c = equivalence_config(3);
   c.gradient_accumulation_steps = 3;
   tight_schedule(c);  // nothing persistent, every backward gathers again
-  hpz(c);
+  hpz_layout(c);
   Engine engine(resolved_for(c, *comm), comm, cpu_device());
   MlpUnits units = declare_mlp(engine, plan.dims);
   engine.materialize();

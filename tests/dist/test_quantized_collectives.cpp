@@ -17,6 +17,7 @@
 #include <string>
 
 #include "support/engine_world.hpp"
+#include "support/layouts.hpp"
 #include "support/mlp_trainer.hpp"
 #include "support/planned_traffic.hpp"
 #include "zero3/comm.hpp"
@@ -28,32 +29,6 @@ using namespace zero3;
 using namespace zero3::testing;
 
 namespace {
-
-// A group of one node, or on a single node half of it (0 when that is one rank: the layout is then skipped).
-int node_group() {
-  const LauncherNodes n = launcher_nodes();
-  const int g = n.count > 1 ? n.per_node : n.per_node / 2;
-  return g > 1 && detect_launch().world_size % g == 0 ? g : 0;
-}
-
-using Layout = std::function<bool(Config&)>;
-
-bool plain(Config&) { return true; }
-bool hpz(Config& c) {
-  c.zero.hpz_partition_size = node_group();
-  return c.zero.hpz_partition_size > 1;
-}
-bool hsdp(Config& c) {
-  c.zero.mics_shard_size = node_group();
-  return c.zero.mics_shard_size > 1;
-}
-bool mics_hierarchical(Config& c) {
-  const LauncherNodes n = launcher_nodes();
-  if (n.count < 2) return false;
-  c.zero.mics_shard_size = n.per_node * n.count;
-  c.zero.mics_hierarchical_params_gather = true;
-  return true;
-}
 
 // Small blocks, so that slices hold several blocks and a partial one.
 void qwz(Config& c) {
@@ -90,8 +65,10 @@ TEST(QuantizedTraffic, TheEngineCountsWhatThePlanPredicts) {
   const LauncherNodes n = launcher_nodes();
   TrainPlan plan;
   plan.world = comm->size();
-  const std::vector<std::pair<std::string, Layout>> layouts = {
-      {"plain", plain}, {"hpz", hpz}, {"hsdp", hsdp}, {"mics_hierarchical", mics_hierarchical}};
+  const std::vector<std::pair<std::string, LayoutSetter>> layouts = {{"plain", plain_layout},
+                                                                     {"hpz", hpz_layout},
+                                                                     {"hsdp", hsdp_layout},
+                                                                     {"mics_hierarchical", mics_hierarchical_layout}};
   const std::vector<std::pair<std::string, std::function<void(Config&)>>> quant = {
       {"qwz", qwz}, {"qgz", qgz}, {"qwz+qgz", both}};
   for (const auto& [name, layout] : layouts) {
@@ -212,7 +189,7 @@ TEST(QuantizedWeights, TheMasterWeightsNeverTakeQuantizedValues) {
 
 struct Convergence {
   std::string name;
-  Layout layout;
+  LayoutSetter layout;
   std::function<void(Config&)> quantize;
   double bound;  // relative, on every micro-step's loss against the unquantized run
 };
@@ -248,7 +225,8 @@ TEST_P(QuantizedTraining, LossesStayWithinTheBoundOfTheUnquantizedRun) {
   }
   // Over every rank: the mean loss of the first and the last optimizer step, quantized and not.
   const size_t gas = 2, last = base.losses.size() - gas;
-  float means[4] = {static_cast<float>(q.losses[0] + q.losses[1]), static_cast<float>(q.losses[last] + q.losses[last + 1]),
+  float means[4] = {static_cast<float>(q.losses[0] + q.losses[1]),
+                    static_cast<float>(q.losses[last] + q.losses[last + 1]),
                     static_cast<float>(base.losses[0] + base.losses[1]),
                     static_cast<float>(base.losses[last] + base.losses[last + 1])};
   comm->all_reduce(means, 4, DType::f32, ReduceOp::sum)->wait();
@@ -257,9 +235,10 @@ TEST_P(QuantizedTraining, LossesStayWithinTheBoundOfTheUnquantizedRun) {
       << "the quantized run should converge at least half as far as the unquantized one";
   EXPECT_LE(std::fabs(means[1] - means[3]), v.bound * means[3]) << "final mean loss " << means[1] << " vs " << means[3];
   if (comm->rank() == 0) {
-    std::printf("%s: mean loss of step 1 %.5f / %.5f, of step %lld %.5f / %.5f (quantized / not); worst relative "
-                "micro-step difference on rank 0 %.4f\n",
-                v.name.c_str(), means[0], means[2], static_cast<long long>(plan.steps), means[1], means[3], worst);
+    std::printf(
+        "%s: mean loss of step 1 %.5f / %.5f, of step %lld %.5f / %.5f (quantized / not); worst relative "
+        "micro-step difference on rank 0 %.4f\n",
+        v.name.c_str(), means[0], means[2], static_cast<long long>(plan.steps), means[1], means[3], worst);
   }
   ::testing::Test::RecordProperty("max_relative_loss_error", ::testing::PrintToString(worst));
 }
@@ -267,10 +246,10 @@ TEST_P(QuantizedTraining, LossesStayWithinTheBoundOfTheUnquantizedRun) {
 // The bounds (docs/quantization.md, "Training"): twice the largest difference measured on 2-4 ranks and on the
 // simulated 2 x 2 and 3 x 2 nodes.
 const Convergence kRuns[] = {
-    {"qwz", plain, qwz, 0.04},          {"qgz", plain, qgz, 0.04},
-    {"qwz_qgz", plain, both, 0.06},     {"hpz_qwz", hpz, qwz, 0.04},
-    {"hpz_qgz", hpz, qgz, 0.04},        {"hpz_qwz_qgz", hpz, both, 0.06},
-    {"hsdp_qwz_qgz", hsdp, both, 0.06}, {"mics_hierarchical_qwz_qgz", mics_hierarchical, both, 0.06},
+    {"qwz", plain_layout, qwz, 0.04},          {"qgz", plain_layout, qgz, 0.04},
+    {"qwz_qgz", plain_layout, both, 0.06},     {"hpz_qwz", hpz_layout, qwz, 0.04},
+    {"hpz_qgz", hpz_layout, qgz, 0.04},        {"hpz_qwz_qgz", hpz_layout, both, 0.06},
+    {"hsdp_qwz_qgz", hsdp_layout, both, 0.06}, {"mics_hierarchical_qwz_qgz", mics_hierarchical_layout, both, 0.06},
 };
 
 INSTANTIATE_TEST_SUITE_P(Engine, QuantizedTraining, ::testing::ValuesIn(kRuns),
