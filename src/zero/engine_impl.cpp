@@ -12,7 +12,7 @@
 #include "device/device_kernels.hpp"
 #include "kernels/philox_init.hpp"
 #include "zero/collective_guard.hpp"
-#include "zero/gather_simulation.hpp"
+#include "plan/gather_simulation.hpp"
 #include "zero/param_fill.hpp"
 #include "zero/partition.hpp"
 #include "zero/persistence_log.hpp"

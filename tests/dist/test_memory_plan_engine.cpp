@@ -16,7 +16,7 @@
 #include "support/boundary_prefetch.hpp"
 #include "support/engine_world.hpp"
 #include "support/mlp_trainer.hpp"
-#include "zero/gather_simulation.hpp"
+#include "plan/gather_simulation.hpp"
 #include "zero3/engine.hpp"
 #include "zero3/memory_plan.hpp"
 

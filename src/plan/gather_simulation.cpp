@@ -1,4 +1,4 @@
-#include "zero/gather_simulation.hpp"
+#include "plan/gather_simulation.hpp"
 
 #include <algorithm>
 #include <cstdint>

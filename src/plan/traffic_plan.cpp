@@ -7,8 +7,8 @@
 
 #include "core/check.hpp"
 #include "kernels/block_quantize.hpp"
-#include "zero/gather_simulation.hpp"
-#include "zero/plan_format.hpp"
+#include "plan/gather_simulation.hpp"
+#include "plan/plan_format.hpp"
 #include "zero/topology.hpp"
 #include "zero3/error.hpp"
 

@@ -8,8 +8,8 @@
 #include <sstream>
 
 #include "core/check.hpp"
-#include "zero/gather_simulation.hpp"
-#include "zero/plan_format.hpp"
+#include "plan/gather_simulation.hpp"
+#include "plan/plan_format.hpp"
 #include "zero/reducer.hpp"
 #include "zero/topology.hpp"
 #include "zero3/error.hpp"
