@@ -175,6 +175,7 @@ struct Zero3Section {
   bool nccl_register_buffers = false;
   int64_t qwz_block_size = 2048;  // elements per fp32 scale of qwZ's int8 messages
   int64_t qgz_block_size = 2048;  // elements per fp32 scale of qgZ's int4 messages (even)
+  bool hpz_secondary_on_host = false;  // hpz_secondary_memory "host": hpZ's secondary partition in pinned host memory
 };
 
 struct Config {

@@ -1104,6 +1104,18 @@ std::vector<KeyEntry> build_table() {
       KEY_INT("zero3.qgz_block_size", c.zero3.qgz_block_size, "2048", 1,
               "qgZ: elements per fp32 scale in the int4 gradient messages; must be even (two int4 codes share a "
               "byte, and a block fills whole bytes). Scales cost 4 bytes per block: 0.4% of the codes at 2048."),
+      {.path = "zero3.hpz_secondary_memory",
+       .type = "string",
+       .default_json = "\"device\"",
+       .doc = "Where hpZ's secondary partition (zero_hpz_partition_size) lives on a GPU: \"device\" (its gathers "
+              "read device memory) or \"host\" (pinned host memory, copied up before each gather from it: for "
+              "runs whose device memory cannot hold it, typically with offload_param; `zero3 plan --advise` says "
+              "which fits). On the cpu device both are host memory.",
+       .apply =
+           [](ReadContext& ctx, const Value& v) {
+             ctx.config.zero3.hpz_secondary_on_host = v.as_choice({"device", "host"}) == "host";
+           },
+       .emit = [](const Config& c) -> Emitted { return J(c.zero3.hpz_secondary_on_host ? "host" : "device"); }},
   };
 }
 
