@@ -1,5 +1,9 @@
-// The engine's state and orchestration. engine.cpp holds the public forwarding layer and UnitScope;
-// engine_impl.cpp declares, materializes and runs the scopes and the schedule; engine_step.cpp is step().
+// The engine's state and orchestration. engine.cpp holds the public forwarding layer and UnitScope; EngineImpl's
+// code lives by concern: engine_impl.cpp (construction, guards, lookups), engine_layout.cpp (nodes and shard
+// layout), engine_materialize.cpp (declaration, materialize), engine_scopes.cpp (entering and closing scopes),
+// engine_gather.cpp (the gather path and the schedule it follows), engine_reduce.cpp (the reduction path),
+// engine_agreement.cpp (the ranks' agreement on the schedule), engine_offload.cpp (offload and swap state),
+// engine_step.cpp (step()), engine_eval.cpp (evaluation).
 #pragma once
 
 #include <cstdint>
@@ -96,12 +100,12 @@ class EngineImpl {
   EngineImpl(const Config& config, std::shared_ptr<Communicator> comm, Device& device);
   ~EngineImpl();
 
-  // Declaration and materialization (engine_impl.cpp).
+  // Declaration and materialization (engine_materialize.cpp).
   UnitId add_unit(const std::string& name);
   ParamId add_param(UnitId unit, const ParamSpec& spec);
   void materialize();
 
-  // Scopes and schedule (engine_impl.cpp).
+  // Scopes (engine_scopes.cpp).
   UnitScope enter(UnitId unit, Phase phase);
   void exit(UnitScope& scope);  // throws
   void exit_noexcept(UnitScope& scope) noexcept;
@@ -123,7 +127,7 @@ class EngineImpl {
   void refresh_params();
   void all_reduce_host(float* values, size_t count, ReduceOp op);
 
-  // Guards every public call: rethrows a deferred or fatal error.
+  // Guards every public call: rethrows a deferred or fatal error (engine_impl.cpp).
   void check_usable();
   void require_materialized(const char* what) const;
   void require_declaring(const char* what) const;
@@ -258,19 +262,27 @@ class EngineImpl {
   std::exception_ptr fatal_error_;     // a communication failure: thrown by every later call
 
  private:
-  // engine_impl.cpp
+  // engine_layout.cpp
   void detect_nodes();
   void agree_on_nodes();
+
+  // engine_materialize.cpp
   void check_declarations_agree();
   void set_owned_range(UnitState& u);
   void allocate_and_init(UnitState& u);
   void init_owned_range(UnitState& u);
   void build_compute_copies(UnitState& u, const float* master = nullptr);  // null: u.master
   void write_compute_copy(void* dst, bool dst_on_host, DType dtype, const float* src, bool src_on_host, int64_t n);
-  void spill_optimizer_state(UnitState& u);
   bool master_is_param(const UnitState& u) const;
   HostMemory host_memory(const OffloadConfig& off) const;
+
+  // engine_offload.cpp (with slice_swapped, new_compute_slice, store_compute_slice, step_slice_for,
+  // prefetch_param_reads and local_shard above)
+  void spill_optimizer_state(UnitState& u);
   void before_host_slice_write(UnitState& u);
+  const void* claim_param_slice(UnitState& u);
+
+  // engine_agreement.cpp
   bool checking_order() const;
   void check_order(int64_t code, const std::string& doing);
   bool ranks_hold(const std::vector<float>& mine, const std::string& what);  // ranks_agree, timed in stats_
@@ -283,12 +295,17 @@ class EngineImpl {
   // `where`: the micro-step the events are of (default: the current one, schedule_position()).
   std::string divergence_message(const std::vector<std::vector<int64_t>>& all, const std::string& where = {}) const;
   std::exception_ptr explain_mismatch(std::exception_ptr error) noexcept;
-  const void* claim_param_slice(UnitState& u);
+  void guard_calls(bool checking);
+  void defer_schedule_check();
+
+  // engine_gather.cpp
   // qwZ: the unit's gathers send int8 messages (non-persistent units, as DeepSpeed's coordinator fetches them).
   bool gathers_quantized(const UnitState& u) const { return config_.zero.quantized_weights && !u.info.persistent; }
   void issue_gather(UnitState& u, bool prefetch);
   void wait_gather(UnitState& u);
   void release_gather(UnitState& u);
+  void gather_for_entry(UnitState& u);
+  void release_or_keep(UnitState& u);
   void make_room_for(UnitState& u);
   void prefetch_after_entry();
   // Releases the micro-step's gathered units (persistent ones stay) and makes its order the trace. With
@@ -302,10 +319,15 @@ class EngineImpl {
   // start): at the end of step(), after refresh_params() and after evaluation (ScheduleStats::boundary_prefetches).
   void prefetch_next_micro_step();
 
-  void guard_calls(bool checking);
+  // engine_reduce.cpp
+  void make_reducers();
+  void add_scope_grads(UnitState& u, const void* grads);  // a closing backward scope's gradient buffer
+  void reduce_at_boundary();
+  void zero_grads();
+  const void* owned_grads(const UnitState& u) const;
+  void* owned_grads(UnitState& u);
 
   // engine_step.cpp
-  void defer_schedule_check();
   // The boundary's values, reduced across ranks on the device and read by the host at once: the deferred schedule
   // agreement of the window, and with `stats` the Inf/NaN count and squared norm (stats[0], stats[1]).
   struct BoundaryValues {
@@ -315,22 +337,18 @@ class EngineImpl {
   // Collective on `comm`: issued through the queue; on a device with streams its Work is tracked (waited for at the
   // next drain), on cpu waited for in its task.
   void issue_collective(const std::string& what, const std::function<WorkPtr()>& fn);
-  void reduce_at_boundary();
   void publish_params(UnitState& u);
-  void zero_grads();
   void run_optimizer(const AdamStepConsts& consts, float grad_factor);
   void run_host_optimizer(const AdamStepConsts& consts, float grad_factor);
   void wait_for_device_writes();
-  const void* owned_grads(const UnitState& u) const;
-  void* owned_grads(UnitState& u);
 
  public:
   // Runs a collective through the queue and waits, wrapping errors with `what` (engine_step.cpp).
   void run_collective(const std::string& what, const std::function<void()>& fn);
   // Collective: compares the hash of this micro-step's (or evaluation batch's) scope events across ranks; a
-  // difference is a CommError naming the first differing event and the ranks (engine_impl.cpp).
+  // difference is a CommError naming the first differing event and the ranks (engine_agreement.cpp).
   void verify_schedule(const std::string& doing);
-  [[noreturn]] void fail(std::exception_ptr error);
+  [[noreturn]] void fail(std::exception_ptr error);  // engine_impl.cpp
 };
 
 }  // namespace zero3::detail

@@ -33,15 +33,6 @@ void EngineImpl::run_collective(const std::string& what, const std::function<voi
   queue_->wait(ticket);
 }
 
-const void* EngineImpl::owned_grads(const UnitState& u) const {
-  // Stage 2-3 accumulate the rank's slice only; stage 0-1 hold the full buffer.
-  return policy_.shard_grads ? u.grad_acc.data() : element_ptr(u.grad_acc.data(), acc_dtype_, u.owned_begin);
-}
-
-void* EngineImpl::owned_grads(UnitState& u) {
-  return const_cast<void*>(static_cast<const EngineImpl*>(this)->owned_grads(u));
-}
-
 void EngineImpl::publish_params(UnitState& u) {
   // Stage 1-2: each rank updated its slice of `full`; the all-gather runs in place.
   const DType ct = u.info.dtype;
@@ -57,31 +48,6 @@ void EngineImpl::publish_params(UnitState& u) {
   stats_.gathered_elements += u.info.padded_numel;
 }
 
-void EngineImpl::zero_grads() {
-  for (UnitState& u : units_) device_.fill_zero(u.grad_acc.data(), u.grad_acc.bytes(), compute_);
-}
-
-void EngineImpl::reduce_at_boundary() {
-  // Stage 0-1 accumulated locally over the window; one all-reduce per bucket now, in declaration order
-  // (the same on every rank whatever order the scopes closed in).
-  if (!policy_.shard_grads) {
-    for (UnitState& u : units_) reducer_->add_all_reduce(u.info.name, u.grad_acc.data(), u.info.numel);
-  }
-  // cpu: the reductions complete in their tasks. cuda: the compute stream waits for the reduce stream (join), the
-  // host for nothing; the Works are checked at the boundary's read.
-  reducer_->flush();
-  if (gather_stream_ == nullptr) queue_->drain();
-  reducer_->join();  // cuda: the compute stream reads the accumulators after the reduce stream wrote them
-  if (replica_reducer_) {
-    // MiCS: each shard group summed its ranks' gradients every micro-step; now, once per optimizer step, the
-    // groups' sums are summed across the replicas (the ranks holding the same slices).
-    for (UnitState& u : units_) replica_reducer_->add_all_reduce(u.info.name, u.grad_acc.data(), u.info.slice_numel);
-    replica_reducer_->flush();
-    if (gather_stream_ == nullptr) queue_->drain();
-    replica_reducer_->join();
-  }
-}
-
 void EngineImpl::issue_collective(const std::string& what, const std::function<WorkPtr()>& fn) {
   const bool streams = gather_stream_ != nullptr;
   queue_->wait(queue_->submit(what, [&] {
@@ -94,13 +60,6 @@ void EngineImpl::issue_collective(const std::string& what, const std::function<W
     }
     if (streams) queue_->track(log::concat(what, " on rank ", rank_), std::move(work));
   }));
-}
-
-void EngineImpl::defer_schedule_check() {
-  window_events_.push_back(events_);
-  window_positions_.push_back(schedule_position());
-  window_hash_ = fnv1a(&events_hash_, sizeof events_hash_, window_hash_);
-  window_event_count_ += static_cast<int64_t>(events_.size());
 }
 
 // One host wait for everything the boundary needs from the other ranks. Device memory (transient, from the pool):
@@ -545,29 +504,6 @@ void EngineImpl::gather_master_params(UnitId unit, float* out) {
     fail(std::current_exception());
   }
   device_.copy(out, all.data(), static_cast<size_t>(u.info.numel) * sizeof(float));
-}
-
-ShardView EngineImpl::local_shard(UnitId unit) {
-  require_materialized("local_shard");
-  UnitState& u = unit_state(unit, "local_shard");
-  if (!opt_swap_) {
-    return ShardView{u.owned_begin, u.owned_len, u.master, u.exp_avg, u.exp_avg_sq};
-  }
-  // NVMe: the whole slice is read from the swap file into host staging (3 x owned_len floats; a read of the
-  // slice's share of the file) and kept until the next step() or refresh_params().
-  const size_t idx = static_cast<size_t>(&u - units_.data());
-  auto it = staging_.find(idx);
-  if (it == staging_.end()) {
-    ShardStaging st;
-    const auto len = static_cast<size_t>(u.owned_len);
-    st.master.resize(len);
-    st.exp_avg.resize(len);
-    st.exp_avg_sq.resize(len);
-    opt_swap_->read_unit(idx, st.master.data(), st.exp_avg.data(), st.exp_avg_sq.data());
-    it = staging_.emplace(idx, std::move(st)).first;
-  }
-  return ShardView{u.owned_begin, u.owned_len, it->second.master.data(), it->second.exp_avg.data(),
-                   it->second.exp_avg_sq.data()};
 }
 
 void EngineImpl::refresh_params() {

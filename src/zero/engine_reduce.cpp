@@ -1,0 +1,112 @@
+// The reduction path: the reducers materialize() sets up (the shard group's, and MiCS's across the replicas), a
+// backward scope's gradients handed to them when it closes, and the boundary's flush and, at stage 0-1, its
+// all-reduce of the accumulators. The buckets themselves: reducer.hpp.
+#include <algorithm>
+
+#include "device/device_kernels.hpp"
+#include "zero/engine_impl.hpp"
+
+namespace zero3::detail {
+
+void EngineImpl::make_reducers() {
+  int64_t total_slice = 0, total_numel = 0, largest_slice = 0, largest_numel = 0;
+  for (const UnitState& u : units_) {
+    largest_slice = std::max(largest_slice, u.info.slice_numel);
+    largest_numel = std::max(largest_numel, u.info.numel);
+    total_slice += u.info.slice_numel;
+    total_numel += u.info.numel;
+  }
+  ReducerOptions ro;
+  ro.mode = policy_.shard_grads ? ReduceMode::reduce_scatter : ReduceMode::all_reduce;
+  ro.comm_dtype = comm_dtype_;
+  ro.acc_dtype = acc_dtype_;
+  // reduce_bucket_size 0: DeepSpeed reduces each parameter's gradient on its own; here a bucket holds the
+  // largest unit.
+  ro.bucket_numel = reduce_bucket_numel_ > 0 ? reduce_bucket_numel_
+                    : policy_.shard_grads    ? largest_slice * partition_size()
+                                             : largest_numel;
+  ro.max_useful_numel = policy_.shard_grads ? total_slice : total_numel;
+  ro.largest_unit_numel = policy_.shard_grads ? largest_slice * partition_size() : largest_numel;
+  // DeepSpeed's averaging: each micro-step's gradient counts 1/gradient_accumulation_steps; over ranks,
+  // prescale_gradients divides before the sum, otherwise gradient_predivide_factor is divided out before
+  // and the rest of 1/world after it.
+  const double inv_gas = 1.0 / static_cast<double>(gas_);
+  if (config_.prescale_gradients) {
+    ro.pre_scale = static_cast<float>(inv_gas / world_);
+    ro.post_scale = 1.0f;
+  } else {
+    double f = config_.gradient_predivide_factor;
+    ro.pre_scale = static_cast<float>(inv_gas / f);
+    ro.post_scale = static_cast<float>(f / world_);
+  }
+  ro.stream = reduce_stream_ ? reduce_stream_->get() : nullptr;
+  ro.link = groups_.shard.link;
+  ro.group = groups_.shard.label;
+  ro.traffic = &stats_.reduce_traffic;
+  if (groups_.qgz_intra) {
+    // qgZ: the two-stage int4 all-to-all over the shard group (a stage of one rank is skipped).
+    ro.quantized = true;
+    ro.format = QuantFormat{4, config_.zero3.qgz_block_size};
+    if (groups_.qgz_intra.ranks.size() > 1) ro.intra = groups_.qgz_intra.comm.get();
+    if (groups_.qgz_inter.ranks.size() > 1) ro.inter = groups_.qgz_inter.comm.get();
+    ro.intra_link = groups_.qgz_intra.link;
+    ro.inter_link = groups_.qgz_inter.link;
+  }
+  reducer_ = std::make_unique<Reducer>(ro, device_, counters_, *groups_.shard.comm, *queue_);
+  if (groups_.replica) {
+    // MiCS: at the boundary the shard groups' sums (already scaled by 1/W) are summed across the replicas,
+    // unquantized (DeepSpeed's MiCS all-reduce is not quantized either).
+    ReducerOptions rr = ro;
+    rr.quantized = false;
+    rr.mode = ReduceMode::all_reduce;
+    rr.pre_scale = rr.post_scale = 1.0f;
+    rr.link = groups_.replica.link;
+    rr.largest_unit_numel = largest_slice;
+    rr.group = groups_.replica.label;
+    replica_reducer_ = std::make_unique<Reducer>(rr, device_, counters_, *groups_.replica.comm, *queue_);
+  }
+}
+
+void EngineImpl::add_scope_grads(UnitState& u, const void* grads) {
+  if (policy_.shard_grads) {
+    reducer_->add_scatter(u.info.name, grads, u.info.slice_numel, u.grad_acc.data());
+  } else {
+    kernels_of(device_).scale_add(u.grad_acc.data(), acc_dtype_, grads, acc_dtype_, 1.0f, u.info.numel, compute_);
+  }
+}
+
+const void* EngineImpl::owned_grads(const UnitState& u) const {
+  // Stage 2-3 accumulate the rank's slice only; stage 0-1 hold the full buffer.
+  return policy_.shard_grads ? u.grad_acc.data() : element_ptr(u.grad_acc.data(), acc_dtype_, u.owned_begin);
+}
+
+void* EngineImpl::owned_grads(UnitState& u) {
+  return const_cast<void*>(static_cast<const EngineImpl*>(this)->owned_grads(u));
+}
+
+void EngineImpl::zero_grads() {
+  for (UnitState& u : units_) device_.fill_zero(u.grad_acc.data(), u.grad_acc.bytes(), compute_);
+}
+
+void EngineImpl::reduce_at_boundary() {
+  // Stage 0-1 accumulated locally over the window; one all-reduce per bucket now, in declaration order
+  // (the same on every rank whatever order the scopes closed in).
+  if (!policy_.shard_grads) {
+    for (UnitState& u : units_) reducer_->add_all_reduce(u.info.name, u.grad_acc.data(), u.info.numel);
+  }
+  // cpu: the reductions complete in their tasks. cuda: the compute stream waits for the reduce stream (join), the
+  // host for nothing; the Works are checked at the boundary's read.
+  reducer_->flush();
+  if (gather_stream_ == nullptr) queue_->drain();
+  reducer_->join();  // cuda: the compute stream reads the accumulators after the reduce stream wrote them
+  if (replica_reducer_) {
+    // MiCS: each shard group summed its ranks' gradients every micro-step; now, once per optimizer step, the
+    // groups' sums are summed across the replicas (the ranks holding the same slices).
+    for (UnitState& u : units_) replica_reducer_->add_all_reduce(u.info.name, u.grad_acc.data(), u.info.slice_numel);
+    replica_reducer_->flush();
+    if (gather_stream_ == nullptr) queue_->drain();
+    replica_reducer_->join();
+  }
+}
+
+}  // namespace zero3::detail
