@@ -370,7 +370,10 @@ MemoryPlan plan_memory(const ModelDesc& model, const Config& config, const Memor
     if (layout.kind == detail::LayoutKind::hpz) {
       int64_t secondary = 0;
       for (const auto& u : units) secondary += u.persistent ? 0 : u.padded / layout.hpz_size;
-      add(MemoryCategory::params, MemoryTier::device, secondary * c,
+      // On the device, or in host memory where zero3.hpz_secondary_memory says so (on a GPU; on the cpu device the
+      // device is host memory).
+      const MemoryTier tier = gpu && config.zero3.hpz_secondary_on_host ? MemoryTier::host : MemoryTier::device;
+      add(MemoryCategory::params, tier, secondary * c,
           "hpZ secondary partition, 1/" + std::to_string(layout.hpz_size) + " of each unit (" + cl + ")");
     }
     if (layout.hierarchical || z.quantized_weights) {

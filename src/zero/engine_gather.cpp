@@ -18,7 +18,7 @@ void EngineImpl::issue_gather(UnitState& u, bool prefetch) {
   const DType ct = u.info.dtype;
   const size_t es = dtype_size(ct);
   const int64_t S = u.info.slice_numel, P = u.info.padded_numel;
-  const bool from_secondary = u.secondary.allocated() && u.secondary_valid;
+  const bool from_secondary = u.has_secondary() && u.secondary_valid;
   const void* swapped_slice = !from_secondary && slice_swapped(u) ? claim_param_slice(u) : nullptr;
   u.full = DeviceBuffer(device_, counters_, MemoryCategory::params, P * es);
   gathered_bytes_ += static_cast<int64_t>(u.full.bytes());
@@ -93,8 +93,17 @@ void EngineImpl::issue_gather(UnitState& u, bool prefetch) {
       in = own;
     }
   }
+  const void* secondary_in = u.secondary.data();
+  if (from_secondary && u.host_secondary.allocated()) {
+    // hpZ's secondary partition in host memory: this rank's chunk comes up into its place in `full` on the gather
+    // stream (where gathers read device memory), and the gather within the group runs in place.
+    const int64_t chunk = P / layout_.hpz_size;
+    void* own = element_ptr(out, ct, (rank_ % layout_.hpz_size) * chunk);
+    device_.copy(own, u.host_secondary.data(), static_cast<size_t>(chunk) * es, s);
+    secondary_in = own;
+  }
 
-  const void* piece_in = from_secondary ? u.secondary.data() : in;
+  const void* piece_in = from_secondary ? secondary_in : in;
   const void* send = piece_in;
   void* recv = out;
   void* staged = nullptr;  // MiCS's hierarchical gather: the inter-node stage's pieces
@@ -136,10 +145,11 @@ void EngineImpl::issue_gather(UnitState& u, bool prefetch) {
     }
   } else {
     add(groups_.shard, recv, send, words);
-    if (u.secondary.allocated()) {
+    if (u.has_secondary()) {
       // hpZ: keep this rank's chunk of the secondary partition for the gathers until the next optimizer step.
       const int64_t chunk = P / layout_.hpz_size;
-      fill = {u.secondary.data(), element_ptr(out, ct, (rank_ % layout_.hpz_size) * chunk),
+      void* keep = u.host_secondary.allocated() ? u.host_secondary.data() : u.secondary.data();
+      fill = {keep, element_ptr(out, ct, (rank_ % layout_.hpz_size) * chunk),
               static_cast<size_t>(chunk) * es};
       u.secondary_valid = true;
     }

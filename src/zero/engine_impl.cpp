@@ -85,13 +85,11 @@ EngineImpl::EngineImpl(const Config& config, std::shared_ptr<Communicator> comm,
     }
   }
   if (optimizer_on_host_ || slices_on_host_) host_device_ = make_cpu_device();
-  // hpZ's secondary partition lives on the device; for parameters that live in host memory or on NVMe it is not
-  // built (DeepSpeed keeps it in host memory then).
-  ZERO3_REQUIRE(layout_.kind != LayoutKind::hpz || !(slices_on_host_ || z.offload_param.device == OffloadDevice::nvme),
-                Unsupported, "zero_optimization.zero_hpz_partition_size: ", z.hpz_partition_size,
-                " with offload_param.device = ", z.offload_param.device == OffloadDevice::nvme ? "nvme" : "cpu",
-                " on ", device.name(), ": a secondary partition of offloaded parameters is not built yet; use hpZ or "
-                "parameter offload");
+  // hpZ, with parameter offload or without: the secondary partition is filled from the weights the first gather
+  // after each optimizer step brings (wherever the primary slice came from: device, host memory or the NVMe swap),
+  // and kept on the device, or in pinned host memory where zero3.hpz_secondary_memory says so (for a GPU whose memory
+  // cannot hold it; DeepSpeed keeps it there with offload_param). On the cpu device both are host memory.
+  secondary_on_host_ = layout_.kind == LayoutKind::hpz && config_.zero3.hpz_secondary_on_host && on_gpu;
   policy_.stage = z.stage;
   policy_.shard_optimizer = z.stage >= 1;
   policy_.shard_grads = z.stage >= 2;

@@ -80,8 +80,12 @@ struct UnitState {
   // hpZ (non-persistent units): this rank's chunk of the secondary partition, padded_numel / hpz elements of the
   // compute dtype (chunk rank % hpz of the full buffer). The first all-gather after an optimizer step reads the
   // primary partition over every rank and fills it; later gathers read the secondary partition within the group.
+  // On the device (secondary), or with zero3.hpz_secondary_memory "host" on a GPU in pinned host memory
+  // (host_secondary), copied into the rank's place in `full` before an in-place gather, as an offloaded slice is.
   DeviceBuffer secondary;
+  HostBuffer host_secondary;
   bool secondary_valid = false;
+  bool has_secondary() const { return secondary.allocated() || host_secondary.allocated(); }
   DeviceBuffer gather_scratch;  // MiCS's hierarchical gather: the slices of the inter-node stage, while in flight
   DeviceBuffer grad_acc;                    // grad_accum_dtype: padded_numel at stage 0-1, slice_numel at 2-3
 
@@ -233,6 +237,7 @@ class EngineImpl {
   // run on host memory; host_counters_ count what the engine holds there.
   bool optimizer_on_host_ = false;
   bool slices_on_host_ = false;
+  bool secondary_on_host_ = false;  // hpZ's secondary partition in pinned host memory (zero3.hpz_secondary_memory)
   std::unique_ptr<Device> host_device_;
   MemoryCounters host_counters_;
   std::unique_ptr<TileTransfer> transfer_;

@@ -297,7 +297,12 @@ void EngineImpl::allocate_and_init(UnitState& u) {
     device_.fill_zero(u.exp_avg_sq, owned_bytes);
   }
   if (groups_.hpz && !u.info.persistent) {
-    u.secondary = DeviceBuffer(device_, counters_, MemoryCategory::params, P / layout_.hpz_size * dtype_size(ct));
+    const size_t bytes = static_cast<size_t>(P / layout_.hpz_size) * dtype_size(ct);
+    if (secondary_on_host_) {
+      u.host_secondary = HostBuffer(device_, HostMemory::pinned, host_counters_, MemoryCategory::params, bytes);
+    } else {
+      u.secondary = DeviceBuffer(device_, counters_, MemoryCategory::params, bytes);
+    }
   }
   int64_t acc_numel = policy_.shard_grads ? S : P;
   u.grad_acc = DeviceBuffer(device_, counters_, MemoryCategory::grads, acc_numel * dtype_size(acc_dtype_));

@@ -128,6 +128,7 @@ void EngineImpl::prefetch_param_reads() {
   const std::vector<UnitId> next = schedule_->plan_reads(room, [this](UnitId id) {
     const UnitState& o = units_[static_cast<size_t>(id.index)];
     if (!slice_swapped(o)) return false;
+    if (o.secondary_valid) return false;  // hpZ: its gathers until the optimizer step read the secondary partition
     if (o.gather == GatherState::released) return true;
     // A unit in an open scope is released when it closes unless kept for its next use; others that are
     // gathered (ahead, or kept) stay until they are entered.

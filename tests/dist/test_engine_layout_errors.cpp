@@ -106,19 +106,6 @@ TEST(LayoutErrors, BelowStage3OrTogether) {
       << e;
 }
 
-// hpZ's secondary partition is not built for offloaded parameters: refused at construction, naming the key, its
-// value and the offload.
-TEST(LayoutErrors, HpzWithParameterOffload) {
-  Config c = equivalence_config(3);
-  c.bf16.enabled = true;  // parameter offload to nvme on the cpu device needs 16-bit compute
-  c.zero.hpz_partition_size = 2;
-  c.zero.offload_param.device = OffloadDevice::nvme;
-  c.zero.offload_param.nvme_path = std::filesystem::temp_directory_path().string();
-  const std::string e = construction_error<Unsupported>(c);
-  EXPECT_NE(e.find("zero_optimization.zero_hpz_partition_size: 2 with offload_param.device = nvme"), std::string::npos)
-      << e;
-}
-
 // Nodes of 2, 1 and 1 ranks, as an uneven Slurm allocation reports them: the launcher's variables are set by hand
 // before the engine reads them.
 class UnevenNodes : public ::testing::Test {

@@ -81,6 +81,7 @@ json other_value(const KeyEntry& e) {
       {"zero3.device", "cpu"},
       {"zero3.comm_backend", "gloo"},
       {"zero3.network", "socket"},
+      {"zero3.hpz_secondary_memory", "host"},
       {"optimizer.params.betas", json::array({0.8, 0.95})},
       {"scheduler.params.cycle_min_lr", 0.0002},
       {"scheduler.params.cycle_max_lr", 0.003},
