@@ -82,6 +82,15 @@ void check_quantization_precision(const Config& c) {
   }
 }
 
+void check_hpz_param_offload(const Config& c, bool hpz, bool on_gpu) {
+  const OffloadDevice param = c.zero.offload_param.device;
+  if (!hpz || param == OffloadDevice::none || (param == OffloadDevice::cpu && !on_gpu)) return;
+  throw Unsupported("zero_optimization.zero_hpz_partition_size: " + std::to_string(c.zero.hpz_partition_size) +
+                    " with offload_param.device = " + (param == OffloadDevice::nvme ? "nvme" : "cpu") +
+                    (on_gpu ? " on a GPU" : " on the cpu device") +
+                    ": a secondary partition of offloaded parameters is not built yet; use hpZ or parameter offload");
+}
+
 void check_static(const Config& c) {
   if (c.fp16.enabled && c.bf16.enabled) {
     fail(c, "bf16.enabled",

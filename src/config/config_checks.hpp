@@ -18,4 +18,13 @@ void check_layouts(const Config& c);
 // when the program's precision or a bf16/fp16 section says it, the engine always.
 void check_quantization_precision(const Config& c);
 
+// hpZ's secondary partition is built on the device, from parameter slices that live there: with offload_param on
+// a GPU (cpu or nvme), or to nvme on the cpu device, Unsupported naming zero_hpz_partition_size and the offload.
+// `hpz`: the layout is hpZ (zero_hpz_partition_size above 1 and below the world size, as make_shard_layout decides);
+// `on_gpu`: the engine's device is not the cpu device. `zero3 plan --advise` and `--layouts` call this to leave out
+// the layouts the engine refuses. The engine's constructor (src/zero/engine_impl.cpp) still states the rule inline;
+// it should call this instead, and until it does, tests/dist/test_engine_layout_errors.cpp holds the two to the same
+// verdicts on the cpu device.
+void check_hpz_param_offload(const Config& c, bool hpz, bool on_gpu);
+
 }  // namespace zero3::config_detail
