@@ -1,8 +1,9 @@
 // Layouts that do not fit the job are errors before anything is allocated, on every rank, naming the key, its value
 // and the world's layout: a group size that does not fit the simulated nodes, and nodes that do not hold the same
 // number of ranks (at materialize, where the ranks compare what their launcher said: the engine then holds no byte);
-// hpZ or MiCS below stage 3, both together, and hpZ with parameter offload (at construction). Plain ZeRO-3 on such
-// nodes runs on, counting every rank as one node.
+// hpZ or MiCS below stage 3, both together, and hpZ with parameter offload (at construction, with the same verdicts as
+// the copy of that rule zero3 plan --advise calls). Plain ZeRO-3 on such nodes runs on, counting every rank as one
+// node.
 // zero3-test-ranks: 4
 // zero3-test-nodes: 2x2
 #include <gtest/gtest.h>
@@ -12,6 +13,7 @@
 #include <memory>
 #include <string>
 
+#include "config/config_checks.hpp"
 #include "support/engine_world.hpp"
 #include "support/mlp_trainer.hpp"
 #include "zero3/engine.hpp"
@@ -106,8 +108,22 @@ TEST(LayoutErrors, BelowStage3OrTogether) {
       << e;
 }
 
+// The rule as zero3 plan --advise calls it (config_detail::check_hpz_param_offload) on the cpu device: "" when
+// it takes the config.
+std::string advisor_verdict(const Config& c) {
+  try {
+    const int world = engine_world()->size();
+    config_detail::check_hpz_param_offload(c, c.zero.hpz_partition_size > 1 && c.zero.hpz_partition_size < world,
+                                           /*on_gpu=*/false);
+  } catch (const Unsupported& e) {
+    return e.what();
+  }
+  return "";
+}
+
 // hpZ's secondary partition is not built for offloaded parameters: refused at construction, naming the key, its
-// value and the offload.
+// value and the offload; offload to cpu on the cpu device (where the slices already live in host memory) is taken.
+// The advisor's copy of the rule gives the same verdicts, so the two cannot part unnoticed.
 TEST(LayoutErrors, HpzWithParameterOffload) {
   Config c = equivalence_config(3);
   c.bf16.enabled = true;  // parameter offload to nvme on the cpu device needs 16-bit compute
@@ -117,6 +133,11 @@ TEST(LayoutErrors, HpzWithParameterOffload) {
   const std::string e = construction_error<Unsupported>(c);
   EXPECT_NE(e.find("zero_optimization.zero_hpz_partition_size: 2 with offload_param.device = nvme"), std::string::npos)
       << e;
+  EXPECT_NE(advisor_verdict(c).find("zero_optimization.zero_hpz_partition_size: 2 with offload_param.device = nvme"),
+            std::string::npos);
+  c.zero.offload_param.device = OffloadDevice::cpu;
+  EXPECT_EQ(construction_error<Error>(c), "");
+  EXPECT_EQ(advisor_verdict(c), "");
 }
 
 // Nodes of 2, 1 and 1 ranks, as an uneven Slurm allocation reports them: the launcher's variables are set by hand
