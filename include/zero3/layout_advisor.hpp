@@ -5,7 +5,7 @@
 //
 // The layouts, on a cluster of N nodes x L GPUs:
 //   plain ZeRO-3 over every rank;
-//   hpZ with a secondary partition per node (zero_hpz_partition_size L), when there are 2 nodes or more;
+//   hpZ with a secondary partition per node (zero_hpz_partition_size L), with 2 nodes or more of 2 GPUs or more;
 //   MiCS/HSDP with shard groups of k nodes (mics_shard_size k L) for every k that divides N, k < N, and for k >= 2
 //   also with the hierarchical gather (mics_hierarchical_params_gather); for k = N with it only (without it, MiCS
 //   over the whole world is plain ZeRO-3);

@@ -1,6 +1,6 @@
 // `zero3 plan`: the dry-run memory plan of a model under a DeepSpeed config, per rank and per node, before
 // anything is allocated; with --cluster, the modelled step time of the run on that cluster instead
-// (step_time_model.hpp).
+// (step_time_model.hpp); with --advise, every layout for the config on that cluster, ranked (layout_advisor.hpp).
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -112,7 +112,6 @@ struct ClusterRun {
   int64_t seq_len = 0;
   int64_t steps = 1;
   bool layouts = false;
-  bool advise = false;
   size_t top = 0;
   std::optional<double> measured_s;
   int64_t activation_bytes = 0;
@@ -120,16 +119,21 @@ struct ClusterRun {
   ResolveInputs inputs;
 };
 
+// The model of a --cluster or --advise run: a Llama config.json, whose dimensions give the FLOPs.
+ModelDesc load_llama(const std::string& path, const char* flag, int64_t* hidden, LlamaDims* dims) {
+  ModelDesc model = load_model_desc(path, hidden, dims);
+  if (dims->hidden_size == 0) {
+    throw ConfigError(path + ": " + flag +
+                      " needs a Hugging Face Llama config.json (its dimensions give the FLOPs), not a unit list");
+  }
+  return model;
+}
+
 // `zero3 plan --advise`: every layout for the config on the cluster, ranked (layout_advisor.hpp).
 int run_advise(const ClusterRun& run) {
   int64_t model_hidden = 0;
   LlamaDims dims;
-  ModelDesc model = load_model_desc(run.model_path, &model_hidden, &dims);
-  if (dims.hidden_size == 0) {
-    throw ConfigError(run.model_path +
-                      ": --advise needs a Hugging Face Llama config.json (its dimensions give the FLOPs), not a "
-                      "unit list");
-  }
+  const ModelDesc model = load_llama(run.model_path, "--advise", &model_hidden, &dims);
   ClusterDesc cluster = load_cluster_desc(run.cluster_path);
   AdviseOptions options;
   options.seq_len = run.seq_len;
@@ -149,12 +153,7 @@ int run_advise(const ClusterRun& run) {
 int run_step_time(const ClusterRun& run) {
   int64_t model_hidden = 0;
   LlamaDims dims;
-  ModelDesc model = load_model_desc(run.model_path, &model_hidden, &dims);
-  if (dims.hidden_size == 0) {
-    throw ConfigError(run.model_path +
-                      ": --cluster needs a Hugging Face Llama config.json (its dimensions give the "
-                      "FLOPs), not a unit list");
-  }
+  const ModelDesc model = load_llama(run.model_path, "--cluster", &model_hidden, &dims);
   ClusterDesc cluster = load_cluster_desc(run.cluster_path);
   Config config = load_config(run.config_path);
   ResolveInputs inputs = run.inputs;

@@ -121,7 +121,7 @@ std::vector<LayoutChoice> enumerate(int64_t nodes, int64_t per_node, const std::
     bool hierarchical;
   };
   std::vector<Shape> shapes = {{1, -1, false}};
-  if (nodes >= 2) shapes.push_back({per_node, -1, false});
+  if (nodes >= 2 && per_node >= 2) shapes.push_back({per_node, -1, false});  // groups of 1: no secondary partition
   for (int64_t k = 1; k <= nodes; ++k) {
     if (nodes % k != 0) continue;
     if (k < nodes) shapes.push_back({1, k * per_node, false});

@@ -4,6 +4,8 @@
 #include <cmath>
 #include <cstdio>
 #include <sstream>
+#include <tuple>
+#include <utility>
 
 #include "config/config_checks.hpp"
 #include "core/check.hpp"
@@ -66,6 +68,15 @@ struct PhaseBytes {
     return m;
   }
 };
+
+// A micro-step's terms run at once: the busiest sets its time, and names its bound.
+std::pair<double, std::string> busiest(double compute_s, double inter_node_s, double intra_node_s, double offload_s) {
+  const std::pair<double, const char*> terms[] = {
+      {compute_s, "compute"}, {inter_node_s, "inter-node"}, {intra_node_s, "intra-node"}, {offload_s, "offload"}};
+  const auto* b = std::max_element(std::begin(terms), std::end(terms),
+                                   [](const auto& x, const auto& y) { return x.first < y.first; });
+  return {b->first, b->second};
+}
 
 }  // namespace
 
@@ -178,14 +189,7 @@ StepTime model_step_time(const ModelDesc& model, const LlamaDims& dims, const Co
   if (z.offload_param.device == OffloadDevice::nvme) {
     t.offload_s = std::max(t.offload_s, static_cast<double>(primary_slice * c * per_node) / gad / nvme_bw);
   }
-  const std::pair<double, const char*> terms[] = {{t.compute_s, "compute"},
-                                                  {t.inter_node_s, "inter-node"},
-                                                  {t.intra_node_s, "intra-node"},
-                                                  {t.offload_s, "offload"}};
-  const auto* busiest = std::max_element(std::begin(terms), std::end(terms),
-                                         [](const auto& a, const auto& b) { return a.first < b.first; });
-  t.micro_step_s = busiest->first;
-  t.bound = busiest->second;
+  std::tie(t.micro_step_s, t.bound) = busiest(t.compute_s, t.inter_node_s, t.intra_node_s, t.offload_s);
 
   t.boundary_comm_s =
       std::max(static_cast<double>(node_boundary_inter) / inter_bw, static_cast<double>(max_boundary_intra) / pcie_bw);
@@ -219,14 +223,8 @@ StepTime model_step_time(const ModelDesc& model, const LlamaDims& dims, const Co
   t.inter_node_fixed_s =
       (static_cast<double>(node_micro_inter) / nccl_bw + static_cast<double>(micro_inter_collectives) * overhead_s) /
       gad;
-  std::pair<double, const char*> fixed_terms[] = {{t.compute_s, "compute"},
-                                                  {t.inter_node_fixed_s, "inter-node"},
-                                                  {t.intra_node_s, "intra-node"},
-                                                  {t.offload_s, "offload"}};
-  const auto* busiest_fixed = std::max_element(std::begin(fixed_terms), std::end(fixed_terms),
-                                               [](const auto& a, const auto& b) { return a.first < b.first; });
-  t.micro_step_fixed_s = busiest_fixed->first;
-  t.bound_fixed = busiest_fixed->second;
+  std::tie(t.micro_step_fixed_s, t.bound_fixed) =
+      busiest(t.compute_s, t.inter_node_fixed_s, t.intra_node_s, t.offload_s);
   t.boundary_comm_fixed_s = std::max(
       static_cast<double>(node_boundary_inter) / nccl_bw + static_cast<double>(boundary_inter_collectives) * overhead_s,
       static_cast<double>(max_boundary_intra) / pcie_bw);
@@ -241,13 +239,12 @@ namespace {
 // [f(lo), f(hi)].
 template <typename F>
 std::optional<double> solve_monotonic(F f, double lo, double hi, double target) {
-  double f_lo = f(lo), f_hi = f(hi);
-  if ((target - f_lo) * (target - f_hi) > 0) return std::nullopt;
+  double f_lo = f(lo);
+  if ((target - f_lo) * (target - f(hi)) > 0) return std::nullopt;
   for (int i = 0; i < 200 && hi - lo > 1e-12 * std::max(1.0, std::abs(hi)); ++i) {
     const double mid = (lo + hi) / 2, f_mid = f(mid);
     if ((target - f_lo) * (target - f_mid) <= 0) {
       hi = mid;
-      f_hi = f_mid;
     } else {
       lo = mid;
       f_lo = f_mid;
