@@ -70,6 +70,7 @@ struct LayoutChoice {
   // "hpZ, one node + qwZ + qgZ; offload optimizer cpu, parameters none".
   std::string layout(int64_t gpus_per_node) const;
   std::string describe(int64_t gpus_per_node) const;
+  friend bool operator==(const LayoutChoice&, const LayoutChoice&) = default;
 };
 
 enum class Verdict { ranked, does_not_fit, refused };

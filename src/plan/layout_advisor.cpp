@@ -96,12 +96,6 @@ std::vector<ConfigEdit> edits_for(const LayoutChoice& want, const Config& user, 
   return edits;
 }
 
-bool same_choice(const LayoutChoice& a, const LayoutChoice& b) {
-  return std::tie(a.hpz_partition_size, a.mics_shard_size, a.hierarchical, a.qwz, a.qgz, a.offload_optimizer,
-                  a.offload_param) == std::tie(b.hpz_partition_size, b.mics_shard_size, b.hierarchical, b.qwz, b.qgz,
-                                               b.offload_optimizer, b.offload_param);
-}
-
 LayoutChoice choice_of(const Config& c) {
   LayoutChoice l;
   l.hpz_partition_size = std::max<int64_t>(c.zero.hpz_partition_size, 1);
@@ -263,7 +257,7 @@ Advice advise_layouts(const std::string& config_json, const std::string& config_
 
   std::vector<LayoutChoice> choices = enumerate(cluster.nodes, cluster.gpus_per_node, offloads);
   const LayoutChoice as_is = choice_of(user);
-  if (std::none_of(choices.begin(), choices.end(), [&](const LayoutChoice& c) { return same_choice(c, as_is); })) {
+  if (std::none_of(choices.begin(), choices.end(), [&](const LayoutChoice& c) { return c == as_is; })) {
     choices.push_back(as_is);  // the user's own layout, outside the list: ranked beside it
   }
 
@@ -388,12 +382,19 @@ std::string format_advice(const Advice& advice, const ClusterDesc& cluster, int6
     out << "* your config as it is: rank " << *advice.user_config_rank + 1 << '\n';
   }
   if (!advice.ranked.empty()) {
-    // Rows whose range reaches the top row's: the model cannot tell them apart from it.
+    // Rows whose range reaches the top row's: the model cannot tell them apart from it. Listed as runs of ranks.
     const double best_high = advice.ranked.front().time.step_high_s();
-    size_t overlap = 0;
-    for (size_t i = 1; i < advice.ranked.size() && advice.ranked[i].time.step_low_s() <= best_high; ++i) ++overlap;
-    if (overlap > 0) {
-      out << "ranks 2-" << overlap + 1 << " reach into rank 1's range: the model does not separate them from it\n";
+    std::string ranks;
+    for (size_t i = 1; i < advice.ranked.size(); ++i) {
+      if (advice.ranked[i].time.step_low_s() > best_high) continue;
+      size_t last = i;
+      while (last + 1 < advice.ranked.size() && advice.ranked[last + 1].time.step_low_s() <= best_high) ++last;
+      ranks += (ranks.empty() ? "" : ", ") + std::to_string(i + 1) +
+               (last > i ? "-" + std::to_string(last + 1) : std::string());
+      i = last;
+    }
+    if (!ranks.empty()) {
+      out << "ranks " << ranks << " reach into rank 1's range: the model does not separate them from it\n";
     }
   }
   if (std::any_of(advice.ranked.begin(), advice.ranked.end(),

@@ -476,6 +476,8 @@ TEST(LayoutAdvisor, CommandPrintsTheRankingAndItsEditsPassConfigCheck) {
   EXPECT_NE(out.find("    1  MiCS/HSDP, one node + qwZ"), std::string::npos) << out;
   EXPECT_NE(out.find("refused (never ranked): 8"), std::string::npos) << out;
   EXPECT_NE(out.find("* your config as it is: rank "), std::string::npos) << out;
+  // MiCS/HSDP's neighbours and hpZ with qgZ (lower low ends) overlap the first row's range.
+  EXPECT_NE(out.find("ranks 2-6, 11-14 reach into rank 1's range"), std::string::npos) << out;
   EXPECT_NE(out.find("more ranked (--top 0 prints them all)"), std::string::npos) << out;
 
   const SeedJob j = seed_job();
