@@ -31,6 +31,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -77,6 +78,24 @@ struct StepTime {
   double boundary_s = 0;       // boundary_comm_s + max(optimizer_s, step_offload_s, nvme_s)
 
   double step_s = 0;  // grad_accum * micro_step_s + boundary_s
+
+  // The same step with what ZeRO-3's collectives lose on the node link read the other way: as a fixed cost per
+  // collective that crosses nodes (ClusterDesc::collective_overhead_ms) on top of the link's NCCL rate
+  // (ClusterDesc::nccl_link_gb_s), instead of as a fraction of its bandwidth (collective_efficiency, the fields
+  // above). fit_network() fits both readings to the same measured run; they bracket the prediction, which is the
+  // range [step_low_s(), step_high_s()]. Without collective_overhead_ms in the cluster description the range is the
+  // bandwidth reading alone (has_fixed_cost false, the fields below copies of those above).
+  bool has_fixed_cost = false;
+  int64_t inter_node_collectives = 0;  // per optimizer step: the most one rank issues over groups that span nodes
+  double inter_node_fixed_s = 0;       // one micro-step's node link
+  double micro_step_fixed_s = 0;
+  std::string bound_fixed;
+  double boundary_comm_fixed_s = 0;
+  double boundary_fixed_s = 0;
+  double step_fixed_s = 0;
+
+  double step_low_s() const { return step_s < step_fixed_s ? step_s : step_fixed_s; }
+  double step_high_s() const { return step_s < step_fixed_s ? step_fixed_s : step_s; }
 };
 
 // Models one optimizer step. `config` must be resolved (no "auto" in the batch sizes, buckets and thresholds) and
@@ -86,13 +105,31 @@ struct StepTime {
 StepTime model_step_time(const ModelDesc& model, const LlamaDims& dims, const Config& config,
                          const ClusterDesc& cluster, const StepTimeOptions& options);
 
+// The network factors that make DeepSpeed's modelled flow of `config` on `cluster` take `measured_step_s` a step: the
+// collective_efficiency of the bandwidth reading (collective_overhead_ms ignored) and the collective_overhead_ms of
+// the fixed-cost reading (collective_efficiency taken as 1). A factor is absent when no value meets the measured
+// step: collective_efficiency above 1 (the run was faster than the link allows) or an overhead below 0 (faster than
+// the link at its NCCL rate). `modelled_*` are the description's own readings of the same step, for its error.
+struct NetworkFit {
+  double measured_step_s = 0;
+  std::optional<double> collective_efficiency;
+  std::optional<double> collective_overhead_ms;
+  StepTime modelled;  // DeepSpeed's flow with the description's factors
+};
+NetworkFit fit_network(const ModelDesc& model, const LlamaDims& dims, const Config& config, const ClusterDesc& cluster,
+                       const StepTimeOptions& options, double measured_step_s);
+
 // The breakdown of a few runs side by side, one column each with its header, and their time for `steps` steps.
 std::string format_step_times(const std::vector<std::string>& headers, const std::vector<StepTime>& columns,
                               int64_t steps);
 
 // One line per run: its name, the node link's bytes per step, the micro-step and what bounds it, the boundary, the
-// step, `steps` steps, and the step's ratio to `baseline`'s.
+// step and `steps` steps as ranges (low-high), the step's ratio to `baseline`'s (bandwidth readings), and `notes[i]`
+// when not empty (e.g. "refused (1)").
 std::string format_layout_table(const std::vector<std::string>& names, const std::vector<StepTime>& rows,
-                                const StepTime& baseline, int64_t steps);
+                                const StepTime& baseline, int64_t steps, const std::vector<std::string>& notes = {});
+
+// "6.20 s" or "6.20-7.91 s": a step time or a range of them, as the tables print them.
+std::string format_seconds_range(double low_s, double high_s);
 
 }  // namespace zero3

@@ -60,6 +60,10 @@ struct RankTraffic {
   CollectiveTraffic secondary_gathers;    // hpZ's gathers from the secondary partition (the others read the primary)
   int64_t primary_gather_elements = 0;    // elements of this rank's own slices that its gathers from the primary
                                           // partition send: what offload_param copies to the device before them
+  int64_t secondary_fill_elements = 0;    // hpZ: elements of this rank's secondary chunks, written once per step
+  int64_t secondary_gather_elements = 0;  // hpZ: elements of this rank's secondary chunks its gathers from the
+                                          // secondary partition send (zero3.hpz_secondary_memory "host" copies
+                                          // them to the device before each)
 };
 
 struct TrafficPlanOptions {

@@ -16,6 +16,7 @@
 #include "zero3/crc32c.hpp"
 #include "zero3/cluster_desc.hpp"
 #include "zero3/memory_plan.hpp"
+#include "zero3/layout_advisor.hpp"
 #include "zero3/step_time_model.hpp"
 #include "zero3/traffic_plan.hpp"
 #include "zero3/safetensors.hpp"

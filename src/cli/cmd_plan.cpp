@@ -1,13 +1,19 @@
 // `zero3 plan`: the dry-run memory plan of a model under a DeepSpeed config, per rank and per node, before
 // anything is allocated; with --cluster, the modelled step time of the run on that cluster instead
-// (step_time_model.hpp).
+// (step_time_model.hpp); with --advise, every layout for the config on that cluster, ranked (layout_advisor.hpp).
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "cli/commands.hpp"
+#include "config/config_file.hpp"
+#include "io/atomic_file.hpp"
 #include "zero3/config.hpp"
 #include "zero3/error.hpp"
+#include "zero3/layout_advisor.hpp"
 #include "zero3/memory_plan.hpp"
 #include "zero3/step_time_model.hpp"
 #include "zero3/traffic_plan.hpp"
@@ -34,14 +40,31 @@ constexpr const char* kUsage =
     "\n"
     "       zero3 plan --model LLAMA_CONFIG.json --config DS_CONFIG.json --cluster CLUSTER.json --seq-len N\n"
     "                  [--micro-batch M] [--grad-accum G] [--precision bf16|fp16|fp32] [--lr X] [--steps S]\n"
-    "                  [--layouts]\n"
+    "                  [--layouts] [--measured SECONDS]\n"
     "\n"
     "Models one optimizer step of the config's stage-3 run on the cluster described in CLUSTER.json\n"
     "(configs/clusters/, docs/performance-model.md): compute, inter- and intra-node communication, PCIe\n"
     "offload copies and the optimizer, for DeepSpeed's plain ZeRO-3 data flow and for zero3's, side by side, and\n"
-    "their time for S steps (default 1). The world is the cluster's nodes x gpus_per_node. --layouts adds zero3's\n"
-    "step time under each layout (plain, hpZ and MiCS/HSDP over one node, MiCS over two nodes, with ZeRO++'s\n"
-    "qwZ and qgZ) for the same job.\n";
+    "their time for S steps (default 1), as a range between two readings of what ZeRO-3's collectives lose on the\n"
+    "network (a fraction of the bandwidth, a fixed cost per collective). The world is the cluster's nodes x\n"
+    "gpus_per_node. --layouts adds zero3's step time under each layout (plain, hpZ and MiCS/HSDP over one node,\n"
+    "MiCS over two nodes, with ZeRO++'s qwZ and qgZ) for the same job, flagging the rows the engine refuses.\n"
+    "--measured SECONDS, the measured time of S steps of DeepSpeed's run of this job on this cluster, prints the\n"
+    "model's error against it and the collective_efficiency and collective_overhead_ms that would meet it.\n"
+    "\n"
+    "       zero3 plan --advise --model LLAMA_CONFIG.json --config DS_CONFIG.json --cluster CLUSTER.json\n"
+    "                  --seq-len N [--activation-bytes BYTES] [--micro-batch M] [--grad-accum G] [--steps S]\n"
+    "                  [--top K] [--write-config FILE] [--precision bf16|fp16|fp32] [--lr X]\n"
+    "\n"
+    "Ranks every stage-3 layout zero3 runs on the cluster for this config and model: plain ZeRO-3, hpZ over\n"
+    "each node, MiCS/HSDP over 1..N nodes (hierarchical where the group spans nodes), each with and without\n"
+    "qwZ and qgZ and each offload (cpu; nvme when the config names an nvme_path), hpZ also with its secondary\n"
+    "partition in host memory; those that fit the cluster's\n"
+    "GPU and host memory (gpu_memory_gib, host_memory_gib) ranked by predicted step time, each with the config\n"
+    "edits that select it; the ones that do not fit and the ones the engine refuses listed apart with the\n"
+    "reason. --activation-bytes is the activation memory per GPU (e.g. from llama3_train --dry-run); --top K\n"
+    "prints the first K ranked (default: all); --write-config FILE writes the first-ranked layout's config (the\n"
+    "user's with its edits applied).\n";
 
 std::optional<int64_t> parse_int(const std::string& s) {
   try {
@@ -87,54 +110,133 @@ int usage_error(const std::string& message) {
   return 2;
 }
 
-// `zero3 plan --cluster`: the step-time model of the config's run on the cluster, DeepSpeed's flow beside zero3's,
-// and with --layouts zero3's flow under each layout.
-int run_step_time(const std::string& model_path, const std::string& config_path, const std::string& cluster_path,
-                  int64_t seq_len, int64_t steps, bool layouts, std::optional<int64_t> hidden_size,
-                  ResolveInputs inputs) {
+struct ClusterRun {
+  std::string model_path, config_path, cluster_path;
+  int64_t seq_len = 0;
+  int64_t steps = 1;
+  bool layouts = false;
+  size_t top = 0;
+  std::string write_config;  // --advise: the first-ranked layout's config goes here
+  std::optional<double> measured_s;
+  int64_t activation_bytes = 0;
+  std::optional<int64_t> hidden_size;
+  ResolveInputs inputs;
+};
+
+// The model of a --cluster or --advise run: a Llama config.json, whose dimensions give the FLOPs.
+ModelDesc load_llama(const std::string& path, const char* flag, int64_t* hidden, LlamaDims* dims) {
+  ModelDesc model = load_model_desc(path, hidden, dims);
+  if (dims->hidden_size == 0) {
+    throw ConfigError(path + ": " + flag +
+                      " needs a Hugging Face Llama config.json (its dimensions give the FLOPs), not a unit list");
+  }
+  return model;
+}
+
+// `zero3 plan --advise`: every layout for the config on the cluster, ranked (layout_advisor.hpp).
+int run_advise(const ClusterRun& run) {
   int64_t model_hidden = 0;
   LlamaDims dims;
-  ModelDesc model = load_model_desc(model_path, &model_hidden, &dims);
-  if (dims.hidden_size == 0) {
-    throw ConfigError(model_path +
-                      ": --cluster needs a Hugging Face Llama config.json (its dimensions give the "
-                      "FLOPs), not a unit list");
+  const ModelDesc model = load_llama(run.model_path, "--advise", &model_hidden, &dims);
+  ClusterDesc cluster = load_cluster_desc(run.cluster_path);
+  AdviseOptions options;
+  options.seq_len = run.seq_len;
+  options.activation_bytes = run.activation_bytes;
+  options.inputs = run.inputs;
+  options.inputs.hidden_size = run.hidden_size.value_or(model_hidden);
+  const std::string text = config_detail::read_config_file(run.config_path, kMaxConfigBytes);
+  const Advice advice = advise_layouts(text, run.config_path, model, dims, cluster, options);
+  std::printf("zero3 plan --advise: model %s (%s), %lld parameters; seq %lld\n", model.name.c_str(),
+              run.model_path.c_str(), static_cast<long long>(model.numel()), static_cast<long long>(run.seq_len));
+  std::printf("%s", format_advice(advice, cluster, run.steps, run.top).c_str());
+  if (!run.write_config.empty()) {
+    if (advice.ranked.empty()) {
+      throw ConfigError("--write-config " + run.write_config + ": no layout fits this cluster, so nothing is written");
+    }
+    const AdvisedLayout& first = advice.ranked.front();
+    io::write_file_atomically(run.write_config, apply_config_edits(text, first.edits, run.config_path) + "\n");
+    std::printf("wrote %s: %s, the first-ranked layout (%zu edit%s of %s)\n", run.write_config.c_str(),
+                first.choice.describe(cluster.gpus_per_node).c_str(), first.edits.size(),
+                first.edits.size() == 1 ? "" : "s", run.config_path.c_str());
   }
-  ClusterDesc cluster = load_cluster_desc(cluster_path);
-  Config config = load_config(config_path);
+  return 0;
+}
+
+// `zero3 plan --cluster`: the step-time model of the config's run on the cluster, DeepSpeed's flow beside zero3's,
+// and with --layouts zero3's flow under each layout.
+int run_step_time(const ClusterRun& run) {
+  int64_t model_hidden = 0;
+  LlamaDims dims;
+  const ModelDesc model = load_llama(run.model_path, "--cluster", &model_hidden, &dims);
+  ClusterDesc cluster = load_cluster_desc(run.cluster_path);
+  Config config = load_config(run.config_path);
+  ResolveInputs inputs = run.inputs;
   inputs.world_size = cluster.world();
-  inputs.hidden_size = hidden_size.value_or(model_hidden);
+  inputs.hidden_size = run.hidden_size.value_or(model_hidden);
   resolve(config, inputs);
+  const int64_t steps = run.steps;
 
   StepTimeOptions options;
-  options.seq_len = seq_len;
+  options.seq_len = run.seq_len;
   options.flow = DataFlow::deepspeed;
   const StepTime deepspeed = model_step_time(model, dims, config, cluster, options);
   options.flow = DataFlow::zero3;
   const StepTime zero3 = model_step_time(model, dims, config, cluster, options);
 
-  std::printf("model %s (%s): %lld parameters; config %s\n", model.name.c_str(), model_path.c_str(),
-              static_cast<long long>(model.numel()), config_path.c_str());
+  std::printf("model %s (%s): %lld parameters; config %s\n", model.name.c_str(), run.model_path.c_str(),
+              static_cast<long long>(model.numel()), run.config_path.c_str());
   std::printf("cluster %s (%s): %d nodes x %d GPUs\n", cluster.name.empty() ? "-" : cluster.name.c_str(),
-              cluster_path.c_str(), cluster.nodes, cluster.gpus_per_node);
+              run.cluster_path.c_str(), cluster.nodes, cluster.gpus_per_node);
   char flows[96] = "";
   if (cluster.flow_limit_gbit_s > 0) {
     std::snprintf(flows, sizeof flows, ", %d flows of %.4g Gbit/s", cluster.flows_per_node, cluster.flow_limit_gbit_s);
   }
   std::printf(
-      "  node link %.4g Gbit/s (NIC %.4g Gbit/s%s) x NCCL %.2f x ZeRO-3 collectives %.2f = %.4g GB/s; PCIe "
+      "  node link %.4g Gbit/s (NIC %.4g Gbit/s%s) x NCCL %.2f x ZeRO-3 collectives %.4g = %.4g GB/s; PCIe "
       "%.4g GB/s per GPU; GPU %.4g TFLOP/s x %.2f\n",
       cluster.link_capacity_gbit_s(), cluster.nic_gbit_s, flows, cluster.nccl_link_efficiency,
       cluster.collective_efficiency, cluster.inter_node_gb_s(), cluster.pcie_effective_gb_s(), cluster.gpu_bf16_tflops,
       cluster.matmul_efficiency);
+  if (cluster.collective_overhead_ms > 0) {
+    std::printf("  or: node link at NCCL's %.4g GB/s plus %.4g ms per collective that crosses nodes\n",
+                cluster.nccl_link_gb_s(), cluster.collective_overhead_ms);
+  }
   std::printf("job: micro-batch %lld x seq %lld x grad-accum %lld per GPU, %s\n\n",
-              static_cast<long long>(*config.train_micro_batch_size_per_gpu), static_cast<long long>(seq_len),
+              static_cast<long long>(*config.train_micro_batch_size_per_gpu), static_cast<long long>(run.seq_len),
               static_cast<long long>(*config.gradient_accumulation_steps),
               config.compute_dtype() == DType::bf16  ? "bf16"
               : config.compute_dtype() == DType::f16 ? "fp16"
                                                      : "fp32");
   std::printf("%s", format_step_times({"DeepSpeed ZeRO-3", "zero3"}, {deepspeed, zero3}, steps).c_str());
-  if (!layouts) return 0;
+  if (const std::string refusal = engine_refusal(config, cluster); !refusal.empty()) {
+    std::printf("zero3 refuses this config on this cluster (its column is what the plan counts, not a run): %s\n",
+                refusal.c_str());
+  }
+  if (run.measured_s) {
+    const double n = static_cast<double>(steps);
+    const NetworkFit fit = fit_network(model, dims, config, cluster, options, *run.measured_s / n);
+    std::printf("\nmeasured: %lld steps of DeepSpeed's run in %.6g s (%.4g s a step)\n", static_cast<long long>(steps),
+                *run.measured_s, fit.measured_step_s);
+    auto error = [&](double modelled_step) { return (modelled_step / fit.measured_step_s - 1) * 100; };
+    std::printf("  this description, bandwidth reading: %.6g s, %+.1f%%\n", fit.modelled.step_s * n,
+                error(fit.modelled.step_s));
+    if (fit.modelled.has_fixed_cost) {
+      std::printf("  this description, fixed-cost reading: %.6g s, %+.1f%%\n", fit.modelled.step_fixed_s * n,
+                  error(fit.modelled.step_fixed_s));
+    }
+    if (fit.collective_efficiency) {
+      std::printf("  fit: collective_efficiency %.4g meets it (the bandwidth reading)\n", *fit.collective_efficiency);
+    } else {
+      std::printf("  fit: no collective_efficiency in (0, 1] meets it\n");
+    }
+    if (fit.collective_overhead_ms) {
+      std::printf("  fit: collective_overhead_ms %.4g meets it (the fixed-cost reading, %lld collectives a step)\n",
+                  *fit.collective_overhead_ms, static_cast<long long>(fit.modelled.inter_node_collectives));
+    } else {
+      std::printf("  fit: no collective_overhead_ms of 0 or more meets it\n");
+    }
+  }
+  if (!run.layouts) return 0;
 
   struct Row {
     const char* name;
@@ -152,7 +254,7 @@ int run_step_time(const std::string& model_path, const std::string& config_path,
     rows.push_back({"MiCS, two nodes, hierarchical", 1, 2 * L, true, false, false});
   std::printf("\nzero3 per layout (the same job; qwZ int8 in blocks of %lld, qgZ int4 in blocks of %lld elements)\n",
               static_cast<long long>(config.zero3.qwz_block_size), static_cast<long long>(config.zero3.qgz_block_size));
-  std::vector<std::string> names;
+  std::vector<std::string> names, notes, refusals;
   std::vector<StepTime> times;
   const bool fp32 = config.compute_dtype() == DType::f32;
   for (const Row& r : rows) {
@@ -165,8 +267,22 @@ int run_step_time(const std::string& model_path, const std::string& config_path,
     c.zero.quantized_gradients = r.qgz;
     names.push_back(r.name);
     times.push_back(model_step_time(model, dims, c, cluster, options));
+    // The engine's verdict on the row's config, as zero3 plan --advise takes it.
+    std::string refusal = engine_refusal(c, cluster);
+    if (refusal.empty()) {
+      notes.emplace_back();
+      continue;
+    }
+    auto same = std::find(refusals.begin(), refusals.end(), refusal);
+    if (same == refusals.end()) same = refusals.insert(refusals.end(), refusal);
+    notes.push_back("refused (" + std::to_string(same - refusals.begin() + 1) + ")");
   }
-  std::printf("%s", format_layout_table(names, times, deepspeed, steps).c_str());
+  std::printf("%s", format_layout_table(names, times, deepspeed, steps, notes).c_str());
+  for (size_t i = 0; i < refusals.size(); ++i) {
+    std::printf("(%zu) the engine refuses this config: %s\n", i + 1, refusals[i].c_str());
+  }
+  if (!refusals.empty())
+    std::printf("zero3 plan --advise ranks the layouts the engine runs, offload choices included\n");
   if (fp32) std::printf("(no qwZ/qgZ rows: the config computes in fp32, and ZeRO++ quantizes 16-bit training)\n");
   return 0;
 }
@@ -178,7 +294,10 @@ int run_plan(const Args& args) {
   MemoryPlanOptions options;
   std::optional<int64_t> world_size, ranks_per_node, hidden_size, seq_len, steps;
   std::string cluster_path;
-  bool layouts = false;
+  bool layouts = false, advise = false;
+  std::optional<int64_t> top;
+  std::string write_config;
+  std::optional<double> measured;
   ResolveInputs inputs;
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];
@@ -188,6 +307,10 @@ int run_plan(const Args& args) {
     }
     if (a == "--layouts") {
       layouts = true;
+      continue;
+    }
+    if (a == "--advise") {
+      advise = true;
       continue;
     }
     if (i + 1 >= args.size()) return usage_error(a + " needs a value");
@@ -207,6 +330,19 @@ int run_plan(const Args& args) {
       if (!positive(seq_len)) return usage_error("--seq-len: expected a positive integer, got '" + v + "'");
     } else if (a == "--steps") {
       if (!positive(steps)) return usage_error("--steps: expected a positive integer, got '" + v + "'");
+    } else if (a == "--write-config") {
+      write_config = v;
+    } else if (a == "--top") {
+      top = parse_int(v);
+      if (!top || *top < 0) return usage_error("--top: expected a number of rows (0: all), got '" + v + "'");
+    } else if (a == "--measured") {
+      try {
+        size_t pos = 0;
+        measured = std::stod(v, &pos);
+        if (pos != v.size() || !(*measured > 0) || !std::isfinite(*measured)) throw std::invalid_argument(v);
+      } catch (const std::exception&) {
+        return usage_error("--measured: expected a positive number of seconds, got '" + v + "'");
+      }
     } else if (a == "--world-size") {
       if (!positive(world_size)) return usage_error("--world-size: expected a positive integer, got '" + v + "'");
     } else if (a == "--ranks-per-node") {
@@ -247,17 +383,37 @@ int run_plan(const Args& args) {
   }
   if (model_path.empty()) return usage_error("--model is required");
   if (config_path.empty()) return usage_error("--config is required");
+  if (advise && cluster_path.empty()) return usage_error("--advise needs --cluster (the cluster description)");
   if (!cluster_path.empty()) {
-    if (world_size || ranks_per_node || options.activation_bytes > 0) {
+    if (world_size || ranks_per_node) {
       return usage_error(
-          "--cluster sets the world (its nodes x gpus_per_node); drop --world-size, --ranks-per-node "
-          "and --activation-bytes");
+          "--cluster sets the world (its nodes x gpus_per_node); drop --world-size and --ranks-per-node");
     }
     if (!seq_len) return usage_error("--cluster needs --seq-len (tokens per sequence)");
-    return run_step_time(model_path, config_path, cluster_path, *seq_len, steps.value_or(1), layouts, hidden_size,
-                         inputs);
+    if (!advise && !write_config.empty()) return usage_error("--write-config goes with --advise");
+    if (advise && (layouts || measured))
+      return usage_error("--advise ranks every layout; drop --layouts and --measured");
+    if (!advise && (options.activation_bytes > 0 || top)) {
+      return usage_error("--activation-bytes and --top go with --advise (the step-time model counts no memory)");
+    }
+    ClusterRun run;
+    run.model_path = model_path;
+    run.config_path = config_path;
+    run.cluster_path = cluster_path;
+    run.seq_len = *seq_len;
+    run.steps = steps.value_or(1);
+    run.layouts = layouts;
+    run.top = static_cast<size_t>(top.value_or(0));
+    run.write_config = write_config;
+    run.measured_s = measured;
+    run.activation_bytes = options.activation_bytes;
+    run.hidden_size = hidden_size;
+    run.inputs = inputs;
+    return advise ? run_advise(run) : run_step_time(run);
   }
-  if (seq_len || steps || layouts) return usage_error("--seq-len, --steps and --layouts go with --cluster");
+  if (seq_len || steps || layouts || top || measured) {
+    return usage_error("--seq-len, --steps, --layouts, --measured and --top go with --cluster");
+  }
   if (!world_size) return usage_error("--world-size is required");
 
   int64_t model_hidden = 0;

@@ -4,6 +4,8 @@
 #include <cmath>
 #include <cstdio>
 #include <sstream>
+#include <tuple>
+#include <utility>
 
 #include "config/config_checks.hpp"
 #include "core/check.hpp"
@@ -67,6 +69,15 @@ struct PhaseBytes {
   }
 };
 
+// A micro-step's terms run at once: the busiest sets its time, and names its bound.
+std::pair<double, std::string> busiest(double compute_s, double inter_node_s, double intra_node_s, double offload_s) {
+  const std::pair<double, const char*> terms[] = {
+      {compute_s, "compute"}, {inter_node_s, "inter-node"}, {intra_node_s, "intra-node"}, {offload_s, "offload"}};
+  const auto* b = std::max_element(std::begin(terms), std::end(terms),
+                                   [](const auto& x, const auto& y) { return x.first < y.first; });
+  return {b->first, b->second};
+}
+
 }  // namespace
 
 StepTime model_step_time(const ModelDesc& model, const LlamaDims& dims, const Config& config,
@@ -118,7 +129,8 @@ StepTime model_step_time(const ModelDesc& model, const LlamaDims& dims, const Co
   // The busiest node's link and the busiest GPU's intra-node traffic, in the micro-steps and at the boundary.
   const int per_node = cluster.gpus_per_node;
   int64_t node_micro_inter = 0, node_boundary_inter = 0, max_micro_intra = 0, max_boundary_intra = 0;
-  int64_t primary_slice = 0;
+  int64_t primary_slice = 0, micro_inter_collectives = 0, boundary_inter_collectives = 0;
+  int64_t secondary_fill = 0, secondary_read = 0;
   for (int node = 0; node < cluster.nodes; ++node) {
     int64_t micro_inter = 0, boundary_inter = 0;
     for (int r = node * per_node; r < (node + 1) * per_node; ++r) {
@@ -131,6 +143,10 @@ StepTime model_step_time(const ModelDesc& model, const LlamaDims& dims, const Co
       max_micro_intra = std::max(max_micro_intra, micro.intra_node_bytes);
       max_boundary_intra = std::max(max_boundary_intra, boundary.intra_node_bytes);
       primary_slice = std::max(primary_slice, rank.primary_gather_elements);
+      secondary_fill = std::max(secondary_fill, rank.secondary_fill_elements);
+      secondary_read = std::max(secondary_read, rank.secondary_gather_elements);
+      micro_inter_collectives = std::max(micro_inter_collectives, micro.inter_node_collectives);
+      boundary_inter_collectives = std::max(boundary_inter_collectives, boundary.inter_node_collectives);
     }
     node_micro_inter = std::max(node_micro_inter, micro_inter);
     node_boundary_inter = std::max(node_boundary_inter, boundary_inter);
@@ -144,6 +160,12 @@ StepTime model_step_time(const ModelDesc& model, const LlamaDims& dims, const Co
   const bool optimizer_off = z.offload_optimizer.device != OffloadDevice::none;
   int64_t micro_h2d = 0, micro_d2h = 0, step_h2d = 0, step_d2h = 0;
   if (param_off) micro_h2d += primary_slice * c;  // each gather from the primary partition brings the slice up
+  if (config.zero3.hpz_secondary_on_host && !deepspeed) {
+    // hpZ's secondary partition in host memory: filled once a step from the device, copied up before each gather
+    // that reads it.
+    micro_d2h += secondary_fill * c;
+    micro_h2d += secondary_read * c;
+  }
   if (optimizer_off) {
     if (deepspeed) {
       // stage3.py partition_grads: each micro-step's reduced partition goes to the pinned host buffer and comes
@@ -176,14 +198,7 @@ StepTime model_step_time(const ModelDesc& model, const LlamaDims& dims, const Co
   if (z.offload_param.device == OffloadDevice::nvme) {
     t.offload_s = std::max(t.offload_s, static_cast<double>(primary_slice * c * per_node) / gad / nvme_bw);
   }
-  const std::pair<double, const char*> terms[] = {{t.compute_s, "compute"},
-                                                  {t.inter_node_s, "inter-node"},
-                                                  {t.intra_node_s, "intra-node"},
-                                                  {t.offload_s, "offload"}};
-  const auto* busiest = std::max_element(std::begin(terms), std::end(terms),
-                                         [](const auto& a, const auto& b) { return a.first < b.first; });
-  t.micro_step_s = busiest->first;
-  t.bound = busiest->second;
+  std::tie(t.micro_step_s, t.bound) = busiest(t.compute_s, t.inter_node_s, t.intra_node_s, t.offload_s);
 
   t.boundary_comm_s =
       std::max(static_cast<double>(node_boundary_inter) / inter_bw, static_cast<double>(max_boundary_intra) / pcie_bw);
@@ -195,9 +210,87 @@ StepTime model_step_time(const ModelDesc& model, const LlamaDims& dims, const Co
   if (z.offload_optimizer.device == OffloadDevice::nvme) nvme_bytes += node_owned * kNvmeOptimizerBytesPerParam;
   if (z.offload_param.device == OffloadDevice::nvme) nvme_bytes += node_owned * static_cast<double>(c);
   t.nvme_s = nvme_bytes / nvme_bw;
-  t.boundary_s = t.boundary_comm_s + std::max({t.optimizer_s, t.step_offload_s, t.nvme_s});
+  const double boundary_rest_s = std::max({t.optimizer_s, t.step_offload_s, t.nvme_s});
+  t.boundary_s = t.boundary_comm_s + boundary_rest_s;
   t.step_s = gad * t.micro_step_s + t.boundary_s;
+
+  // The fixed-cost reading: the node link at NCCL's rate, plus the overhead of every collective that crosses nodes
+  // (each rank issues its own in sequence; the busiest rank's count).
+  t.inter_node_collectives = micro_inter_collectives + boundary_inter_collectives;
+  t.has_fixed_cost = cluster.collective_overhead_ms > 0;
+  if (!t.has_fixed_cost) {
+    t.inter_node_fixed_s = t.inter_node_s;
+    t.micro_step_fixed_s = t.micro_step_s;
+    t.bound_fixed = t.bound;
+    t.boundary_comm_fixed_s = t.boundary_comm_s;
+    t.boundary_fixed_s = t.boundary_s;
+    t.step_fixed_s = t.step_s;
+    return t;
+  }
+  const double nccl_bw = cluster.nccl_link_gb_s() * 1e9;
+  const double overhead_s = cluster.collective_overhead_ms / 1e3;
+  t.inter_node_fixed_s =
+      (static_cast<double>(node_micro_inter) / nccl_bw + static_cast<double>(micro_inter_collectives) * overhead_s) /
+      gad;
+  std::tie(t.micro_step_fixed_s, t.bound_fixed) =
+      busiest(t.compute_s, t.inter_node_fixed_s, t.intra_node_s, t.offload_s);
+  t.boundary_comm_fixed_s = std::max(
+      static_cast<double>(node_boundary_inter) / nccl_bw + static_cast<double>(boundary_inter_collectives) * overhead_s,
+      static_cast<double>(max_boundary_intra) / pcie_bw);
+  t.boundary_fixed_s = t.boundary_comm_fixed_s + boundary_rest_s;
+  t.step_fixed_s = gad * t.micro_step_fixed_s + t.boundary_fixed_s;
   return t;
+}
+
+namespace {
+
+// The x in [lo, hi] where f(x) = target, for f monotonic on it, by bisection; nullopt when target lies outside
+// [f(lo), f(hi)].
+template <typename F>
+std::optional<double> solve_monotonic(F f, double lo, double hi, double target) {
+  double f_lo = f(lo);
+  if ((target - f_lo) * (target - f(hi)) > 0) return std::nullopt;
+  for (int i = 0; i < 200 && hi - lo > 1e-12 * std::max(1.0, std::abs(hi)); ++i) {
+    const double mid = (lo + hi) / 2, f_mid = f(mid);
+    if ((target - f_lo) * (target - f_mid) <= 0) {
+      hi = mid;
+    } else {
+      lo = mid;
+      f_lo = f_mid;
+    }
+  }
+  return (lo + hi) / 2;
+}
+
+}  // namespace
+
+NetworkFit fit_network(const ModelDesc& model, const LlamaDims& dims, const Config& config, const ClusterDesc& cluster,
+                       const StepTimeOptions& options, double measured_step_s) {
+  ZERO3_REQUIRE(std::isfinite(measured_step_s) && measured_step_s > 0, InvalidArgument, "fit_network: measured step ",
+                measured_step_s, " s is not a positive time");
+  StepTimeOptions ds = options;
+  ds.flow = DataFlow::deepspeed;
+  NetworkFit fit;
+  fit.measured_step_s = measured_step_s;
+  fit.modelled = model_step_time(model, dims, config, cluster, ds);
+  ClusterDesc c = cluster;
+  c.collective_overhead_ms = 0;  // the bandwidth reading alone
+  fit.collective_efficiency = solve_monotonic(
+      [&](double eff) {
+        c.collective_efficiency = eff;
+        return model_step_time(model, dims, config, c, ds).step_s;
+      },
+      1e-6, 1.0, measured_step_s);
+  c = cluster;
+  c.collective_efficiency = 1;
+  // An overhead of hours per collective is no fit; the bisection needs an upper end.
+  fit.collective_overhead_ms = solve_monotonic(
+      [&](double ms) {
+        c.collective_overhead_ms = ms;
+        return model_step_time(model, dims, config, c, ds).step_fixed_s;
+      },
+      1e-9, 1e7, measured_step_s);
+  return fit;
 }
 
 namespace {
@@ -258,24 +351,53 @@ std::string format_step_times(const std::vector<std::string>& headers, const std
   row("step: grad_accum x micro-step + boundary", [](const StepTime& c) { return seconds(c.step_s); });
   row(std::to_string(steps) + " steps",
       [&](const StepTime& c) { return seconds(c.step_s * static_cast<double>(steps)); });
+  const bool fixed = std::any_of(columns.begin(), columns.end(), [](const StepTime& c) { return c.has_fixed_cost; });
+  if (!fixed) {
+    out << "(one reading of the network: the cluster description has no collective_overhead_ms for the other)\n";
+    return out.str();
+  }
+  out << "read as a fixed cost per collective that crosses nodes (collective_overhead_ms)\n";
+  row("  inter-node collectives, busiest rank",
+      [](const StepTime& c) { return std::to_string(c.inter_node_collectives); });
+  row("  inter-node, per micro-step", [](const StepTime& c) { return seconds(c.inter_node_fixed_s); });
+  row("  = micro-step", [](const StepTime& c) { return seconds(c.micro_step_fixed_s) + " (" + c.bound_fixed + ")"; });
+  row("  boundary collectives", [](const StepTime& c) { return seconds(c.boundary_comm_fixed_s); });
+  row("  step", [](const StepTime& c) { return seconds(c.step_fixed_s); });
+  out << "the prediction: the range between the two readings\n";
+  row("step, low-high", [](const StepTime& c) { return format_seconds_range(c.step_low_s(), c.step_high_s()); });
+  row(std::to_string(steps) + " steps, low-high", [&](const StepTime& c) {
+    const double n = static_cast<double>(steps);
+    return format_seconds_range(c.step_low_s() * n, c.step_high_s() * n);
+  });
   return out.str();
 }
 
+std::string format_seconds_range(double low_s, double high_s) {
+  if (seconds(low_s) == seconds(high_s)) return seconds(low_s);
+  std::string low = seconds(low_s);
+  low.resize(low.size() - 2);  // the unit once, after the high end
+  return low + "-" + seconds(high_s);
+}
+
 std::string format_layout_table(const std::vector<std::string>& names, const std::vector<StepTime>& rows,
-                                const StepTime& baseline, int64_t steps) {
-  ZERO3_REQUIRE(names.size() == rows.size(), InvalidArgument, "format_layout_table: ", names.size(), " names for ",
-                rows.size(), " rows");
+                                const StepTime& baseline, int64_t steps, const std::vector<std::string>& notes) {
+  ZERO3_REQUIRE(names.size() == rows.size() && (notes.empty() || notes.size() == rows.size()), InvalidArgument,
+                "format_layout_table: ", names.size(), " names and ", notes.size(), " notes for ", rows.size(),
+                " rows");
   std::ostringstream out;
-  char buf[256];
-  std::snprintf(buf, sizeof buf, "%-32s %15s %22s %10s %10s %10s %8s\n", "layout", "node link/step",
-                "micro-step (bound)", "boundary", "step", (std::to_string(steps) + " steps").c_str(), "vs DS");
+  char buf[320];
+  std::snprintf(buf, sizeof buf, "%-32s %15s %22s %10s %17s %17s %8s\n", "layout", "node link/step",
+                "micro-step (bound)", "boundary", "step, low-high", (std::to_string(steps) + " steps").c_str(),
+                "vs DS");
   out << buf;
+  const double n = static_cast<double>(steps);
   for (size_t i = 0; i < rows.size(); ++i) {
     const StepTime& t = rows[i];
-    std::snprintf(buf, sizeof buf, "%-32s %15s %22s %10s %10s %10s %7.2fx\n", names[i].c_str(),
+    std::snprintf(buf, sizeof buf, "%-32s %15s %22s %10s %17s %17s %7.2fx%s%s\n", names[i].c_str(),
                   gigabytes(t.node_inter_bytes).c_str(), (seconds(t.micro_step_s) + " (" + t.bound + ")").c_str(),
-                  seconds(t.boundary_s).c_str(), seconds(t.step_s).c_str(),
-                  seconds(t.step_s * static_cast<double>(steps)).c_str(), t.step_s / baseline.step_s);
+                  seconds(t.boundary_s).c_str(), format_seconds_range(t.step_low_s(), t.step_high_s()).c_str(),
+                  format_seconds_range(t.step_low_s() * n, t.step_high_s() * n).c_str(), t.step_s / baseline.step_s,
+                  notes.empty() || notes[i].empty() ? "" : "  ", notes.empty() ? "" : notes[i].c_str());
     out << buf;
   }
   return out.str();

@@ -153,9 +153,11 @@ TrafficPlan plan_traffic(const ModelDesc& model, const Config& config, const Tra
         const int64_t n = gathers[i];
         if (layout.kind == detail::LayoutKind::hpz && n > 0) {
           partition_gather(u.padded, true);  // the first after the step fills the secondary partition
+          t.secondary_fill_elements += u.padded / layout.hpz_size;
           const GroupLink hpz = detail::link_of(layout.hpz_group(rank), nodes, rank);
           const CollectiveTraffic before = t.gathers;
           for (int64_t k = 1; k < n; ++k) gather(hpz, u.padded / layout.hpz_size, true);
+          t.secondary_gather_elements += (n - 1) * (u.padded / layout.hpz_size);
           t.secondary_gathers += t.gathers - before;
         } else {
           for (int64_t k = 0; k < n; ++k) partition_gather(u.padded, true);

@@ -1,8 +1,9 @@
 // Layouts that do not fit the job are errors before anything is allocated, on every rank, naming the key, its value
 // and the world's layout: a group size that does not fit the simulated nodes, and nodes that do not hold the same
 // number of ranks (at materialize, where the ranks compare what their launcher said: the engine then holds no byte);
-// hpZ or MiCS below stage 3, both together, and hpZ with parameter offload (at construction). Plain ZeRO-3 on such
-// nodes runs on, counting every rank as one node.
+// hpZ or MiCS below stage 3, both together, and hpZ with parameter offload (at construction, with the same verdicts as
+// the copy of that rule zero3 plan --advise calls). Plain ZeRO-3 on such nodes runs on, counting every rank as one
+// node.
 // zero3-test-ranks: 4
 // zero3-test-nodes: 2x2
 #include <gtest/gtest.h>
@@ -12,6 +13,7 @@
 #include <memory>
 #include <string>
 
+#include "config/config_checks.hpp"
 #include "support/engine_world.hpp"
 #include "support/mlp_trainer.hpp"
 #include "zero3/engine.hpp"

@@ -1,0 +1,119 @@
+// The layout advisor behind `zero3 plan --advise`: from a user's DeepSpeed config, a model and a cluster description,
+// every stage-3 layout zero3 runs, each checked as the engine checks it, planned for memory and timed by the
+// step-time model, with the config edits that select it. No trial runs: the memory plan (memory_plan.hpp), the
+// traffic plan (traffic_plan.hpp) and the step-time model (step_time_model.hpp) answer at once.
+//
+// The layouts, on a cluster of N nodes x L GPUs:
+//   plain ZeRO-3 over every rank;
+//   hpZ with a secondary partition per node (zero_hpz_partition_size L), with 2 nodes or more of 2 GPUs or more;
+//   MiCS/HSDP with shard groups of k nodes (mics_shard_size k L) for every k that divides N, k < N, and for k >= 2
+//   also with the hierarchical gather (mics_hierarchical_params_gather); for k = N with it only (without it, MiCS
+//   over the whole world is plain ZeRO-3);
+// each with and without qwZ and qgZ (zero_quantized_weights, zero_quantized_gradients: 4 choices), each with
+// offload_optimizer and offload_param none, cpu, or nvme when the user's config names an nvme_path; hpZ also with
+// its secondary partition in host memory (zero3.hpz_secondary_memory "host") for a GPU that cannot hold it.
+//
+// Each candidate's config is the user's JSON with the candidate's edits applied, read and resolved as `zero3 config
+// check --world-size N L` reads it (a config the reader refuses is "refused" with its error); then the engine's
+// own checks (engine_refusal()); then plan_memory() against the cluster's GPU and host memory; then
+// model_step_time(). Refused layouts and those that do not fit are never ranked; the others are ranked by the high
+// end of their predicted step range (the slower of the step-time model's two readings of the network), then the low
+// end, then the fewer edits, then the less GPU memory.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "zero3/cluster_desc.hpp"
+#include "zero3/config.hpp"
+#include "zero3/memory_plan.hpp"
+#include "zero3/step_time_model.hpp"
+
+namespace zero3 {
+
+// One edit of the user's DeepSpeed JSON: set the key at `path` (dotted, e.g. "zero_optimization.offload_param") to
+// the JSON text `value`, or remove it when `value` is empty.
+struct ConfigEdit {
+  std::string path;
+  std::optional<std::string> value;
+  // "zero_optimization.zero_hpz_partition_size: 4", "zero_optimization.offload_param: removed"
+  std::string text() const;
+  friend bool operator==(const ConfigEdit&, const ConfigEdit&) = default;
+};
+
+// The DeepSpeed JSON text `json_text` (comments and trailing commas as the config reader accepts them) with the
+// edits applied in order, pretty-printed (comments do not survive). Setting a key creates the objects on its path;
+// removing one that is absent changes nothing. Throws ConfigError naming `source` for text the reader refuses, or
+// a path through something that is not an object.
+std::string apply_config_edits(const std::string& json_text, const std::vector<ConfigEdit>& edits,
+                               const std::string& source);
+
+// Why the engine would refuse `config` (resolved) on `cluster`'s GPUs (nodes x gpus_per_node ranks, ranks numbered
+// node by node), or "" when it would take it: the engine's own checks, called, not restated: the resolved batch
+// for the world (detail::require_resolved), the layout keys (config_detail::check_layouts,
+// check_quantization_precision) and the groups against the nodes (detail::make_shard_layout).
+std::string engine_refusal(const Config& config, const ClusterDesc& cluster);
+
+// A candidate layout: the keys it sets.
+struct LayoutChoice {
+  int64_t hpz_partition_size = 1;  // > 1: hpZ
+  int64_t mics_shard_size = -1;    // > 0: MiCS
+  bool hierarchical = false;
+  bool qwz = false;
+  bool qgz = false;
+  OffloadDevice offload_optimizer = OffloadDevice::none;
+  OffloadDevice offload_param = OffloadDevice::none;
+  bool secondary_on_host = false;  // hpZ: zero3.hpz_secondary_memory "host"
+
+  // "hpZ, one node + qwZ + qgZ" (groups named in nodes of `gpus_per_node`), and describe() with the offloads:
+  // "hpZ, one node + qwZ + qgZ; offload optimizer cpu, parameters none".
+  std::string layout(int64_t gpus_per_node) const;
+  std::string describe(int64_t gpus_per_node) const;
+  friend bool operator==(const LayoutChoice&, const LayoutChoice&) = default;
+};
+
+enum class Verdict { ranked, does_not_fit, refused };
+
+struct AdvisedLayout {
+  LayoutChoice choice;
+  std::vector<ConfigEdit> edits;  // relative to the user's config: what selects this layout
+  Verdict verdict = Verdict::refused;
+  std::string reason;           // refused: the reader's or the engine's error; does_not_fit: the limit exceeded
+  bool is_user_config = false;  // the user's config as it is (no edits)
+  int64_t gpu_bytes = 0;        // the memory plan per GPU (activations included); 0 when refused
+  int64_t host_node_bytes = 0;  // per node, host memory; 0 when refused
+  int64_t nvme_node_bytes = 0;  // per node, NVMe (not checked: the cluster description has no NVMe capacity)
+  StepTime time;                // zero3's flow; ranked layouts only
+};
+
+struct AdviseOptions {
+  int64_t seq_len = 0;           // tokens per sequence, >= 1
+  int64_t activation_bytes = 0;  // per GPU, on the device (e.g. from `llama3_train --dry-run`); 0: not counted
+  ResolveInputs inputs;          // what resolves the config's "auto" (batch, hidden size); the world is the cluster's
+};
+
+struct Advice {
+  std::string config_source;
+  int64_t gpu_plan_bytes = 0;   // what a GPU's plan may use (ClusterDesc::gpu_plan_bytes)
+  int64_t host_plan_bytes = 0;  // what a node's host memory may hold
+  int64_t activation_bytes = 0;
+  std::vector<AdvisedLayout> ranked;       // fitting and accepted, fastest first
+  std::vector<AdvisedLayout> not_fitting;  // accepted by the engine, over a memory limit
+  std::vector<AdvisedLayout> refused;      // by the config reader or the engine
+  std::optional<size_t> user_config_rank;  // the user's own config's index in `ranked`, when it is there
+};
+
+// Enumerates, checks, plans and ranks every layout for the user's config text `config_json` (read from
+// `config_source`). Throws ConfigError naming the file and key: the user's config unreadable or not resolvable for
+// the cluster's world, not stage 3, or the cluster description without gpu_memory_gib or host_memory_gib;
+// InvalidArgument for a seq_len below 1 or a model without Llama dimensions.
+Advice advise_layouts(const std::string& config_json, const std::string& config_source, const ModelDesc& model,
+                      const LlamaDims& dims, const ClusterDesc& cluster, const AdviseOptions& options);
+
+// The ranking (at most `top` rows; 0: all), each row with its edits, then the layouts that do not fit and those
+// refused, with their reasons; step times for `steps` steps beside each step.
+std::string format_advice(const Advice& advice, const ClusterDesc& cluster, int64_t steps, size_t top = 0);
+
+}  // namespace zero3

@@ -1,0 +1,517 @@
+// The layout advisor (zero3/layout_advisor.hpp, `zero3 plan --advise`): the seed's job on the seed's cluster (its
+// config verbatim, Llama-3-8B, 4 x g6e.12xlarge over EFA), where every ranked row fits, the layouts the engine
+// refuses are never ranked, and every row's edits make a config that `zero3 config check` accepts and whose plan is
+// the row's; a GPU or host too small for a layout keeps it out of the ranking; the engine's checks as the advisor
+// calls them; the edits on configs with aliases and nvme paths; and bad files named with their key.
+#include <gtest/gtest.h>
+
+#include <sys/wait.h>
+
+#include <unistd.h>
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <iterator>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+
+#include "zero3/cluster_desc.hpp"
+#include "zero3/error.hpp"
+#include "zero3/layout_advisor.hpp"
+#include "zero3/memory_plan.hpp"
+#include "zero3/step_time_model.hpp"
+
+namespace zero3 {
+namespace {
+
+std::string source_dir() {
+  const char* src = std::getenv("ZERO3_SOURCE_DIR");
+  return src != nullptr ? src : "";
+}
+
+std::string read_text(const std::string& path) {
+  std::ifstream in(path);
+  std::ostringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+// The seed's activations per GPU without checkpointing, micro-batch 4 x seq 512, bf16 on a GPU, as
+// `llama3_train --dry-run --device cuda --no-grad-checkpointing` estimates them (docs/performance-model.md).
+constexpr int64_t kSeedActivationBytes = 7320166404;
+
+struct SeedJob {
+  std::string config_path, config_text;
+  ModelDesc model;
+  LlamaDims dims;
+  ClusterDesc cluster;
+  AdviseOptions options;
+};
+
+SeedJob seed_job(const std::string& cluster_file = "g6e-12xlarge-efa.json") {
+  SeedJob j;
+  const std::string src = source_dir();
+  j.config_path = src + "/configs/llama-3-8b-stage3.json";
+  j.config_text = read_text(j.config_path);
+  int64_t hidden = 0;
+  j.model = load_model_desc(src + "/configs/models/llama-3-8b.json", &hidden, &j.dims);
+  j.cluster = load_cluster_desc(src + "/configs/clusters/" + cluster_file);
+  j.options.seq_len = 512;
+  j.options.activation_bytes = kSeedActivationBytes;
+  j.options.inputs.micro_batch = 4;
+  j.options.inputs.grad_accum = 4;
+  j.options.inputs.hidden_size = hidden;
+  return j;
+}
+
+Advice advise(const SeedJob& j) {
+  return advise_layouts(j.config_text, j.config_path, j.model, j.dims, j.cluster, j.options);
+}
+
+// The config a row's edits make, read and resolved as `zero3 config check --world-size 16` does.
+Config edited_config(const SeedJob& j, const AdvisedLayout& a) {
+  Config c = parse_config(apply_config_edits(j.config_text, a.edits, j.config_path), "edited");
+  ResolveInputs in = j.options.inputs;
+  in.world_size = j.cluster.world();
+  resolve(c, in);
+  return c;
+}
+
+// A ranked row's edits as format_advice() prints them: one line per row, distinct for every layout.
+std::string edits_line(const AdvisedLayout& a) {
+  std::string line;
+  for (const ConfigEdit& e : a.edits) line += (line.empty() ? "" : ", ") + e.text();
+  return "edits: " + (line.empty() ? std::string("none (your config as it is)") : line) + "\n";
+}
+
+std::string run(const std::string& cmd, int* status) {
+  FILE* f = popen(cmd.c_str(), "r");
+  if (f == nullptr) return "";
+  std::string out;
+  char buf[4096];
+  while (size_t n = fread(buf, 1, sizeof buf, f)) out.append(buf, n);
+  *status = pclose(f);
+  return out;
+}
+
+// Every ranked row fits the GPU and the node's host memory, is in order, and is what its edits make: the config
+// they produce plans to the row's bytes and times (plan_memory, model_step_time) and the engine takes it. Refused
+// rows are the engine's refusals, and never ranked.
+TEST(LayoutAdvisor, TheSeedsRankingFitsAndIsWhatItsEditsMake) {
+  if (source_dir().empty()) GTEST_SKIP() << "ZERO3_SOURCE_DIR is not set (run through ctest)";
+  const SeedJob j = seed_job();
+  const Advice a = advise(j);
+  // plain, hpZ (secondary partition on the GPU or in host memory), MiCS over 1 and 2 nodes, hierarchical over 2 and
+  // 4: 7 shapes x 4 quantizations x 4 offloads.
+  ASSERT_EQ(a.ranked.size() + a.not_fitting.size() + a.refused.size(), 112u);
+  ASSERT_FALSE(a.ranked.empty());
+  EXPECT_EQ(a.gpu_plan_bytes, static_cast<int64_t>((44.99 - 2) * (1 << 30)));
+  EXPECT_EQ(a.host_plan_bytes, int64_t{352} << 30);
+
+  MemoryPlanOptions memory;
+  memory.world_size = 16;
+  memory.ranks_per_node = 4;
+  memory.activation_bytes = kSeedActivationBytes;
+  StepTimeOptions timing;
+  timing.seq_len = 512;
+  for (size_t i = 0; i < a.ranked.size(); ++i) {
+    const AdvisedLayout& r = a.ranked[i];
+    SCOPED_TRACE(r.choice.describe(4));
+    EXPECT_EQ(r.verdict, Verdict::ranked);
+    EXPECT_LE(r.gpu_bytes, a.gpu_plan_bytes);
+    EXPECT_LE(r.host_node_bytes, a.host_plan_bytes);
+    if (i > 0) {
+      EXPECT_GE(r.time.step_high_s(), a.ranked[i - 1].time.step_high_s());
+    }
+    EXPECT_LE(r.time.step_low_s(), r.time.step_high_s());
+    const Config c = edited_config(j, r);
+    EXPECT_EQ(engine_refusal(c, j.cluster), "");
+    EXPECT_EQ(c.zero.mics_shard_size > 0 ? c.zero.mics_shard_size : -1, r.choice.mics_shard_size);
+    EXPECT_EQ(std::max<int64_t>(c.zero.hpz_partition_size, 1), r.choice.hpz_partition_size);
+    EXPECT_EQ(c.zero.quantized_weights, r.choice.qwz);
+    EXPECT_EQ(c.zero.quantized_gradients, r.choice.qgz);
+    EXPECT_EQ(c.zero.offload_param.device, r.choice.offload_param);
+    EXPECT_EQ(c.zero.offload_optimizer.device, r.choice.offload_optimizer);
+    EXPECT_EQ(c.zero3.hpz_secondary_on_host, r.choice.secondary_on_host);
+    const MemoryPlan plan = plan_memory(j.model, c, memory);
+    EXPECT_EQ(plan.rank_bytes(MemoryTier::device), r.gpu_bytes);
+    EXPECT_EQ(plan.node_bytes(MemoryTier::host), r.host_node_bytes);
+    const StepTime t = model_step_time(j.model, j.dims, c, j.cluster, timing);
+    EXPECT_DOUBLE_EQ(t.step_s, r.time.step_s);
+    EXPECT_DOUBLE_EQ(t.step_fixed_s, r.time.step_fixed_s);
+  }
+  for (const AdvisedLayout& r : a.not_fitting) {
+    SCOPED_TRACE(r.choice.describe(4));
+    EXPECT_TRUE(r.gpu_bytes > a.gpu_plan_bytes || r.host_node_bytes > a.host_plan_bytes);
+  }
+  // The engine takes every layout enumerated here, hpZ with parameter offload included.
+  EXPECT_EQ(a.refused.size(), 0u);
+  bool hpz_with_param_offload = false, secondary_on_host = false;
+  for (const AdvisedLayout& r : a.ranked) {
+    hpz_with_param_offload |= r.choice.hpz_partition_size > 1 && r.choice.offload_param != OffloadDevice::none;
+    secondary_on_host |= r.choice.secondary_on_host;
+  }
+  EXPECT_TRUE(hpz_with_param_offload);
+  EXPECT_TRUE(secondary_on_host);
+}
+
+// The seed's answer (docs/performance-model.md, "The advised layout"). The ten fastest layouts are all MiCS/HSDP
+// over one node: its gathers and reduce-scatters stay on the node's PCIe, and only the once-a-step all-reduce
+// across the 4 replicas crosses the links, so both readings of the network keep its step near 11 s or below; hpZ +
+// qwZ + qgZ is faster by the bandwidth reading (5.38 s) but its per-bucket reductions still cross nodes every
+// micro-step, which the fixed-cost reading prices at 29 s. MiCS/HSDP shards the states over 4 GPUs instead of 16,
+// so without offload they do not fit a 48 GB L40S; the first row keeps the optimizer on the GPU and offloads only
+// the parameters (the lowest boundary: no CPU Adam), the second offloads as the seed's config does. The seed's own
+// config (plain ZeRO-3, both offloads) ranks near the bottom, more than 4 times slower than the first row.
+TEST(LayoutAdvisor, TheSeedsAnswer) {
+  if (source_dir().empty()) GTEST_SKIP() << "ZERO3_SOURCE_DIR is not set (run through ctest)";
+  const SeedJob j = seed_job();
+  const Advice a = advise(j);
+  ASSERT_GE(a.ranked.size(), 10u);
+  for (size_t i = 0; i < 10; ++i) {
+    EXPECT_EQ(a.ranked[i].choice.mics_shard_size, 4) << i;
+    EXPECT_FALSE(a.ranked[i].choice.hierarchical) << i;
+  }
+  const LayoutChoice& first = a.ranked[0].choice;
+  EXPECT_TRUE(first.qwz);
+  EXPECT_FALSE(first.qgz);
+  EXPECT_EQ(first.offload_optimizer, OffloadDevice::none);
+  EXPECT_EQ(first.offload_param, OffloadDevice::cpu);
+  EXPECT_EQ(a.ranked[0].edits, (std::vector<ConfigEdit>{{"zero_optimization.mics_shard_size", "4"},
+                                                        {"zero_optimization.zero_quantized_weights", "true"},
+                                                        {"zero_optimization.offload_optimizer", std::nullopt}}));
+  EXPECT_EQ(a.ranked[0].edits.back().text(), "zero_optimization.offload_optimizer: removed");
+  // With the seed's offloads as they are: MiCS/HSDP + qwZ + qgZ, three keys added.
+  const AdvisedLayout& second = a.ranked[1];
+  EXPECT_TRUE(second.choice.qwz && second.choice.qgz);
+  EXPECT_EQ(second.choice.offload_optimizer, OffloadDevice::cpu);
+  EXPECT_EQ(second.choice.offload_param, OffloadDevice::cpu);
+  EXPECT_EQ(second.edits.size(), 3u);
+  // hpZ + qwZ + qgZ without offload: the lowest low end, but not the lowest high end.
+  double lowest_low = a.ranked[0].time.step_low_s();
+  const AdvisedLayout* fastest_by_bandwidth = &a.ranked[0];
+  for (const AdvisedLayout& r : a.ranked) {
+    if (r.time.step_low_s() < lowest_low) {
+      lowest_low = r.time.step_low_s();
+      fastest_by_bandwidth = &r;
+    }
+  }
+  EXPECT_EQ(fastest_by_bandwidth->choice.hpz_partition_size, 4);
+  EXPECT_TRUE(fastest_by_bandwidth->choice.qwz && fastest_by_bandwidth->choice.qgz);
+  EXPECT_GT(fastest_by_bandwidth->time.step_high_s(), 2 * a.ranked[0].time.step_high_s());
+  // MiCS/HSDP over one node without any offload does not fit.
+  bool mics_plain_too_big = false;
+  for (const AdvisedLayout& r : a.not_fitting) {
+    if (r.choice.mics_shard_size == 4 && !r.choice.qwz && !r.choice.qgz &&
+        r.choice.offload_optimizer == OffloadDevice::none && r.choice.offload_param == OffloadDevice::none) {
+      mics_plain_too_big = true;
+      EXPECT_GT(r.gpu_bytes, a.gpu_plan_bytes);
+    }
+  }
+  EXPECT_TRUE(mics_plain_too_big);
+  ASSERT_TRUE(a.user_config_rank.has_value());
+  const AdvisedLayout& user = a.ranked[*a.user_config_rank];
+  EXPECT_TRUE(user.edits.empty());
+  EXPECT_GT(*a.user_config_rank, a.ranked.size() * 3 / 4);
+  EXPECT_GT(user.time.step_low_s(), 4 * a.ranked[0].time.step_high_s());
+}
+
+// A GPU too small for a layout keeps it out of the ranking; so does a node whose host memory cannot hold the
+// offloaded states. Nothing over a limit is ever ranked.
+TEST(LayoutAdvisor, ALayoutThatDoesNotFitIsNeverRanked) {
+  if (source_dir().empty()) GTEST_SKIP() << "ZERO3_SOURCE_DIR is not set (run through ctest)";
+  SeedJob j = seed_job();
+  const size_t fitting_at_48 = advise(j).ranked.size();
+  j.cluster.gpu_memory_gib = 20;
+  j.cluster.gpu_reserved_gib = 0;
+  Advice small = advise(j);
+  EXPECT_LT(small.ranked.size(), fitting_at_48);
+  EXPECT_FALSE(small.not_fitting.empty());
+  for (const AdvisedLayout& r : small.ranked) EXPECT_LE(r.gpu_bytes, int64_t{20} << 30) << r.choice.describe(4);
+  for (const AdvisedLayout& r : small.not_fitting) {
+    EXPECT_NE(r.reason.find("GPU "), std::string::npos) << r.reason;
+    EXPECT_NE(r.reason.find(" > 20.00 GiB"), std::string::npos) << r.reason;
+  }
+  // The printed table names no layout over the limit among the ranked ones.
+  const std::string table = format_advice(small, j.cluster, 50);
+  const std::string ranked_part = table.substr(0, table.find("do not fit"));
+  for (const AdvisedLayout& r : small.not_fitting) {
+    EXPECT_EQ(ranked_part.find(edits_line(r)), std::string::npos) << r.choice.describe(4);
+  }
+
+  // 8 GiB of GPU: nothing fits (the activations alone are 6.8 GiB).
+  j.cluster.gpu_memory_gib = 8;
+  small = advise(j);
+  EXPECT_TRUE(small.ranked.empty());
+  EXPECT_NE(format_advice(small, j.cluster, 50).find(" 0 ranked"), std::string::npos);
+
+  // 24 GiB of host memory per node: the offloads of MiCS/HSDP (100 GiB and more per node) and of plain ZeRO-3's
+  // optimizer with parameters (27 GiB) do not fit.
+  j = seed_job();
+  j.cluster.host_memory_gib = 24;
+  j.cluster.host_reserved_gib = 0;
+  small = advise(j);
+  for (const AdvisedLayout& r : small.ranked) EXPECT_LE(r.host_node_bytes, int64_t{24} << 30);
+  bool host_named = false;
+  for (const AdvisedLayout& r : small.not_fitting) host_named |= r.reason.find("host ") != std::string::npos;
+  EXPECT_TRUE(host_named);
+  EXPECT_FALSE(small.user_config_rank.has_value());  // the seed's own config needs 27.15 GiB per node
+}
+
+// The engine's checks as the advisor calls them: each verdict names the key.
+TEST(LayoutAdvisor, EngineRefusalNamesTheKey) {
+  ClusterDesc cluster;
+  cluster.nodes = 4;
+  cluster.gpus_per_node = 4;
+  cluster.source = "c.json";
+  Config c;
+  c.bf16.enabled = true;
+  c.zero.stage = 3;
+  ResolveInputs in;
+  in.world_size = 16;
+  in.hidden_size = 64;
+  in.micro_batch = 1;
+  in.grad_accum = 1;
+  EXPECT_NE(engine_refusal(c, cluster).find("resolve"), std::string::npos);  // not resolved yet
+  resolve(c, in);
+  EXPECT_EQ(engine_refusal(c, cluster), "");
+  Config hpz = c;
+  hpz.zero.hpz_partition_size = 4;
+  EXPECT_EQ(engine_refusal(hpz, cluster), "");
+  hpz.zero.offload_param.device = OffloadDevice::cpu;  // the secondary partition is filled from the host slices
+  EXPECT_EQ(engine_refusal(hpz, cluster), "");
+  hpz.zero.hpz_partition_size = 16;  // the whole world: hpZ is off
+  EXPECT_EQ(engine_refusal(hpz, cluster), "");
+  Config mics = c;
+  mics.zero.mics_shard_size = 3;
+  EXPECT_NE(engine_refusal(mics, cluster).find("zero_optimization.mics_shard_size: 3"), std::string::npos);
+  mics.zero.mics_shard_size = 4;
+  mics.zero.mics_hierarchical_params_gather = true;  // a group within one node has no inter-node stage
+  EXPECT_NE(engine_refusal(mics, cluster).find("zero_optimization.mics_hierarchical_params_gather"), std::string::npos);
+  Config fp32 = c;
+  fp32.bf16.enabled = false;
+  fp32.zero.quantized_weights = true;
+  EXPECT_NE(engine_refusal(fp32, cluster).find("zero_optimization.zero_quantized_weights"), std::string::npos);
+}
+
+// Edits keep what they do not touch, create what they set, and take the deprecated boolean offload keys away with
+// the section they stand for.
+TEST(LayoutAdvisor, ConfigEdits) {
+  const std::string text = R"({
+    // a comment, and a trailing comma
+    "bf16": {"enabled": true},
+    "zero_optimization": {"stage": 3, "cpu_offload_param": true, "offload_optimizer": {"device": "cpu",
+      "buffer_count": 8},},
+  })";
+  const nlohmann::json j =
+      nlohmann::json::parse(apply_config_edits(text,
+                                               {{"zero_optimization.zero_hpz_partition_size", "4"},
+                                                {"zero_optimization.cpu_offload_param", std::nullopt},
+                                                {"zero_optimization.offload_optimizer.device", "\"nvme\""},
+                                                {"zero3.qwz_block_size", "512"},
+                                                {"absent.key", std::nullopt}},
+                                               "t.json"));
+  EXPECT_EQ(j["zero_optimization"]["zero_hpz_partition_size"], 4);
+  EXPECT_FALSE(j["zero_optimization"].contains("cpu_offload_param"));
+  EXPECT_EQ(j["zero_optimization"]["offload_optimizer"]["device"], "nvme");
+  EXPECT_EQ(j["zero_optimization"]["offload_optimizer"]["buffer_count"], 8);
+  EXPECT_EQ(j["zero3"]["qwz_block_size"], 512);
+  EXPECT_FALSE(j.contains("absent"));
+  EXPECT_EQ(j["bf16"]["enabled"], true);
+
+  auto error = [&](const std::vector<ConfigEdit>& edits) -> std::string {
+    try {
+      apply_config_edits(text, edits, "t.json");
+    } catch (const ConfigError& e) {
+      return e.what();
+    }
+    return "";
+  };
+  EXPECT_NE(error({{"bf16.enabled.x", "1"}}).find("t.json: bf16.enabled.x: enabled is boolean, not an object"),
+            std::string::npos);
+  EXPECT_NE(error({{"bf16.enabled", "{"}}).find("t.json: bf16.enabled: the edit's value { is not JSON"),
+            std::string::npos);
+  EXPECT_EQ(error({}), "");  // no edits: the text re-read
+  try {
+    apply_config_edits("{\"a\": 1,, }", {}, "bad.json");
+    ADD_FAILURE() << "a JSON syntax error was taken";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("bad.json"), std::string::npos) << e.what();
+  }
+}
+
+// The deprecated cpu_offload_param form and an nvme path: the advisor's edits go through them, and the nvme
+// layouts are enumerated with the config's path.
+TEST(LayoutAdvisor, AliasesAndNvmePaths) {
+  if (source_dir().empty()) GTEST_SKIP() << "ZERO3_SOURCE_DIR is not set (run through ctest)";
+  SeedJob j = seed_job();
+  j.config_text = R"({
+    "bf16": {"enabled": true},
+    "train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 4,
+    "zero_optimization": {"stage": 3, "cpu_offload_param": true,
+      "offload_optimizer": {"device": "nvme", "nvme_path": "/local_nvme"}}
+  })";
+  const Advice a = advise(j);
+  // 7 shapes x 4 quantizations x 3 x 3 offloads.
+  EXPECT_EQ(a.ranked.size() + a.not_fitting.size() + a.refused.size(), 252u);
+  bool saw_nvme_param = false;
+  for (const AdvisedLayout& r : a.ranked) {
+    const Config c = edited_config(j, r);
+    EXPECT_EQ(c.zero.offload_param.device, r.choice.offload_param) << r.choice.describe(4);
+    if (r.choice.offload_param == OffloadDevice::nvme) {
+      saw_nvme_param = true;
+      EXPECT_EQ(c.zero.offload_param.nvme_path, "/local_nvme");
+    }
+  }
+  EXPECT_TRUE(saw_nvme_param);
+  EXPECT_NE(format_advice(a, j.cluster, 1).find("NVMe space is not checked"), std::string::npos);
+  for (const AdvisedLayout& r : a.refused) EXPECT_GT(r.choice.hpz_partition_size, 1) << r.reason;
+  ASSERT_TRUE(a.user_config_rank.has_value());
+  // The alias goes whenever the parameters' offload changes.
+  const ConfigEdit alias_removed{"zero_optimization.cpu_offload_param", std::nullopt};
+  for (const AdvisedLayout& r : a.ranked) {
+    const bool removed = std::find(r.edits.begin(), r.edits.end(), alias_removed) != r.edits.end();
+    EXPECT_EQ(removed, r.choice.offload_param != OffloadDevice::cpu) << r.choice.describe(4);
+  }
+}
+
+TEST(LayoutAdvisor, NamedErrors) {
+  if (source_dir().empty()) GTEST_SKIP() << "ZERO3_SOURCE_DIR is not set (run through ctest)";
+  auto message = [](const SeedJob& j) -> std::string {
+    try {
+      advise(j);
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "";
+  };
+  SeedJob j = seed_job();
+  j.cluster.gpu_memory_gib = 0;
+  EXPECT_NE(message(j).find("g6e-12xlarge-efa.json: gpu_memory_gib: missing"), std::string::npos) << message(j);
+  j = seed_job();
+  j.cluster.host_memory_gib = 0;
+  EXPECT_NE(message(j).find("g6e-12xlarge-efa.json: host_memory_gib: missing"), std::string::npos) << message(j);
+  j = seed_job();
+  j.config_text = R"({"zero_optimization": {"stage": 2}, "train_micro_batch_size_per_gpu": 4})";
+  EXPECT_NE(message(j).find("zero_optimization.stage: 2"), std::string::npos) << message(j);
+  j = seed_job();
+  j.config_text = R"({"zero_optimization": {"stage": 3, "offload_parm": {}}})";
+  EXPECT_NE(message(j).find("offload_parm"), std::string::npos) << message(j);
+
+  // The cluster description's new figures, each named.
+  auto cluster_error = [](const std::string& extra) -> std::string {
+    const std::string text = R"({"nodes": 2, "gpus_per_node": 2, "gpu_bf16_tflops": 1, "gpu_memory_gb_s": 1,
+      "pcie_gb_s": 1, "nic_gbit_s": 1, "cpu_memory_gb_s": 1, "nvme_gb_s": 1, "matmul_efficiency": 1,
+      "pcie_efficiency": 1, "nccl_link_efficiency": 1, "collective_efficiency": 1)" +
+                             extra + "}";
+    try {
+      parse_cluster_desc(text, "c.json");
+    } catch (const ConfigError& e) {
+      return e.what();
+    }
+    return "";
+  };
+  EXPECT_EQ(cluster_error(R"(, "gpu_memory_gib": 48, "gpu_reserved_gib": 2, "host_memory_gib": 384)"), "");
+  EXPECT_NE(cluster_error(R"(, "gpu_memory_gib": 48, "gpu_reserved_gib": 48)")
+                .find("c.json: gpu_reserved_gib: 48 is not below gpu_memory_gib 48"),
+            std::string::npos);
+  EXPECT_NE(cluster_error(R"(, "host_reserved_gib": 2)").find("c.json: host_reserved_gib: 2 without host_memory_gib"),
+            std::string::npos);
+  EXPECT_NE(cluster_error(R"(, "gpu_reserved_gib": -1)").find("c.json: gpu_reserved_gib: -1 is negative"),
+            std::string::npos);
+  EXPECT_NE(cluster_error(R"(, "host_memory_gib": "lots")").find("c.json: host_memory_gib: expected a number"),
+            std::string::npos);
+  EXPECT_NE(
+      cluster_error(R"(, "collective_overhead_ms": 0)").find("c.json: collective_overhead_ms: 0 is not a positive"),
+      std::string::npos);
+  EXPECT_NE(cluster_error(R"(, "gpu_memory_gb": 48)").find("unknown field \"gpu_memory_gb\"; did you mean"),
+            std::string::npos);
+
+  // Through the command: a cluster description without the memory figures, and a bad model file, each named.
+  const char* bin = std::getenv("ZERO3_BIN_DIR");
+  if (!bin) GTEST_SKIP() << "ZERO3_BIN_DIR is not set (run through ctest)";
+  const std::string src = source_dir();
+  const std::string base = std::string(bin) + "/zero3 plan --advise --config " + src +
+                           "/configs/llama-3-8b-stage3.json --seq-len 512 --micro-batch 4 --grad-accum 4";
+  int status = 0;
+  std::string out = run(base + " --model " + src + "/configs/models/llama-3-8b.json --cluster " + src +
+                            "/configs/clusters/sim-4x2-100mbit.json 2>&1",
+                        &status);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 1) << out;
+  EXPECT_NE(out.find("sim-4x2-100mbit.json: gpu_memory_gib: missing"), std::string::npos) << out;
+  char model_path[] = "/tmp/zero3-advise-model-XXXXXX";
+  const int fd = mkstemp(model_path);
+  ASSERT_GE(fd, 0);
+  const std::string bad_model = R"({"hidden_size": 64, "intermediate_size": "wide", "num_hidden_layers": 2,
+    "num_attention_heads": 4, "vocab_size": 100})";
+  ASSERT_EQ(write(fd, bad_model.data(), bad_model.size()), static_cast<ssize_t>(bad_model.size()));
+  close(fd);
+  out = run(base + " --model " + model_path + " --cluster " + src + "/configs/clusters/g6e-12xlarge-efa.json 2>&1",
+            &status);
+  std::remove(model_path);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 1) << out;
+  EXPECT_NE(out.find(std::string(model_path) + ": intermediate_size: expected a number"), std::string::npos) << out;
+}
+
+// `zero3 plan --advise` end to end on the seed's job: the table, and the first rows' edits applied to the seed's
+// config give files that `zero3 config check` accepts for the seed's world.
+TEST(LayoutAdvisor, CommandPrintsTheRankingAndItsEditsPassConfigCheck) {
+  const char* bin = std::getenv("ZERO3_BIN_DIR");
+  if (!bin || source_dir().empty()) GTEST_SKIP() << "ZERO3_BIN_DIR / ZERO3_SOURCE_DIR are not set (run through ctest)";
+  const std::string src = source_dir();
+  int status = 0;
+  const std::string out =
+      run(std::string(bin) + "/zero3 plan --advise --model " + src + "/configs/models/llama-3-8b.json --config " + src +
+              "/configs/llama-3-8b-stage3.json --cluster " + src +
+              "/configs/clusters/g6e-12xlarge-efa.json --seq-len 512 --micro-batch 4 "
+              "--grad-accum 4 --steps 50 --activation-bytes 7320166404 --top 3 2>/dev/null",
+          &status);
+  ASSERT_EQ(status, 0) << out;
+  EXPECT_NE(out.find("112 layouts of"), std::string::npos) << out;
+  EXPECT_NE(out.find("    1  MiCS/HSDP, one node + qwZ"), std::string::npos) << out;
+  EXPECT_NE(out.find("refused (never ranked): 0"), std::string::npos) << out;
+  EXPECT_NE(out.find("* your config as it is: rank "), std::string::npos) << out;
+  // MiCS/HSDP's neighbours and hpZ with qgZ (lower low ends) overlap the first row's range.
+  EXPECT_NE(out.find("ranks 2-6, 11-26 reach into rank 1's range"), std::string::npos) << out;
+  EXPECT_NE(out.find("more ranked (--top 0 prints them all)"), std::string::npos) << out;
+
+  const SeedJob j = seed_job();
+  const Advice a = advise(j);
+  for (size_t i = 0; i < 3; ++i) {
+    char path[] = "/tmp/zero3-advise-config-XXXXXX";
+    const int fd = mkstemp(path);
+    ASSERT_GE(fd, 0);
+    const std::string text = apply_config_edits(j.config_text, a.ranked[i].edits, j.config_path);
+    ASSERT_EQ(write(fd, text.data(), text.size()), static_cast<ssize_t>(text.size()));
+    close(fd);
+    const std::string check = run(std::string(bin) + "/zero3 config check " + path +
+                                      " --world-size 16 --hidden-size 4096 --micro-batch 4 --grad-accum 4 2>&1",
+                                  &status);
+    std::remove(path);
+    EXPECT_EQ(status, 0) << check;
+    EXPECT_NE(check.find("\"mics_shard_size\": 4"), std::string::npos) << check;
+  }
+
+  // --write-config writes the first row's config, which is the seed's with the first row's edits.
+  char path[] = "/tmp/zero3-advise-written-XXXXXX";
+  const int fd = mkstemp(path);
+  ASSERT_GE(fd, 0);
+  close(fd);
+  const std::string written =
+      run(std::string(bin) + "/zero3 plan --advise --model " + src + "/configs/models/llama-3-8b.json --config " + src +
+              "/configs/llama-3-8b-stage3.json --cluster " + src +
+              "/configs/clusters/g6e-12xlarge-efa.json --seq-len 512 --micro-batch 4 --grad-accum 4 "
+              "--activation-bytes 7320166404 --top 1 --write-config " + path + " 2>&1",
+          &status);
+  ASSERT_EQ(status, 0) << written;
+  EXPECT_NE(written.find(std::string("wrote ") + path + ": MiCS/HSDP, one node + qwZ"), std::string::npos) << written;
+  std::ifstream in(path);
+  const std::string file((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::remove(path);
+  EXPECT_EQ(file, apply_config_edits(j.config_text, a.ranked[0].edits, j.config_path) + "\n");
+}
+
+}  // namespace
+}  // namespace zero3
