@@ -111,6 +111,7 @@ run_step() {
   set -m  # the step in a process group of its own, so a timeout ends everything it started
   ("$func") >"$OUT_DIR/logs/$name.log" 2>&1 &
   local pid=$!
+  STEP_PID=$pid
   set +m
   while kill -0 "$pid" 2>/dev/null; do
     if [ $(($(date +%s) - start)) -ge "$limit" ]; then
@@ -123,6 +124,7 @@ run_step() {
   done
   wait "$pid" 2>/dev/null
   rc=$?
+  STEP_PID=""
   local took=$(($(date +%s) - start)) why
   why=$(paste -sd '|' "$OUT_DIR/logs/$name.note" | sed 's/|/; /g')
   if [ "$took" -ge "$limit" ] && [ "$rc" -ne 0 ]; then
@@ -324,8 +326,10 @@ start_peer_beside_build() {
   fi
   PEER_CORES="$((cores - 2))-$((cores - 1))"
   STEP=fsdp2-eager
+  set -m  # a process group of its own, as a step's
   (peer_run eager) >"$OUT_DIR/logs/fsdp2-eager.log" 2>&1 &
   PEER_PID=$!
+  set +m
   PEER_START=$(date +%s)
   say "fsdp2-eager: started beside the build on cores $PEER_CORES"
 }
@@ -336,13 +340,14 @@ finish_peer_beside_build() {
     sleep 1
   done
   if kill -0 "$PEER_PID" 2>/dev/null; then
-    pkill -TERM -P "$PEER_PID" 2>/dev/null
-    kill -TERM "$PEER_PID" 2>/dev/null
+    kill -TERM -- "-$PEER_PID" 2>/dev/null
     wait "$PEER_PID" 2>/dev/null
+    PEER_PID=""
     record fsdp2-eager TIMEOUT $(($(date +%s) - PEER_START)) 60 "beside the build on cores $PEER_CORES; stopped before the GPU tests"
   else
     wait "$PEER_PID"
     rc=$?
+    PEER_PID=""
     local status=ok
     [ "$rc" -eq 77 ] && status=skipped
     [ "$rc" -ne 0 ] && [ "$rc" -ne 77 ] && status=FAILED
@@ -503,7 +508,7 @@ step_bench() {
   local b rc worst=0
   for b in bench_cuda_kernels bench_cuda_engine; do
     echo "== $b"
-    timeout -k 5 40 "$RUN_TREE/bin/$b" >"$OUT_DIR/bench/$b.log" 2>&1
+    timeout -k 5 $((STEP_LIMIT / 2)) "$RUN_TREE/bin/$b" >"$OUT_DIR/bench/$b.log" 2>&1
     rc=$?
     echo "$b: exit $rc"
     echo "rc=$rc" >"$OUT_DIR/bench/$b.status"
@@ -552,7 +557,15 @@ start_clock_log() {
   CLOCKS_PID=$!
 }
 stop_clock_log() { [ -n "$CLOCKS_PID" ] && kill "$CLOCKS_PID" 2>/dev/null && wait "$CLOCKS_PID" 2>/dev/null; }
-trap 'stop_clock_log' EXIT
+# Stopped from outside (the device tool's own timeout, ^C): the running step's process group and the peer go too.
+STEP_PID=""
+stop_all() {
+  [ -n "$STEP_PID" ] && kill -TERM -- "-$STEP_PID" 2>/dev/null
+  [ -n "$PEER_PID" ] && kill -TERM -- "-$PEER_PID" 2>/dev/null
+  stop_clock_log
+}
+trap 'stop_all' EXIT
+trap 'stop_all; exit 143' INT TERM
 
 say "$([ "$DRY_RUN" = 1 ] && echo "dry run" || echo "GPU run"): deadline ${DEADLINE} s, out $OUT_DIR, build $BUILD_DIR"
 start_clock_log
@@ -580,7 +593,7 @@ run_step model-1.5b 45 90 step_model_small
 run_step model-8b 75 120 step_model_8b
 run_step bench 30 60 step_bench
 run_step tests-multi 45 70 step_tests_multi
-[ "$PEER_DONE" = 1 ] || run_step fsdp2-eager 55 120 step_peer_eager
+[ "$PEER_DONE" = 1 ] || run_step fsdp2-eager 40 120 step_peer_eager
 run_step fsdp2-compiled 150 240 step_peer_compiled
 [ "$DRY_RUN" = 1 ] && run_step summary-fixtures 3 60 step_summary_fixtures
 
