@@ -579,6 +579,7 @@ required() {  # run_step's arguments; a step the rest cannot do without
   [ "$LAST_STATUS" = ok ] || FAILED_REQUIRED=${FAILED_REQUIRED:-$1}
 }
 
+[ "$DRY_RUN" = 1 ] && run_step summary-fixtures 3 60 step_summary_fixtures
 [ "$DRY_RUN" = 1 ] && required prepare 5 120 step_prepare
 required env 10 30 step_env
 with_found_libraries
@@ -595,7 +596,6 @@ run_step bench 30 60 step_bench
 run_step tests-multi 45 70 step_tests_multi
 [ "$PEER_DONE" = 1 ] || run_step fsdp2-eager 40 120 step_peer_eager
 run_step fsdp2-compiled 150 240 step_peer_compiled
-[ "$DRY_RUN" = 1 ] && run_step summary-fixtures 3 60 step_summary_fixtures
 
 stop_clock_log
 summarize
