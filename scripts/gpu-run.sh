@@ -429,7 +429,8 @@ test_step() {  # filter tag per-program-limit
   failed=$(grep -L 'rc=0 \|rc=none\|rc=skipped' "$OUT_DIR"/tests/*"$tag".status 2>/dev/null | wc -l)
   note "$ran programs ran, $failed of them failed or timed out"
 }
-step_tests() { test_step "-$MULTI_PROCESS" "" 60; }
+# 90 s a program: cuDNN's attention test builds a plan (NVRTC compiles its kernels) for each of its many shapes.
+step_tests() { test_step "-$MULTI_PROCESS" "" 90; }
 step_tests_multi() {
   # The several-process tests must exist where the run looks for them (checked without a GPU too).
   local p n=0
@@ -589,7 +590,7 @@ start_peer_beside_build
 build_cap=$(($(left) - 60))
 required build 150 $((build_cap > 150 ? build_cap : 150)) step_build
 finish_peer_beside_build
-run_step tests 90 120 step_tests
+run_step tests 90 150 step_tests
 run_step model-1.5b 45 90 step_model_small
 run_step model-8b 75 120 step_model_8b
 run_step bench 30 60 step_bench

@@ -111,6 +111,8 @@ class Summary:
             status = key_values(read(self.path("tests", f)).replace(" ", "\n"))
             rc, secs = status.get("rc", "?"), status.get("seconds", "?")
             counts, failed = self.gtest_counts(self.path("tests", prog + ".json"))
+            if counts is None:  # killed before gtest wrote its JSON: what its output says so far
+                counts, failed, running = self.gtest_log_counts(self.path("tests", prog + ".log"))
             if rc == "none":  # the program has no test of this kind
                 continue
             if rc == "skipped":
@@ -118,7 +120,8 @@ class Summary:
                 continue
             what = f"{counts[0]} passed, {counts[1]} failed, {counts[2]} skipped" if counts else "no results"
             if rc == "124" or rc == "137":
-                what = f"timed out after {status.get('limit', '?')} s ({what} before)"
+                what = f"timed out after {status.get('limit', '?')} s ({what} before" + \
+                       (f"; running {running})" if running else ")")
             elif rc == "77":
                 what = "no CUDA device (exit 77)" + (": " + self.first_line(prog, "skipped:") if self.dry else "")
             self.p(f"  {prog:<40}{what}, {secs} s")
@@ -138,6 +141,28 @@ class Summary:
             if line.startswith(prefix):
                 return line[len(prefix):].strip()
         return ""
+
+    @staticmethod
+    def gtest_log_counts(path):
+        """(passed, failed, skipped), the failed tests' names and the test still running, from gtest's output."""
+        passed, failed, skipped, names, running = 0, 0, 0, [], ""
+        for line in read(path).splitlines():
+            m = re.match(r"\[ +(RUN|OK|FAILED|SKIPPED) +\] (\S+)(?: \(\d+ ms\))?$", line)
+            if not m:
+                continue
+            word, name = m.groups()
+            if word == "RUN":
+                running = name
+                continue
+            running = ""
+            if word == "OK":
+                passed += 1
+            elif word == "FAILED":
+                failed += 1
+                names.append(name)
+            else:
+                skipped += 1
+        return ((passed, failed, skipped) if passed + failed + skipped or running else None), names, running
 
     @staticmethod
     def gtest_counts(path):
