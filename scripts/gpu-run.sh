@@ -469,10 +469,11 @@ train() {  # RUN MODEL MICRO SEQ STEPS WARMUP (the first WARMUP steps are not ti
   local run=$1 model=$2 micro=$3 seq=$4 steps=$5 warmup=$6 exe="$RUN_TREE/bin/llama3_train" plan_bytes gpu_bytes
   printf 'model=%s\nmicro_batch=%s\nseq_len=%s\nsteps=%s\nwarmup=%s\n' "$(basename "$model")" "$micro" "$seq" "$steps" \
     "$warmup" >"$OUT_DIR/model/$run.meta"
-  local args=(--model "$model" --deepspeed "$WORK/zero-stage3-auto.json" --precision bf16 --micro-batch "$micro"
-    --grad-accum 1 --seq-len "$seq" --grad-checkpointing)
-  echo "== $run: memory plan"
-  "$exe" --dry-run --device cuda --world-size 1 "${args[@]}" >"$OUT_DIR/model/$run.plan" 2>&1 ||
+  local args=(--device cuda --model "$model" --deepspeed "$WORK/zero-stage3-auto.json" --precision bf16
+    --micro-batch "$micro" --grad-accum 1 --seq-len "$seq" --grad-checkpointing --steps "$steps" --warmup-steps 0
+    --lr 1e-4 --data "$WORK/tokens.u32" --metrics "$OUT_DIR/model/$run.csv")
+  echo "== $run: memory plan (the run's own arguments)"
+  "$exe" --dry-run --world-size 1 "${args[@]}" >"$OUT_DIR/model/$run.plan" 2>&1 ||
     { note "$run: llama3_train --dry-run failed (model/$run.plan)"; return 1; }
   plan_bytes=$(awk '$1 == "device" && NF >= 4 {gsub(",", "", $2); v = $2} END {print v + 0}' "$OUT_DIR/model/$run.plan")
   gpu_bytes=$(sed -n 's/^gpu_memory_mib: \([0-9]*\).*/\1/p' "$ENV_FILE" | head -1)
@@ -484,8 +485,7 @@ train() {  # RUN MODEL MICRO SEQ STEPS WARMUP (the first WARMUP steps are not ti
     return 77
   fi
   echo "== $run: $steps steps"
-  "$exe" --device cuda "${args[@]}" --steps "$steps" --warmup-steps 0 --lr 1e-4 --data "$WORK/tokens.u32" \
-    --metrics "$OUT_DIR/model/$run.csv" >"$OUT_DIR/model/$run.log" 2>&1
+  "$exe" "${args[@]}" >"$OUT_DIR/model/$run.log" 2>&1
   local rc=$?
   tail -5 "$OUT_DIR/model/$run.log"
   return $rc
@@ -523,19 +523,21 @@ step_bench() {
 # ---- The PyTorch FSDP2 peer on the 1.5B run's model, batch and sequence (examples/llama3/tools/fsdp2_reference.py).
 
 peer_run() {  # eager | compiled
-  local kind=$1 extra=() pin=()
-  local peer=(python3 "$ROOT/examples/llama3/tools/fsdp2_reference.py")
+  local kind=$1 pin=() tools="$ROOT/examples/llama3/tools"
+  local args=(--model "$ROOT/configs/models/llama-3-1b-untied.json" --micro-batch 4 --seq-len 1024 --steps 15 --warmup 5
+    --grad-checkpointing --out "$OUT_DIR/peer/fsdp2_$kind.json")
+  [ "$kind" = compiled ] && args+=(--compile --fused-adamw)
   [ -n "$PEER_CORES" ] && [ "$kind" = eager ] && pin=(taskset -c "$PEER_CORES")
   if [ "$DRY_RUN" = 1 ]; then
-    "${peer[@]}" --help >/dev/null || { note "fsdp2_reference.py --help failed"; return 1; }
-    note "dry run: the peer's arguments parse; no training without a GPU"
+    # The peer reads its arguments before importing torch: these exact ones must parse.
+    python3 -c 'import sys; sys.path.insert(0, sys.argv[1]); import fsdp2_reference as f; f.parse_args(sys.argv[2:])' \
+      "$tools" "${args[@]}" || { note "fsdp2_reference.py refuses the run's arguments"; return 1; }
+    note "dry run: the peer takes the run's arguments; no training without a GPU"
     return 77
   fi
   python3 -c 'import torch, transformers' 2>/dev/null ||
     { note "torch or transformers not importable in the image: no FSDP2 peer"; return 77; }
-  [ "$kind" = compiled ] && extra=(--compile --fused-adamw)
-  "${pin[@]}" "${peer[@]}" --model "$ROOT/configs/models/llama-3-1b-untied.json" --micro-batch 4 --seq-len 1024 \
-    --steps 15 --warmup 5 --grad-checkpointing "${extra[@]}" --out "$OUT_DIR/peer/fsdp2_$kind.json"
+  "${pin[@]}" python3 "$tools/fsdp2_reference.py" "${args[@]}"
 }
 step_peer_eager() { peer_run eager; }
 step_peer_compiled() { peer_run compiled; }
