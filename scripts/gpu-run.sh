@@ -27,8 +27,9 @@
 #
 # --dry-run (no GPU needed; ctest -L gpu_dry_run) runs what needs none: the preparation check, the env report,
 # the configure, the build of the same programs (in the --reuse-build tree when given: the test suite's, already
-# built), the test programs (which report no device), llama3_train's memory plans of the runs, the peer's argument
-# check, and the summary writer on the sample runs in scripts/gpu-fixtures/, whose content it asserts.
+# built), the test programs (which report no device), llama3_train's memory plans of the runs (with the runs' own
+# arguments), the peer's parse of its arguments, and the summary writer on the sample runs in scripts/gpu-fixtures/,
+# whose content it asserts.
 #
 # Environment: OUT (where results go; the device tool sets it; default ./gpu-run-out), JOBS (default: all cores).
 set -uo pipefail
