@@ -280,10 +280,9 @@ class Summary:
         self.p()
         self.p("PyTorch FSDP2 on the 1.5B run's model, batch and sequence (examples/llama3/tools/fsdp2_reference.py)")
         for kind, r in found:
-            mfu = r.get("mfu")
-            self.p(f"  {kind:<9}{r['tokens_per_s']:,.0f} tokens/s, {r['step_time_s']:.3f} s/step, MFU "
-                   f"{'n/a' if mfu is None else f'{100 * mfu:.1f}%'}, peak GPU {fmt_bytes(r.get('peak_gpu_bytes') or 0)}"
-                   f"  ({r.get('framework', '?')})")
+            mfu = "n/a" if r.get("mfu") is None else f"{100 * r['mfu']:.1f}%"
+            self.p(f"  {kind:<9}{r['tokens_per_s']:,.0f} tokens/s, {r['step_time_s']:.3f} s/step, MFU {mfu}, "
+                   f"peak GPU {fmt_bytes(r.get('peak_gpu_bytes') or 0)}  ({r.get('framework', '?')})")
         if self.zero3:
             tps, peak = self.zero3
             for kind, r in found:

@@ -14,7 +14,7 @@
 //                (exp_shifted): a few float units per term. A GPU's double-precision exp runs at 1/64 of its float
 //                rate on the L40S (1/2 on the H100), and the kernel takes 2 x vocab exponentials per row.
 // Both give the loss and every gradient element to about 1e-7 relative at Llama-3's 128,256 entries
-// (tests/test_kernel_math.cpp measures the two against a compensated double reference).
+// (tests/test_kernel_math_rows.cpp measures the kernel's against a compensated double reference and the CPU op).
 #pragma once
 
 #include <cmath>
