@@ -309,8 +309,8 @@ class Summary:
             return
         head = [h.strip() for h in rows[0]]
 
-        def column(prefix):
-            i = next((k for k, h in enumerate(head) if h.startswith(prefix)), None)
+        def column(*names):  # nvidia-smi heads a column with the field's full name ("clocks.current.sm [MHz]")
+            i = next((k for k, h in enumerate(head) if h.split(" [")[0] in names), None)
             vals = []
             for r in rows[1:]:
                 if i is not None and i < len(r):
@@ -319,7 +319,8 @@ class Summary:
                         vals.append(float(m.group(1)))
             return vals
 
-        sm, power, temp = column("clocks.current.sm"), column("power.draw"), column("temperature.gpu")
+        sm, power = column("clocks.current.sm", "clocks.sm"), column("power.draw")
+        temp = column("temperature.gpu")
         reasons = set()
         i = next((k for k, h in enumerate(head) if "reasons" in h), None)
         names = {0x4: "software power cap", 0x8: "hardware slowdown", 0x20: "software thermal slowdown",
