@@ -31,7 +31,8 @@
 # arguments), the peer's parse of its arguments, and the summary writer on the sample runs in scripts/gpu-fixtures/,
 # whose content it asserts.
 #
-# Environment: OUT (where results go; the device tool sets it; default ./gpu-run-out), JOBS (default: all cores).
+# Environment: OUT (where results go, unless --out; the device tool sets it; default <build dir>/gpu-run-out),
+# JOBS (default: all cores), CUDA_HOME (default /usr/local/cuda), CUDNN_HOME and NCCL_HOME (searched first when set).
 set -uo pipefail
 
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
@@ -39,7 +40,7 @@ DEADLINE=540
 DRY_RUN=0
 REUSE_BUILD=""
 BUILD_DIR=""
-OUT_DIR="${OUT:-$ROOT/gpu-run-out}"
+OUT_DIR=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --deadline) DEADLINE="${2:?--deadline needs seconds}"; shift 2 ;;
@@ -60,6 +61,7 @@ esac
 if [ -z "$BUILD_DIR" ]; then
   if [ "$DRY_RUN" = 1 ]; then BUILD_DIR="$ROOT/build-gpu-dry"; else BUILD_DIR="$ROOT/build-gpu"; fi
 fi
+OUT_DIR="${OUT_DIR:-${OUT:-$BUILD_DIR/gpu-run-out}}"  # inside the (git-ignored) build tree unless given
 mkdir -p "$OUT_DIR" "$BUILD_DIR" || exit 2
 OUT_DIR="$(cd "$OUT_DIR" && pwd)"
 BUILD_DIR="$(cd "$BUILD_DIR" && pwd)"
