@@ -1,5 +1,5 @@
 // Model FLOPs utilisation (MFU) as llama3_train prints it, and as tools/fsdp2_reference.py computes it for the
-// PyTorch side of scripts/gpu-llama3-bench.sh, in PaLM's and torchtitan's convention:
+// PyTorch side of scripts/gpu-run.sh, in PaLM's and torchtitan's convention:
 //
 //   FLOPs per token = 6 * N + 12 * layers * hidden * seq    (forward + backward of every weight that multiplies,
 //                                                             plus attention's QK^T and PV, the causal mask not

@@ -1,4 +1,5 @@
-// Grouped-query causal attention on the device (cuda_ops.hpp Attention; the formulas of ops/attention.hpp).
+// Grouped-query causal attention on the device (cuda_ops.hpp Attention; the row arithmetic and the head mapping of
+// kernel_math/attention_math.hpp, as the CPU op).
 //
 // Algorithm: the plan of the CPU op, not a fused (flash) kernel. Per sequence b and per query head, scores are
 // materialised in f32:
@@ -10,12 +11,12 @@
 //             P = exp(S - lse), dS = P * (dP - rowsum(P * dP))       causal_softmax_backward_kernel
 //             dV_g (+)= P^T dO_h, dQ_h = scale dS K_g, dK_g (+)= scale dS^T Q_h   batched GEMMs
 // g = h / group, group = n_heads / n_kv_heads. A batched GEMM covers the kv heads g0 .. g0+c-1 of one sequence
-// together with one index j < group inside every group (query heads g*group + j): in the token-row layout those
-// operands sit at constant column strides (group*head_dim for query heads, head_dim for kv heads), so cuBLAS's
-// strided batches apply. j runs in increasing order and the first j overwrites dK/dV (beta 0), the others add
-// (beta 1): every kv head sums its query heads in the CPU's order. With bf16 activations P and dS are rounded to
-// bf16 copies for the GEMMs that read them (cuBLAS takes A and B of one type), and dK/dV of a sequence are summed
-// in f32 and rounded once into dk/dv at the end of the sequence.
+// together with one index j < group inside every group (query heads g*group + j; attention_head_batches): in the
+// token-row layout those operands sit at constant column strides (group*head_dim for query heads, head_dim for kv
+// heads), so cuBLAS's strided batches apply. j runs in increasing order and the first j overwrites dK/dV (beta 0),
+// the others add (beta 1): every kv head sums its query heads in the CPU's order. With bf16 activations P and dS are
+// rounded to bf16 copies for the GEMMs that read them (cuBLAS takes A and B of one type), and dK/dV of a sequence are
+// summed in f32 and rounded once into dk/dv at the end of the sequence.
 //
 // Workspace (one device allocation, grown on demand, stream-ordered on the Blas stream): per unit (a kv head of
 // the current chunk) seq*seq f32 scores, plus in backward seq*seq f32 dP, plus with bf16 the bf16 copies of P
@@ -29,11 +30,13 @@
 #include "cuda/cuda_check.hpp"
 #include "cuda/cuda_ops.hpp"
 #include "cuda/kernel_support.cuh"
+#include "kernel_math/attention_math.hpp"
 
 namespace llama3::cuda {
 namespace {
 
 using namespace kernels;
+using namespace kernel_math;
 
 constexpr int kSoftmaxThreads = 256;
 // Row `row` of the chunk's scores (unit u = row / seq, query t = row % seq) sees keys 0..t. In place: p = softmax
@@ -43,19 +46,19 @@ template <typename T>
 __global__ void causal_softmax_kernel(float* s, T* p_copy, float* lse, int64_t lse_unit_stride, int64_t seq) {
   __shared__ ReduceScratch scratch;
   const int64_t row = blockIdx.x;
-  const int64_t u = row / seq, t = row - u * seq, valid = t + 1;
+  const int64_t u = row / seq, t = row - u * seq, valid = causal_visible_keys(t);
   float* x = s + row * seq;
   float mx = -INFINITY;
   for (int64_t j = threadIdx.x; j < valid; j += blockDim.x) mx = fmaxf(mx, x[j]);
   mx = block_max(mx, scratch);
   float sum = 0.0f;
   for (int64_t j = threadIdx.x; j < valid; j += blockDim.x) {
-    const float e = expf(x[j] - mx);
+    const float e = softmax_exp(x[j], mx);
     x[j] = e;
     sum += e;
   }
   sum = block_sum(sum, scratch);
-  const float inv = 1.0f / sum;
+  const float inv = softmax_inverse(sum);
   if (p_copy != nullptr) {
     T* pc = p_copy + row * seq;
     for (int64_t j = threadIdx.x; j < valid; j += blockDim.x) store(pc, j, x[j] * inv);
@@ -64,7 +67,7 @@ __global__ void causal_softmax_kernel(float* s, T* p_copy, float* lse, int64_t l
     for (int64_t j = threadIdx.x; j < valid; j += blockDim.x) x[j] *= inv;
     for (int64_t j = valid + threadIdx.x; j < seq; j += blockDim.x) x[j] = 0.0f;
   }
-  if (threadIdx.x == 0) lse[u * lse_unit_stride + t] = mx + logf(sum);
+  if (threadIdx.x == 0) lse[u * lse_unit_stride + t] = softmax_log_sum_exp(mx, sum);
 }
 
 // s: scaled scores in, P out (f32, in place). dp: dP in; dS out in place when ds_copy is null. p_copy / ds_copy
@@ -74,13 +77,13 @@ __global__ void causal_softmax_backward_kernel(float* s, float* dp, T* p_copy, T
                                                int64_t lse_unit_stride, int64_t seq) {
   __shared__ ReduceScratch scratch;
   const int64_t row = blockIdx.x;
-  const int64_t u = row / seq, t = row - u * seq, valid = t + 1;
+  const int64_t u = row / seq, t = row - u * seq, valid = causal_visible_keys(t);
   float* x = s + row * seq;
   float* d = dp + row * seq;
   const float row_lse = lse[u * lse_unit_stride + t];
   float dot = 0.0f;
   for (int64_t j = threadIdx.x; j < valid; j += blockDim.x) {
-    const float p = expf(x[j] - row_lse);
+    const float p = softmax_prob_from_lse(x[j], row_lse);
     x[j] = p;
     dot += p * d[j];
   }
@@ -90,14 +93,14 @@ __global__ void causal_softmax_backward_kernel(float* s, float* dp, T* p_copy, T
     T* dc = ds_copy + row * seq;
     for (int64_t j = threadIdx.x; j < valid; j += blockDim.x) {
       store(pc, j, x[j]);
-      store(dc, j, x[j] * (d[j] - dot));
+      store(dc, j, softmax_grad(x[j], d[j], dot));
     }
     for (int64_t j = valid + threadIdx.x; j < seq; j += blockDim.x) {
       store(pc, j, 0.0f);
       store(dc, j, 0.0f);
     }
   } else {
-    for (int64_t j = threadIdx.x; j < valid; j += blockDim.x) d[j] = x[j] * (d[j] - dot);
+    for (int64_t j = threadIdx.x; j < valid; j += blockDim.x) d[j] = softmax_grad(x[j], d[j], dot);
     for (int64_t j = valid + threadIdx.x; j < seq; j += blockDim.x) {
       x[j] = 0.0f;
       d[j] = 0.0f;
@@ -199,14 +202,14 @@ void Attention::forward(const AttentionDims& d, const void* q, int64_t ldq, cons
   const char* op = "Attention::forward";
   check_dims(d, op);
   detail::check_act(act, op);
-  const int64_t seq = d.seq, hd = d.head_dim, group = d.n_heads / d.n_kv_heads;
+  const int64_t seq = d.seq, hd = d.head_dim, group = attention_group(d.n_heads, d.n_kv_heads);
   check_ld(op, "ldq", ldq, d.n_heads * hd);
   check_ld(op, "ldk", ldk, d.n_kv_heads * hd);
   check_ld(op, "ldv", ldv, d.n_kv_heads * hd);
   check_ld(op, "ldo", ldo, d.n_heads * hd);
   if (d.batch == 0 || seq == 0) return;
   const int64_t es = static_cast<int64_t>(zero3::dtype_size(act));
-  const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(hd)));
+  const float scale = attention_scale<float>(hd);
   const Plan plan = make_plan(d, act, false, impl_->workspace_cap);
   char* ws = impl_->workspace.reserve(plan.bytes);
   float* s = reinterpret_cast<float*>(ws + plan.s);
@@ -215,26 +218,25 @@ void Attention::forward(const AttentionDims& d, const void* q, int64_t ldq, cons
   Blas& blas = impl_->blas;
   cudaStream_t stream = blas.stream();
   const int64_t scores = seq * seq;
+  const std::vector<AttentionHeadBatch> batches = attention_head_batches(d.n_heads, d.n_kv_heads, plan.units);
   for (int64_t b = 0; b < d.batch; ++b) {
-    for (int64_t j = 0; j < group; ++j) {
-      for (int64_t g0 = 0; g0 < d.n_kv_heads; g0 += plan.units) {
-        const int64_t c = std::min(plan.units, d.n_kv_heads - g0), h0 = g0 * group + j;
-        const void* qb = offset(q, b * seq * ldq + h0 * hd, es);
-        const void* kb = offset(k, b * seq * ldk + g0 * hd, es);
-        const void* vb = offset(v, b * seq * ldv + g0 * hd, es);
-        void* ob = offset(out, b * seq * ldo + h0 * hd, es);
-        float* lse_b = lse + (b * d.n_heads + h0) * seq;
-        blas.gemm_strided_batched(false, true, seq, seq, hd, scale, qb, ldq, group * hd, kb, ldk, hd, 0.0f, s, seq,
-                                  scores, c, act, DType::f32);
-        dispatch_act(act, op, [&](auto tag) {
-          using T = typename decltype(tag)::type;
-          causal_softmax_kernel<T><<<row_blocks(c * seq, op), kSoftmaxThreads, 0, stream>>>(s, static_cast<T*>(p_copy),
-                                                                                            lse_b, group * seq, seq);
-          LLAMA3_CUDA_CHECK_LAUNCH("causal_softmax_kernel");
-        });
-        blas.gemm_strided_batched(false, false, seq, hd, seq, 1.0f, p_mat, seq, scores, vb, ldv, hd, 0.0f, ob, ldo,
-                                  group * hd, c, act, act);
-      }
+    for (const AttentionHeadBatch& batch : batches) {
+      const int64_t c = batch.count, g0 = batch.first_kv, h0 = batch.first_query;
+      const void* qb = offset(q, b * seq * ldq + h0 * hd, es);
+      const void* kb = offset(k, b * seq * ldk + g0 * hd, es);
+      const void* vb = offset(v, b * seq * ldv + g0 * hd, es);
+      void* ob = offset(out, b * seq * ldo + h0 * hd, es);
+      float* lse_b = lse + attention_lse_index(b, h0, 0, d.n_heads, seq);
+      blas.gemm_strided_batched(false, true, seq, seq, hd, scale, qb, ldq, group * hd, kb, ldk, hd, 0.0f, s, seq,
+                                scores, c, act, DType::f32);
+      dispatch_act(act, op, [&](auto tag) {
+        using T = typename decltype(tag)::type;
+        causal_softmax_kernel<T><<<row_blocks(c * seq, op), kSoftmaxThreads, 0, stream>>>(s, static_cast<T*>(p_copy),
+                                                                                          lse_b, group * seq, seq);
+        LLAMA3_CUDA_CHECK_LAUNCH("causal_softmax_kernel");
+      });
+      blas.gemm_strided_batched(false, false, seq, hd, seq, 1.0f, p_mat, seq, scores, vb, ldv, hd, 0.0f, ob, ldo,
+                                group * hd, c, act, act);
     }
   }
 }
@@ -245,7 +247,8 @@ void Attention::backward(const AttentionDims& d, const void* q, int64_t ldq, con
   const char* op = "Attention::backward";
   check_dims(d, op);
   detail::check_act(act, op);
-  const int64_t seq = d.seq, hd = d.head_dim, group = d.n_heads / d.n_kv_heads, kv_width = d.n_kv_heads * hd;
+  const int64_t seq = d.seq, hd = d.head_dim, group = attention_group(d.n_heads, d.n_kv_heads);
+  const int64_t kv_width = d.n_kv_heads * hd;
   check_ld(op, "ldq", ldq, d.n_heads * hd);
   check_ld(op, "ldk", ldk, kv_width);
   check_ld(op, "ldv", ldv, kv_width);
@@ -258,8 +261,9 @@ void Attention::backward(const AttentionDims& d, const void* q, int64_t ldq, con
   if (d.batch == 0 || seq == 0) return;
   const bool f32 = act == DType::f32;
   const int64_t es = static_cast<int64_t>(zero3::dtype_size(act));
-  const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(hd)));
+  const float scale = attention_scale<float>(hd);
   const Plan plan = make_plan(d, act, true, impl_->workspace_cap);
+  const std::vector<AttentionHeadBatch> batches = attention_head_batches(d.n_heads, d.n_kv_heads, plan.units);
   char* ws = impl_->workspace.reserve(plan.bytes);
   float* s = reinterpret_cast<float*>(ws + plan.s);
   float* dp = reinterpret_cast<float*>(ws + plan.dp);
@@ -277,36 +281,34 @@ void Attention::backward(const AttentionDims& d, const void* q, int64_t ldq, con
     void* dk_seq = f32 ? offset(dk, b * seq * lddk, es) : static_cast<void*>(dk_acc);
     void* dv_seq = f32 ? offset(dv, b * seq * lddv, es) : static_cast<void*>(dv_acc);
     const int64_t ld_dk = f32 ? lddk : kv_width, ld_dv = f32 ? lddv : kv_width;
-    for (int64_t j = 0; j < group; ++j) {
-      const float beta_kv = j == 0 ? 0.0f : 1.0f;
-      for (int64_t g0 = 0; g0 < d.n_kv_heads; g0 += plan.units) {
-        const int64_t c = std::min(plan.units, d.n_kv_heads - g0), h0 = g0 * group + j;
-        const void* qb = offset(q, b * seq * ldq + h0 * hd, es);
-        const void* kb = offset(k, b * seq * ldk + g0 * hd, es);
-        const void* vb = offset(v, b * seq * ldv + g0 * hd, es);
-        const void* dob = offset(dout, b * seq * lddo + h0 * hd, es);
-        void* dqb = offset(dq, b * seq * lddq + h0 * hd, es);
-        void* dkb = offset(dk_seq, g0 * hd, 4);  // f32 either way
-        void* dvb = offset(dv_seq, g0 * hd, 4);
-        const float* lse_b = lse + (b * d.n_heads + h0) * seq;
-        blas.gemm_strided_batched(false, true, seq, seq, hd, scale, qb, ldq, group * hd, kb, ldk, hd, 0.0f, s, seq,
-                                  scores, c, act, DType::f32);
-        blas.gemm_strided_batched(false, true, seq, seq, hd, 1.0f, dob, lddo, group * hd, vb, ldv, hd, 0.0f, dp, seq,
-                                  scores, c, act, DType::f32);
-        dispatch_act(act, op, [&](auto tag) {
-          using T = typename decltype(tag)::type;
-          causal_softmax_backward_kernel<T><<<row_blocks(c * seq, op), kSoftmaxThreads, 0, stream>>>(
-              s, dp, static_cast<T*>(p_copy), static_cast<T*>(ds_copy), lse_b, group * seq, seq);
-          LLAMA3_CUDA_CHECK_LAUNCH("causal_softmax_backward_kernel");
-        });
-        // dV_g (+)= P^T dO_h ; dQ_h = scale dS K_g ; dK_g (+)= scale dS^T Q_h
-        blas.gemm_strided_batched(true, false, seq, hd, seq, 1.0f, p_mat, seq, scores, dob, lddo, group * hd, beta_kv,
-                                  dvb, ld_dv, hd, c, act, DType::f32);
-        blas.gemm_strided_batched(false, false, seq, hd, seq, scale, ds_mat, seq, scores, kb, ldk, hd, 0.0f, dqb, lddq,
-                                  group * hd, c, act, act);
-        blas.gemm_strided_batched(true, false, seq, hd, seq, scale, ds_mat, seq, scores, qb, ldq, group * hd, beta_kv,
-                                  dkb, ld_dk, hd, c, act, DType::f32);
-      }
+    for (const AttentionHeadBatch& batch : batches) {
+      const float beta_kv = batch.first_of_group ? 0.0f : 1.0f;
+      const int64_t c = batch.count, g0 = batch.first_kv, h0 = batch.first_query;
+      const void* qb = offset(q, b * seq * ldq + h0 * hd, es);
+      const void* kb = offset(k, b * seq * ldk + g0 * hd, es);
+      const void* vb = offset(v, b * seq * ldv + g0 * hd, es);
+      const void* dob = offset(dout, b * seq * lddo + h0 * hd, es);
+      void* dqb = offset(dq, b * seq * lddq + h0 * hd, es);
+      void* dkb = offset(dk_seq, g0 * hd, 4);  // f32 either way
+      void* dvb = offset(dv_seq, g0 * hd, 4);
+      const float* lse_b = lse + attention_lse_index(b, h0, 0, d.n_heads, seq);
+      blas.gemm_strided_batched(false, true, seq, seq, hd, scale, qb, ldq, group * hd, kb, ldk, hd, 0.0f, s, seq,
+                                scores, c, act, DType::f32);
+      blas.gemm_strided_batched(false, true, seq, seq, hd, 1.0f, dob, lddo, group * hd, vb, ldv, hd, 0.0f, dp, seq,
+                                scores, c, act, DType::f32);
+      dispatch_act(act, op, [&](auto tag) {
+        using T = typename decltype(tag)::type;
+        causal_softmax_backward_kernel<T><<<row_blocks(c * seq, op), kSoftmaxThreads, 0, stream>>>(
+            s, dp, static_cast<T*>(p_copy), static_cast<T*>(ds_copy), lse_b, group * seq, seq);
+        LLAMA3_CUDA_CHECK_LAUNCH("causal_softmax_backward_kernel");
+      });
+      // dV_g (+)= P^T dO_h ; dQ_h = scale dS K_g ; dK_g (+)= scale dS^T Q_h
+      blas.gemm_strided_batched(true, false, seq, hd, seq, 1.0f, p_mat, seq, scores, dob, lddo, group * hd, beta_kv,
+                                dvb, ld_dv, hd, c, act, DType::f32);
+      blas.gemm_strided_batched(false, false, seq, hd, seq, scale, ds_mat, seq, scores, kb, ldk, hd, 0.0f, dqb, lddq,
+                                group * hd, c, act, act);
+      blas.gemm_strided_batched(true, false, seq, hd, seq, scale, ds_mat, seq, scores, qb, ldq, group * hd, beta_kv,
+                                dkb, ld_dk, hd, c, act, DType::f32);
     }
     if (!f32) {
       dispatch_act(act, op, [&](auto tag) {

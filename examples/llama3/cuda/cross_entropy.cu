@@ -18,37 +18,29 @@
 #include "cuda/cuda_check.hpp"
 #include "cuda/cuda_ops.hpp"
 #include "cuda/kernel_support.cuh"
+#include "kernel_math/cross_entropy_math.hpp"
 #include "ops/cross_entropy.hpp"
 
 namespace llama3::cuda {
 namespace {
 
 using namespace kernels;
+using namespace kernel_math;
 
 constexpr int kLossThreads = 512;
 constexpr int kSumThreads = 256;
 constexpr int kSumTile = 4 * kSumThreads;  // floats staged per pass of sum_rows_kernel
-
-// exp(x - base) for a float x and a double base: x - base is formed exactly in double and split into
-// hi + lo (floats); exp(hi + lo) = expf(hi) * (1 + lo) to a few float units, so a large |x - base| costs no
-// accuracy (expf of the float-rounded difference would be off by |x - base| * 6e-8 relative).
-__device__ __forceinline__ float exp_shifted(float x, double base) {
-  const double d = static_cast<double>(x) - base;
-  const float hi = static_cast<float>(d);
-  const float lo = static_cast<float>(d - static_cast<double>(hi));
-  const float e = expf(hi);
-  return e > 0.0f ? fmaf(e, lo, e) : e;  // e = 0: x - base below -104, or x = -inf (then lo is NaN)
-}
 
 // The row's loss into row_loss[row] (if row_loss is set); with write_grad the row becomes
 // grad_scale * (softmax - onehot): in place, or rounded into grad_copy when that is set. An ignored row has loss 0
 // and gradient 0; a target outside [0, vocab) (the caller checks targets on the host) gives a NaN loss and a 0
 // gradient.
 //
-// Accuracy (the CPU op's, ops/cross_entropy.hpp, to a few float units): the max is exact; each thread adds its
-// exponentials in double and the block adds the threads' sums in double, so the sum of exponentials is exact to
-// double's round-off at any vocabulary; the log-sum-exp is formed in double, each probability through
-// exp_shifted, the target's p - 1 through expm1 in double.
+// The terms are kernel_math/cross_entropy_math.hpp's with its ShiftedExp exponentials (the CPU op takes them in
+// double; the CPU tests measure the difference): the max is exact; each thread adds its exponentials in double and
+// the block adds the threads' sums in double, so the sum of exponentials is exact to double's round-off at any
+// vocabulary; the log-sum-exp is formed in double, each probability through exp_shifted, the target's p - 1
+// through expm1 in double.
 template <typename T>
 __global__ void cross_entropy_rows_kernel(float* logits, T* grad_copy, const int32_t* targets, float* row_loss,
                                           int64_t vocab, float grad_scale, bool write_grad) {
@@ -78,24 +70,18 @@ __global__ void cross_entropy_rows_kernel(float* logits, T* grad_copy, const int
   mx = block_max(mx, scratch);
   // The sum of exponentials is 1 (the largest logit's) + rest; rest is summed on its own and log1p taken, and the
   // loss formed from the parts, so that a row whose largest logit holds nearly all the probability keeps the
-  // digits of its small loss and p - 1 (as ops/cross_entropy.hpp).
-  double rest = 0.0, ties = 0.0;
-  for (int64_t j = threadIdx.x; j < vocab; j += blockDim.x) {
-    if (x[j] == mx) {
-      ties += 1.0;
-    } else {
-      rest += static_cast<double>(exp_shifted(x[j], mx));
-    }
-  }
-  rest = block_sum(rest, scratch64);
-  ties = block_sum(ties, scratch64);  // exact: a sum of small integers
-  const double log_sum = log1p(rest + (ties - 1.0)), dt = static_cast<double>(xt) - static_cast<double>(mx);
-  if (row_loss != nullptr && threadIdx.x == 0) row_loss[row] = static_cast<float>(log_sum - dt);
+  // digits of its small loss and p - 1.
+  CrossEntropySums part;
+  for (int64_t j = threadIdx.x; j < vocab; j += blockDim.x) cross_entropy_add<ShiftedExp>(part, x[j], mx);
+  const double rest = block_sum(part.rest, scratch64);
+  const double ties = block_sum(part.ties, scratch64);  // exact: a sum of small integers
+  const double log_sum = cross_entropy_log_sum(rest, ties), dt = cross_entropy_target_shift(xt, mx);
+  if (row_loss != nullptr && threadIdx.x == 0) row_loss[row] = static_cast<float>(cross_entropy_loss(log_sum, dt));
   if (!write_grad) return;
-  const double lse = static_cast<double>(mx) + log_sum;
+  const double m = static_cast<double>(mx);
   for (int64_t j = threadIdx.x; j < vocab; j += blockDim.x) {
-    const float g =
-        j == target ? static_cast<float>(expm1(dt - log_sum) * grad_scale) : exp_shifted(x[j], lse) * grad_scale;
+    const float g = j == target ? cross_entropy_target_grad(dt, log_sum, grad_scale)
+                                : ShiftedExp::grad(x[j], m, log_sum, grad_scale);
     if (gc != nullptr) {
       store(gc, j, g);
     } else {

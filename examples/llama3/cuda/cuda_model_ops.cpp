@@ -62,6 +62,12 @@ CudaModelOps::CudaModelOps(zero3::Device& device, DType act)
 }
 
 CudaModelOps::~CudaModelOps() {
+  if (paths_.fused_forward + paths_.fused_backward + paths_.unfused_forward + paths_.unfused_backward > 0) {
+    zero3::log::info("cuda model ops: attention paths (", zero3::dtype_name(act_), ", cuDNN ",
+                     cudnn_attention_ ? "loaded" : "not loaded", "): fused forward ", paths_.fused_forward,
+                     ", fused backward ", paths_.fused_backward, ", unfused forward ", paths_.unfused_forward,
+                     ", unfused backward ", paths_.unfused_backward);
+  }
   cudnn_attention_.reset();  // frees its workspace through this object's free()
   free(row_loss_.ptr, row_loss_.bytes);
   free(loss_sum_.ptr, loss_sum_.bytes);
@@ -219,8 +225,12 @@ void CudaModelOps::convert(const void* src, DType src_type, void* dst, DType dst
 
 void CudaModelOps::attention_forward(const AttentionShape& s, const void* q, int64_t ldq, const void* k, int64_t ldk,
                                      const void* v, int64_t ldv, void* out, int64_t ldo, float* lse) {
-  if (cudnn_attention_ && cudnn_attention_->forward(dims(s), q, ldq, k, ldk, v, ldv, out, ldo, lse, act_)) return;
+  if (cudnn_attention_ && cudnn_attention_->forward(dims(s), q, ldq, k, ldk, v, ldv, out, ldo, lse, act_)) {
+    ++paths_.fused_forward;
+    return;
+  }
   attention_->forward(dims(s), q, ldq, k, ldk, v, ldv, out, ldo, lse, act_);
+  ++paths_.unfused_forward;
 }
 
 void CudaModelOps::attention_backward(const AttentionShape& s, const void* q, int64_t ldq, const void* k, int64_t ldk,
@@ -228,10 +238,12 @@ void CudaModelOps::attention_backward(const AttentionShape& s, const void* q, in
                                       const void* dout, int64_t lddo, void* dq, int64_t lddq, void* dk, int64_t lddk,
                                       void* dv, int64_t lddv) {
   if (cudnn_attention_ && cudnn_attention_->backward(dims(s), q, ldq, k, ldk, v, ldv, out, ldo, lse, dout, lddo, dq,
-                                                    lddq, dk, lddk, dv, lddv, act_)) {
+                                                     lddq, dk, lddk, dv, lddv, act_)) {
+    ++paths_.fused_backward;
     return;
   }
   attention_->backward(dims(s), q, ldq, k, ldk, v, ldv, out, ldo, lse, dout, lddo, dq, lddq, dk, lddk, dv, lddv, act_);
+  ++paths_.unfused_backward;
 }
 
 int64_t CudaModelOps::lm_head_cross_entropy(const void* x, const void* w, const int32_t* targets,

@@ -86,6 +86,13 @@ class CudaModelOps final : public ModelOps {
                                 int64_t chunk_rows) override;
   double take_loss_sum() override;
 
+  // Attention calls so far by path: cuDNN's fused kernels or the unfused cuBLAS + kernels path. Said in one line
+  // at destruction ("attention paths: ..."), which scripts/gpu-run.sh reads: with bf16 every call should be fused.
+  struct AttentionPaths {
+    int64_t fused_forward = 0, fused_backward = 0, unfused_forward = 0, unfused_backward = 0;
+  };
+  AttentionPaths attention_paths() const { return paths_; }
+
  private:
   // A device buffer that only grows; freed stream-ordered.
   struct Scratch {
@@ -101,6 +108,7 @@ class CudaModelOps final : public ModelOps {
   std::unique_ptr<cuda::Attention> attention_;
   // cuDNN's fused attention (bf16, builds with cuDNN); attention_ runs what it does not take. Null without it.
   std::unique_ptr<cuda::CudnnAttention> cudnn_attention_;
+  AttentionPaths paths_;
   std::unique_ptr<cuda::LmHeadLoss> lm_head_;
   Scratch row_loss_;  // (n) f32 per-row losses of the LM head
   // The loss accumulator: one double on the device; while nothing is pending (loss_pending_ false) its value is

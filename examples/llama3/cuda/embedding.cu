@@ -1,15 +1,18 @@
-// Token embedding on the device (cuda_ops.hpp; ops/embedding.hpp). Forward copies rows of the table, one element
-// per grid-stride iteration. Backward runs one block per distinct id of the batch (EmbeddingGrouping): each
-// thread owns columns of that table row and adds the row's tokens into it one after the other in token order,
-// as the CPU loop does, so no two threads ever write the same element and the result has the CPU's bits.
+// Token embedding on the device (cuda_ops.hpp; the indexing and the order of the sums: kernel_math/embedding_math.hpp,
+// as the CPU op). Forward copies rows of the table, one element per grid-stride iteration. Backward runs one block
+// per distinct id of the batch (EmbeddingGrouping): each thread owns columns of that table row and adds the row's
+// tokens into it one after the other in token order, as the CPU loop does, so no two threads ever write the same
+// element and the result has the CPU's bits.
 #include "cuda/cuda_check.hpp"
 #include "cuda/cuda_ops.hpp"
 #include "cuda/kernel_support.cuh"
+#include "kernel_math/embedding_math.hpp"
 
 namespace llama3::cuda {
 namespace {
 
 using namespace kernels;
+using namespace kernel_math;
 
 constexpr int kBackwardThreads = 256;
 
@@ -18,7 +21,7 @@ __global__ void embedding_forward_kernel(const int32_t* ids, int64_t tokens, con
   const int64_t total = tokens * hidden;
   for (int64_t idx = global_thread(); idx < total; idx += grid_threads()) {
     const int64_t i = idx / hidden, j = idx - i * hidden;
-    x[idx] = table[static_cast<int64_t>(ids[i]) * hidden + j];
+    x[idx] = table[embedding_source(ids, i, j, hidden)];
   }
 }
 
@@ -29,9 +32,7 @@ __global__ void embedding_backward_kernel(const int32_t* rows, const int32_t* of
   float* drow = dtable + static_cast<int64_t>(rows[u]) * hidden;
   const int32_t t0 = offsets[u], t1 = offsets[u + 1];
   for (int64_t j = threadIdx.x; j < hidden; j += blockDim.x) {
-    float acc = drow[j];
-    for (int32_t t = t0; t < t1; ++t) acc += load(dx, static_cast<int64_t>(token_ids[t]) * hidden + j);
-    drow[j] = acc;
+    drow[j] = embedding_grad_column(drow[j], dx, token_ids, t0, t1, hidden, j);
   }
 }
 

@@ -1,5 +1,5 @@
-// RMSNorm on the device (cuda_ops.hpp; the formulas of ops/rmsnorm.hpp), with the residual add fused in front of
-// the forward (add_rmsnorm_forward) and behind the input gradient (rmsnorm_backward's residual).
+// RMSNorm on the device (cuda_ops.hpp; the terms of kernel_math/rmsnorm_math.hpp, as the CPU op), with the residual add
+// fused in front of the forward (add_rmsnorm_forward) and behind the input gradient (rmsnorm_backward's residual).
 //
 // Forward and the input gradient: one block of kRowThreads per row, 16-byte loads and stores when the row length
 // and the pointers allow (kernel_support.cuh), element by element otherwise; the row's sum (of x^2, or of
@@ -14,11 +14,13 @@
 #include "cuda/cuda_check.hpp"
 #include "cuda/cuda_ops.hpp"
 #include "cuda/kernel_support.cuh"
+#include "kernel_math/rmsnorm_math.hpp"
 
 namespace llama3::cuda {
 namespace {
 
 using namespace kernels;
+using namespace kernel_math;
 
 constexpr int kRowThreads = 256;
 // The dw partial-sum blocks: 32 columns x kDwRowThreads threads walking a chunk of rows.
@@ -49,16 +51,16 @@ __global__ void rmsnorm_forward_kernel(const T* a, const T* b, T* h, const T* w,
       store_pack<T, V>(h + row + g * V, v);
     }
 #pragma unroll
-    for (int k = 0; k < V; ++k) ss += v[k] * v[k];
+    for (int k = 0; k < V; ++k) ss += rmsnorm_square(v[k]);
   }
   ss = block_sum(ss, scratch);
-  const float r = 1.0f / sqrtf(ss / static_cast<float>(n) + eps);
+  const float r = rmsnorm_rstd(ss, n, eps);
   for (int64_t g = threadIdx.x; g < groups; g += blockDim.x) {
     float v[V], wv[V];
     load_pack<T, V>(xr + g * V, v);
     load_pack<T, V>(w + g * V, wv);
 #pragma unroll
-    for (int k = 0; k < V; ++k) v[k] = wv[k] * (v[k] * r);
+    for (int k = 0; k < V; ++k) v[k] = rmsnorm_output(v[k], wv[k], r);
     store_pack<T, V>(y + row + g * V, v);
   }
   if (rstd != nullptr && threadIdx.x == 0) rstd[blockIdx.x] = r;
@@ -80,9 +82,9 @@ __global__ void rmsnorm_backward_dx_kernel(const T* x, const T* w, const float* 
     load_pack<T, V>(w + g * V, wv);
     load_pack<T, V>(dy + row + g * V, dv);
 #pragma unroll
-    for (int k = 0; k < V; ++k) dot += wv[k] * dv[k] * (xv[k] * r);
+    for (int k = 0; k < V; ++k) dot += rmsnorm_dot_term(xv[k], wv[k], dv[k], r);
   }
-  const float mean = block_sum(dot, scratch) / static_cast<float>(n);
+  const float mean = rmsnorm_dot_mean(block_sum(dot, scratch), n);
   for (int64_t g = threadIdx.x; g < groups; g += blockDim.x) {
     float xv[V], wv[V], dv[V], out[V] = {};
     load_pack<T, V>(x + row + g * V, xv);
@@ -93,7 +95,7 @@ __global__ void rmsnorm_backward_dx_kernel(const T* x, const T* w, const float* 
     }
 #pragma unroll
     for (int k = 0; k < V; ++k) {
-      const float grad = r * (wv[k] * dv[k] - (xv[k] * r) * mean);
+      const float grad = rmsnorm_input_grad(xv[k], wv[k], dv[k], r, mean);
       out[k] = residual != nullptr ? out[k] + grad : grad;
     }
     store_pack<T, V>(dx + row + g * V, out);
@@ -112,7 +114,7 @@ __global__ void rmsnorm_dw_partial_kernel(const T* x, const float* rstd, const T
   float s = 0.0f;
   if (col < n) {
     for (int64_t r = r0 + threadIdx.y; r < r1; r += kDwRowThreads) {
-      s += load(dy, r * n + col) * (load(x, r * n + col) * rstd[r]);
+      s += rmsnorm_weight_grad_term(load(x, r * n + col), load(dy, r * n + col), rstd[r]);
     }
   }
   acc[threadIdx.y][threadIdx.x] = s;

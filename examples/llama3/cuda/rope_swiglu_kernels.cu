@@ -1,19 +1,22 @@
-// Rotary embeddings and the SwiGLU activation on the device (cuda_ops.hpp; the formulas of ops/rope.hpp and
-// ops/swiglu.hpp). Both are element kernels in grid-stride loops: RoPE takes V (token, head, i < half) pairs
-// per iteration and rotates elements i and i + half of that head in place; SwiGLU V (row, i < inter) elements.
-// V is the 16-byte pack (4 f32, 8 bf16) when the shape and the pointers allow it (kernel_support.cuh), else 1;
-// each element's arithmetic is the same either way.
+// Rotary embeddings and the SwiGLU activation on the device (cuda_ops.hpp; the arithmetic and the index of each
+// item: kernel_math/rope_math.hpp and kernel_math/swiglu_math.hpp, as the CPU ops). Both are element kernels in
+// grid-stride loops: RoPE takes V (token, head, i < half) pairs per iteration and rotates elements i and i + half of
+// that head in place; SwiGLU V (row, i < inter) elements. V is the 16-byte pack (4 f32, 8 bf16) when the shape and the
+// pointers allow it (kernel_support.cuh), else 1; each element's arithmetic is the same either way.
 #include <initializer_list>
 #include <string>
 
 #include "cuda/cuda_check.hpp"
 #include "cuda/cuda_ops.hpp"
 #include "cuda/kernel_support.cuh"
+#include "kernel_math/rope_math.hpp"
+#include "kernel_math/swiglu_math.hpp"
 
 namespace llama3::cuda {
 namespace {
 
 using namespace kernels;
+using namespace kernel_math;
 
 // Forward: out_i = a cos - b sin, out_{i+half} = b cos + a sin (a = x_i, b = x_{i+half}); backward: the transposed
 // rotation. One iteration takes V consecutive i of one (token, head): V = kPack<T> (16-byte loads of x, and of the
@@ -21,11 +24,12 @@ using namespace kernels;
 template <typename T, int V, bool kBackward>
 __global__ void rope_kernel(T* x, int64_t ld, int64_t n_tokens, int64_t n_heads, int64_t head_dim, const float* cos,
                             const float* sin) {
-  const int64_t half = head_dim / 2, groups = half / V, per_token = n_heads * groups, total = n_tokens * per_token;
-  for (int64_t idx = global_thread(); idx < total; idx += grid_threads()) {
-    const int64_t r = idx / per_token, rem = idx - r * per_token;
-    const int64_t h = rem / groups, i = (rem - h * groups) * V;
-    T* xh = x + r * ld + h * head_dim;
+  const int64_t half = head_dim / 2;
+  const RopeItems items = rope_items(n_tokens, n_heads, half, V);
+  for (int64_t idx = global_thread(); idx < items.total; idx += grid_threads()) {
+    const RopeItem item = rope_item(items, idx);
+    const int64_t r = item.token, i = item.i;
+    T* xh = x + r * ld + item.head * head_dim;
     float a[V], b[V], c[V], s[V];
     load_pack<T, V>(xh + i, a);
     load_pack<T, V>(xh + i + half, b);
@@ -34,13 +38,10 @@ __global__ void rope_kernel(T* x, int64_t ld, int64_t n_tokens, int64_t n_heads,
     float lo[V], hi[V];
 #pragma unroll
     for (int k = 0; k < V; ++k) {
-      if (kBackward) {
-        lo[k] = a[k] * c[k] + b[k] * s[k];
-        hi[k] = b[k] * c[k] - a[k] * s[k];
-      } else {
-        lo[k] = a[k] * c[k] - b[k] * s[k];
-        hi[k] = b[k] * c[k] + a[k] * s[k];
-      }
+      const RotatedPair<float> p =
+          kBackward ? rope_rotate_back(a[k], b[k], c[k], s[k]) : rope_rotate(a[k], b[k], c[k], s[k]);
+      lo[k] = p.lo;
+      hi[k] = p.hi;
     }
     store_pack<T, V>(xh + i, lo);
     store_pack<T, V>(xh + i + half, hi);
@@ -50,32 +51,34 @@ __global__ void rope_kernel(T* x, int64_t ld, int64_t n_tokens, int64_t n_heads,
 // One iteration takes V consecutive elements i of one row: gate at gu[r, i], up at gu[r, inter + i].
 template <typename T, int V>
 __global__ void swiglu_forward_kernel(const T* gu, T* out, int64_t rows, int64_t inter) {
-  const int64_t groups = inter / V, total = rows * groups;
+  const int64_t total = rows * (inter / V);
   for (int64_t idx = global_thread(); idx < total; idx += grid_threads()) {
-    const int64_t r = idx / groups, i = (idx - r * groups) * V;
+    const SwigluItem item = swiglu_item(idx, inter, V);
+    const int64_t r = item.row, i = item.i;
     float g[V], u[V], o[V];
     load_pack<T, V>(gu + r * 2 * inter + i, g);
     load_pack<T, V>(gu + r * 2 * inter + inter + i, u);
 #pragma unroll
-    for (int k = 0; k < V; ++k) o[k] = g[k] / (1.0f + expf(-g[k])) * u[k];
+    for (int k = 0; k < V; ++k) o[k] = swiglu_forward_elem(g[k], u[k]);
     store_pack<T, V>(out + r * inter + i, o);
   }
 }
 
 template <typename T, int V>
 __global__ void swiglu_backward_kernel(const T* gu, const T* dout, T* dgu, int64_t rows, int64_t inter) {
-  const int64_t groups = inter / V, total = rows * groups;
+  const int64_t total = rows * (inter / V);
   for (int64_t idx = global_thread(); idx < total; idx += grid_threads()) {
-    const int64_t r = idx / groups, i = (idx - r * groups) * V;
+    const SwigluItem item = swiglu_item(idx, inter, V);
+    const int64_t r = item.row, i = item.i;
     float g[V], u[V], dh[V], dg[V], du[V];
     load_pack<T, V>(gu + r * 2 * inter + i, g);
     load_pack<T, V>(gu + r * 2 * inter + inter + i, u);
     load_pack<T, V>(dout + r * inter + i, dh);
 #pragma unroll
     for (int k = 0; k < V; ++k) {
-      const float s = 1.0f / (1.0f + expf(-g[k]));
-      dg[k] = dh[k] * u[k] * (s * (1.0f + g[k] * (1.0f - s)));
-      du[k] = dh[k] * (g[k] * s);
+      const SwigluGrad<float> d = swiglu_backward_elem(g[k], u[k], dh[k]);
+      dg[k] = d.dg;
+      du[k] = d.du;
     }
     store_pack<T, V>(dgu + r * 2 * inter + i, dg);
     store_pack<T, V>(dgu + r * 2 * inter + inter + i, du);

@@ -9,17 +9,18 @@
 // and writes the chunk's dx, so the peak is chunk_rows * vocab elements (a few hundred rows at vocab 128256).
 #pragma once
 
-#include <cmath>
 #include <cstdint>
 
+#include "kernel_math/cross_entropy_math.hpp"
 #include "zero3/host_device.hpp"
 
 namespace llama3 {
 
-inline constexpr int32_t kIgnoreIndex = -100;
+using kernel_math::kIgnoreIndex;  // -100, as torch's
 
 // Returns the row's loss (0 for an ignored row) and, when write_grad, replaces the row by
-// grad_scale * (softmax - onehot) (zeros for an ignored row).
+// grad_scale * (softmax - onehot) (zeros for an ignored row). The terms are kernel_math/cross_entropy_math.hpp's,
+// with the exponentials in double (ExactExp); the sums in element order.
 //
 // Accuracy at any vocabulary size: the max is exact; every exponential is taken of x_j - max formed exactly in
 // double, and the sum of exponentials is accumulated in double (a float sum, one term after another, rounds the
@@ -28,6 +29,7 @@ inline constexpr int32_t kIgnoreIndex = -100;
 // given logits rounded once to T, up to double's round-off (tests/test_ops.cpp measures it at 128,256 entries).
 template <typename T>
 ZERO3_HOST_DEVICE T cross_entropy_row(T* x, int64_t vocab, int32_t target, T grad_scale, bool write_grad) {
+  namespace km = kernel_math;
   if (target == kIgnoreIndex) {
     if (write_grad)
       for (int64_t j = 0; j < vocab; ++j) x[j] = T(0);
@@ -35,29 +37,18 @@ ZERO3_HOST_DEVICE T cross_entropy_row(T* x, int64_t vocab, int32_t target, T gra
   }
   T mx = x[0];
   for (int64_t j = 1; j < vocab; ++j) mx = x[j] > mx ? x[j] : mx;
+  km::CrossEntropySums sums;
+  for (int64_t j = 0; j < vocab; ++j) km::cross_entropy_add<km::ExactExp>(sums, x[j], mx);
   const double m = static_cast<double>(mx);
-  // The sum of exponentials is 1 (the largest logit's) + rest; rest is summed on its own and log1p taken, and the
-  // log-sum-exp kept as m + log_sum, so that a row whose largest logit holds nearly all the probability keeps the
-  // digits of its small loss and p - 1.
-  double rest = 0.0;
-  int64_t ties = 0;  // logits equal to the largest
-  for (int64_t j = 0; j < vocab; ++j) {
-    if (x[j] == mx) {
-      ++ties;
-    } else {
-      rest += std::exp(static_cast<double>(x[j]) - m);
-    }
-  }
-  const double log_sum = std::log1p(rest + static_cast<double>(ties - 1));
-  const double dt = static_cast<double>(x[target]) - m;
+  const double log_sum = km::cross_entropy_log_sum(sums.rest, sums.ties);
+  const double dt = km::cross_entropy_target_shift(x[target], mx);
   if (write_grad) {
-    const double scale = static_cast<double>(grad_scale);
     for (int64_t j = 0; j < vocab; ++j) {
-      x[j] = static_cast<T>(std::exp((static_cast<double>(x[j]) - m) - log_sum) * scale);
+      x[j] = j == target ? km::cross_entropy_target_grad(dt, log_sum, grad_scale)
+                         : km::ExactExp::grad(x[j], m, log_sum, grad_scale);
     }
-    x[target] = static_cast<T>(std::expm1(dt - log_sum) * scale);  // (p_t - 1) without the cancellation
   }
-  return static_cast<T>(log_sum - dt);
+  return static_cast<T>(km::cross_entropy_loss(log_sum, dt));
 }
 
 struct CrossEntropyResult {

@@ -2,6 +2,7 @@
 
 #include <string>
 
+#include "kernel_math/embedding_math.hpp"
 #include "ops/parallel.hpp"
 #include "zero3/error.hpp"
 
@@ -21,7 +22,7 @@ void embedding_forward(const int32_t* ids, int64_t n, const T* table, int64_t vo
   check_token_ids(ids, n, vocab, "input_ids");
 #pragma omp parallel for schedule(static) if (n * hidden >= kParallelMinWork)
   for (int64_t i = 0; i < n; ++i)
-    for (int64_t j = 0; j < hidden; ++j) embedding_forward_elem(ids, table, x, hidden, i, j);
+    for (int64_t j = 0; j < hidden; ++j) x[i * hidden + j] = table[kernel_math::embedding_source(ids, i, j, hidden)];
 }
 
 template <typename T>

@@ -28,7 +28,8 @@ void rmsnorm_backward(const T* x, const T* w, const T* rstd, const T* dy, T* dx,
     const int64_t j0 = blk * kBlock, j1 = j0 + kBlock < n ? j0 + kBlock : n;
     T acc[kBlock] = {};
     for (int64_t r = 0; r < rows; ++r)
-      for (int64_t j = j0; j < j1; ++j) acc[j - j0] += rmsnorm_weight_grad_term(x[r * n + j], dy[r * n + j], rstd[r]);
+      for (int64_t j = j0; j < j1; ++j)
+        acc[j - j0] += kernel_math::rmsnorm_weight_grad_term(x[r * n + j], dy[r * n + j], rstd[r]);
     for (int64_t j = j0; j < j1; ++j) dw[j] += acc[j - j0];
   }
 }

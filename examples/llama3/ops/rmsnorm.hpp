@@ -1,17 +1,15 @@
-// RMSNorm as Hugging Face's LlamaRMSNorm computes it, per row of n elements:
+// RMSNorm on the CPU, per row of n elements (the formulas and their order of rounding: kernel_math/rmsnorm_math.hpp,
+// which the CUDA kernels run too):
 //
 //   rstd = 1 / sqrt(mean(x^2) + eps),   y = w * (x * rstd)
+//   dx = rstd * (w*dy - xhat * mean(w*dy*xhat)),   dw += sum over rows of dy * xhat,   xhat = x * rstd
 //
-// (in that order of rounding: the normalised row first, then the weight). Backward, with xhat = x * rstd:
-//
-//   dx = rstd * (w*dy - xhat * mean(w*dy*xhat)),   dw += sum over rows of dy * xhat
-//
-// The row functions are ZERO3_HOST_DEVICE: one CUDA block (or one OpenMP iteration) per row.
+// The row functions add a row's terms in element order; one OpenMP iteration per row.
 #pragma once
 
-#include <cmath>
 #include <cstdint>
 
+#include "kernel_math/rmsnorm_math.hpp"
 #include "zero3/host_device.hpp"
 
 namespace llama3 {
@@ -20,9 +18,9 @@ namespace llama3 {
 template <typename T>
 ZERO3_HOST_DEVICE T rmsnorm_forward_row(const T* x, const T* w, T* y, int64_t n, T eps) {
   T ss = T(0);
-  for (int64_t i = 0; i < n; ++i) ss += x[i] * x[i];
-  T rstd = T(1) / std::sqrt(ss / static_cast<T>(n) + eps);
-  for (int64_t i = 0; i < n; ++i) y[i] = w[i] * (x[i] * rstd);
+  for (int64_t i = 0; i < n; ++i) ss += kernel_math::rmsnorm_square(x[i]);
+  const T rstd = kernel_math::rmsnorm_rstd(ss, n, eps);
+  for (int64_t i = 0; i < n; ++i) y[i] = kernel_math::rmsnorm_output(x[i], w[i], rstd);
   return rstd;
 }
 
@@ -31,18 +29,12 @@ template <typename T>
 ZERO3_HOST_DEVICE void rmsnorm_backward_row(const T* x, const T* w, const T* dy, T rstd, T* dx, int64_t n,
                                             bool accumulate) {
   T dot = T(0);
-  for (int64_t i = 0; i < n; ++i) dot += w[i] * dy[i] * (x[i] * rstd);
-  T mean = dot / static_cast<T>(n);
+  for (int64_t i = 0; i < n; ++i) dot += kernel_math::rmsnorm_dot_term(x[i], w[i], dy[i], rstd);
+  const T mean = kernel_math::rmsnorm_dot_mean(dot, n);
   for (int64_t i = 0; i < n; ++i) {
-    T g = rstd * (w[i] * dy[i] - (x[i] * rstd) * mean);
+    const T g = kernel_math::rmsnorm_input_grad(x[i], w[i], dy[i], rstd, mean);
     dx[i] = accumulate ? dx[i] + g : g;
   }
-}
-
-// One row's contribution to dw[i]; the drivers sum it over rows.
-template <typename T>
-ZERO3_HOST_DEVICE T rmsnorm_weight_grad_term(T x, T dy, T rstd) {
-  return dy * (x * rstd);
 }
 
 // rows x n. rstd (rows) may be nullptr when backward will not need it.

@@ -5,7 +5,8 @@
 //   out_i        = x_i * cos_i - x_{i+half} * sin_i
 //   out_{i+half} = x_{i+half} * cos_i + x_i * sin_i
 //
-// Backward applies the transposed rotation (angle -> -angle). The frequencies and angles are computed in
+// Backward applies the transposed rotation (angle -> -angle). The rotation of a pair is kernel_math/rope_math.hpp's,
+// which the CUDA kernel runs too. The frequencies and angles are computed in
 // float32 the way transformers computes them (inv_freq in float32, angle = float(p) * inv_freq in float32),
 // and cos/sin of that float angle are evaluated in double and rounded once: the table matches Hugging Face's
 // to the last bit or one ulp, at every position, for any scalar type used by the model.
@@ -14,6 +15,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "kernel_math/rope_math.hpp"
 #include "model_config.hpp"
 #include "zero3/host_device.hpp"
 
@@ -38,9 +40,9 @@ RopeTable<T> make_rope_table(const std::vector<float>& inv_freq, const int32_t* 
 template <typename T>
 ZERO3_HOST_DEVICE void rope_forward_head(T* x, const T* cos, const T* sin, int64_t half) {
   for (int64_t i = 0; i < half; ++i) {
-    T a = x[i], b = x[i + half];
-    x[i] = a * cos[i] - b * sin[i];
-    x[i + half] = b * cos[i] + a * sin[i];
+    const kernel_math::RotatedPair<T> r = kernel_math::rope_rotate(x[i], x[i + half], cos[i], sin[i]);
+    x[i] = r.lo;
+    x[i + half] = r.hi;
   }
 }
 
@@ -48,9 +50,9 @@ ZERO3_HOST_DEVICE void rope_forward_head(T* x, const T* cos, const T* sin, int64
 template <typename T>
 ZERO3_HOST_DEVICE void rope_backward_head(T* dx, const T* cos, const T* sin, int64_t half) {
   for (int64_t i = 0; i < half; ++i) {
-    T a = dx[i], b = dx[i + half];
-    dx[i] = a * cos[i] + b * sin[i];
-    dx[i + half] = b * cos[i] - a * sin[i];
+    const kernel_math::RotatedPair<T> r = kernel_math::rope_rotate_back(dx[i], dx[i + half], cos[i], sin[i]);
+    dx[i] = r.lo;
+    dx[i + half] = r.hi;
   }
 }
 

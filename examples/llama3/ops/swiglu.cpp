@@ -1,5 +1,6 @@
 #include "ops/swiglu.hpp"
 
+#include "kernel_math/swiglu_math.hpp"
 #include "ops/parallel.hpp"
 
 namespace llama3 {
@@ -11,7 +12,7 @@ void swiglu_forward(const T* gu, T* h, int64_t rows, int64_t inter) {
     const T* g = gu + r * 2 * inter;
     const T* u = g + inter;
     T* hr = h + r * inter;
-    for (int64_t i = 0; i < inter; ++i) hr[i] = swiglu_forward_elem(g[i], u[i]);
+    for (int64_t i = 0; i < inter; ++i) hr[i] = kernel_math::swiglu_forward_elem(g[i], u[i]);
   }
 }
 
@@ -24,7 +25,11 @@ void swiglu_backward(const T* gu, const T* dh, T* dgu, int64_t rows, int64_t int
     const T* dhr = dh + r * inter;
     T* dg = dgu + r * 2 * inter;
     T* du = dg + inter;
-    for (int64_t i = 0; i < inter; ++i) swiglu_backward_elem(g[i], u[i], dhr[i], dg + i, du + i);
+    for (int64_t i = 0; i < inter; ++i) {
+      const kernel_math::SwigluGrad<T> d = kernel_math::swiglu_backward_elem(g[i], u[i], dhr[i]);
+      dg[i] = d.dg;
+      du[i] = d.du;
+    }
   }
 }
 

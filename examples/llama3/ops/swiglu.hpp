@@ -4,32 +4,12 @@
 // The gate and up projections are adjacent in a layer's flat parameters, so one GEMM produces both: each row
 // of `gu` is [g (inter) | u (inter)]. Backward writes dg and du into the same fused layout:
 //   dg = dh * u * s * (1 + g * (1 - s)),  du = dh * silu(g),  s = sigmoid(g)
+// (kernel_math/swiglu_math.hpp, which the CUDA kernels run too).
 #pragma once
 
-#include <cmath>
 #include <cstdint>
 
-#include "zero3/host_device.hpp"
-
 namespace llama3 {
-
-// torch's CPU silu: x / (1 + exp(-x)).
-template <typename T>
-ZERO3_HOST_DEVICE T silu(T x) {
-  return x / (T(1) + std::exp(-x));
-}
-
-template <typename T>
-ZERO3_HOST_DEVICE T swiglu_forward_elem(T g, T u) {
-  return silu(g) * u;
-}
-
-template <typename T>
-ZERO3_HOST_DEVICE void swiglu_backward_elem(T g, T u, T dh, T* dg, T* du) {
-  T s = T(1) / (T(1) + std::exp(-g));
-  *dg = dh * u * (s * (T(1) + g * (T(1) - s)));
-  *du = dh * (g * s);
-}
 
 // gu (rows, 2*inter) -> h (rows, inter).
 template <typename T>

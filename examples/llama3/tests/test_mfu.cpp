@@ -32,7 +32,7 @@ TEST(Mfu, FlopsPerTokenOfLlama3_8BWithoutTheEmbedding) {
 }
 
 TEST(Mfu, FlopsPerTokenOfTheBenchModel) {
-  // configs/models/llama-3-1b-untied.json (scripts/gpu-llama3-bench.sh): hidden 2048, ffn 8192, 16 layers, 32 heads
+  // configs/models/llama-3-1b-untied.json (scripts/gpu-run.sh): hidden 2048, ffn 8192, 16 layers, 32 heads
   // on 8 kv heads (head_dim 64), vocabulary 128,256, untied. Per layer 2048 * (2048 + 512 + 512 + 2048) +
   // 3 * 2048 * 8192 + 2 * 2048 = 60,821,504; 16 layers 973,144,064; embedding and head 262,668,288 each; final norm
   // 2048: 1,498,482,688 parameters, 1,235,814,400 without the embedding.

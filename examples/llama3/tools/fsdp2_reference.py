@@ -10,7 +10,7 @@ optional activation checkpointing per layer. Attention is transformers' "sdpa" b
 scaled_dot_product_attention, a fused flash kernel on H100/H200), or "eager" (two batched GEMMs and a
 softmax, the plan llama3_train's cuBLAS attention follows) with --attention eager.
 
-Two ways to run it, both printed by scripts/gpu-llama3-bench.sh in the same run:
+Two ways to run it, both in the same run of scripts/gpu-run.sh (compiled when time is left):
   eager (the default): the model as transformers writes it, AdamW's for-each implementation, the loss over the
       whole micro-batch's logits (transformers' own);
   what a PyTorch expert runs (--compile --fused-adamw, as torchtitan does): every decoder layer compiled with
