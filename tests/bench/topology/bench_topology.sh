@@ -5,11 +5,17 @@
 #   - zero3 (llama3_train) under every ZeRO layout of layouts/*.json (one DeepSpeed config per layout; a layout
 #     this build refuses is listed as not measured, with zero3's reason);
 #   - as the peer, PyTorch FSDP2 on gloo (fsdp2_llama.py, started by torchrun on each node): full shard, and HSDP
-#     (fully_shard over a 2-D DeviceMesh: replicate across nodes, shard within a node);
-# the same model file, micro-batch, sequence length, gradient accumulation and ranks for all. For each run it
-# prints the inter-node bytes per optimizer step (the sum of what every node's link sent, from the interface
-# counters: the run's total over its steps, start-up included) and the step time (the mean of the steps after
-# the first WARMUP), and their ratios to the layout "plain" (plain ZeRO-3, today's flow). Beside each zero3 run
+#     (fully_shard over a 2-D DeviceMesh: replicate across nodes, shard within a node), each with its gradients
+#     reduced in bf16 or fp32 (MixedPrecisionPolicy reduce_dtype);
+# the same model file, micro-batch, sequence length, gradient accumulation and ranks for all. Every run is
+# repeated REPEATS times, interleaved so that the machine's load drifts over all of them alike: each repeat runs
+# the first layout, the first peer, the second layout, the second peer, and so on. For each run it prints, as the
+# median over the repeats with their min-max, the inter-node bytes per optimizer step (the sum of what every
+# node's link sent, from the interface counters: the run's total over its steps, start-up included) and the step
+# time (the mean of the steps after the first WARMUP), their ratios to plain ZeRO-3 with bf16 gradient reductions
+# (layouts/plain-bf16-grads.json) and with fp32 ones (layouts/plain.json), each zero3 layout's speed-up over each
+# FSDP2 peer with the same reduce dtype, and rank 0's step split into forward, backward, optimizer and the time
+# blocked on collectives (topology_table.py writes the tables). Beside each zero3 run
 # it prints the step-time model's prediction for it (`zero3 plan --cluster configs/clusters/sim-NxR-RATE.json`,
 # docs/performance-model.md, "Miniature check"): the bytes all node links carry per step and the step time, and
 # measured / predicted for both (n/a where no cluster description matches the nodes, ranks and rate).
@@ -21,7 +27,10 @@
 # usage: bench_topology.sh ZERO3 LLAMA3_TRAIN ROOT WORK
 # environment (defaults in brackets): RATES ["100mbit 45mbit": EFA-like, then TCP-like], NODES [4], RANKS [2],
 #   MODEL [configs/models/llama-3-topology-bench.json], SEQ_LEN [64], MICRO_BATCH [1], GRAD_ACCUM [4], STEPS [6],
-#   WARMUP [1], LAYOUTS [all of layouts/*.json], PEERS ["full hsdp"; "" for none], RUN_TIMEOUT [1800 s per run]
+#   WARMUP [1] (fewer than 5 timed steps is a smoke run, said so in the output), REPEATS [3],
+#   LAYOUTS [all of layouts/*.json, the HSDP ones and the plain ones first, to pair with the peers],
+#   PEERS ["hsdp:bf16 hsdp:fp32 full:bf16 full:fp32": mesh:reduce-dtype, a bare mesh reduces in fp32; "" for none],
+#   RUN_TIMEOUT [1800 s per run]
 # Needs root (network namespaces); exits 77 with the reason where they cannot be made.
 set -euo pipefail
 ZERO3=$1 TRAIN=$2 ROOT=$3 WORK=$4
@@ -36,19 +45,32 @@ MICRO_BATCH=${MICRO_BATCH:-1}
 GRAD_ACCUM=${GRAD_ACCUM:-4}
 STEPS=${STEPS:-6}
 WARMUP=${WARMUP:-1}
-if [ -z "${LAYOUTS:-}" ]; then  # plain first: it is the baseline of the ratios
-  LAYOUTS="$here/layouts/plain.json"
-  for f in "$here"/layouts/*.json; do [ "$f" = "$here/layouts/plain.json" ] || LAYOUTS+=" $f"; done
+REPEATS=${REPEATS:-3}
+if [ -z "${LAYOUTS:-}" ]; then  # in the peers' order (HSDP, then full shard, each bf16 then fp32), then the rest
+  first="mics-hsdp mics-hsdp-fp32-grads plain-bf16-grads plain"
+  LAYOUTS=""
+  for n in $first; do LAYOUTS+=" $here/layouts/$n.json"; done
+  for f in "$here"/layouts/*.json; do [[ " $first " == *" $(basename "$f" .json) "* ]] || LAYOUTS+=" $f"; done
 fi
-PEERS=${PEERS-full hsdp}
+PEERS=${PEERS-hsdp:bf16 hsdp:fp32 full:bf16 full:fp32}
 RUN_TIMEOUT=${RUN_TIMEOUT:-1800}
 world=$((NODES * RANKS))
 [ "$STEPS" -gt "$WARMUP" ] || { echo "bench_topology: STEPS ($STEPS) must exceed WARMUP ($WARMUP)" >&2; exit 2; }
+[[ "$REPEATS" =~ ^[1-9][0-9]*$ ]] || { echo "bench_topology: REPEATS ($REPEATS) must be a positive integer" >&2; exit 2; }
+peers=()
+for p in $PEERS; do
+  [[ "$p" == *:* ]] || p="$p:fp32"
+  [[ "$p" =~ ^(full|hsdp):(bf16|fp32)$ ]] ||
+    { echo "bench_topology: PEERS entry '$p': expected full or hsdp, optionally :bf16 or :fp32" >&2; exit 2; }
+  peers+=("$p")
+done
 
 why=$("$SIM" check) || { echo "$why"; exit 77; }
 mkdir -p "$WORK"
 WORK=$(cd "$WORK" && pwd)
-results="$WORK/results.tsv"   # rate  name  kind  bytes_per_step  step_time_s  note  drops  predicted_bytes  predicted_s
+# rate name kind repeat reduce_dtype bytes_per_step step_time_s note drops predicted_bytes predicted_s
+# forward_s backward_s optimizer_s comm_wait_s (rank 0's, means over the timed steps; no comm_wait_s for the peer)
+results="$WORK/results.tsv"
 : > "$results"
 notes="$WORK/not-measured.txt"
 : > "$notes"
@@ -60,7 +82,8 @@ echo "machine: $(getconf _NPROCESSORS_ONLN) cores ($(sed -n 's/^model name[[:spa
   "load average $(load) at the start"
 echo "cluster: $NODES nodes x $RANKS ranks, every link shaped each way by tc tbf; rates: $RATES"
 echo "model: $MODEL; micro-batch $MICRO_BATCH x seq $SEQ_LEN x grad-accum $GRAD_ACCUM x $world ranks; $STEPS steps," \
-  "the first $WARMUP not timed; bf16 parameters, fp32 master weights and Adam"
+  "the first $WARMUP not timed; bf16 parameters, fp32 master weights and Adam; $REPEATS repeats, interleaved"
+[ $((STEPS - WARMUP)) -ge 5 ] || echo "only $((STEPS - WARMUP)) timed steps per run: a smoke run, not figures to quote"
 
 # --- the peer's torch, in a venv of its own --------------------------------------------------------------------
 venv="$WORK/venv"
@@ -136,13 +159,25 @@ predict() {  # predict <rate> <layout file> <dir>
        END { printf "%s\t%s\n", b == "" ? "" : sprintf("%.0f", b), t }' "$3/plan.txt"
 }
 
-run_zero3() {  # run_zero3 <rate> <layout file>
-  local rate=$1 layout=$2 name dir status=0 predicted
+# The dtype a layout reduces gradients in: communication_data_type, else bf16 (the default under bf16); qgZ's
+# quantized reductions are named as such.
+reduce_dtype() {
+  python3 - "$1" <<'EOF'
+import json, sys
+c = json.loads("".join(l for l in open(sys.argv[1]) if not l.lstrip().startswith("//")))
+z = c.get("zero_optimization", {})
+print("qgZ" if z.get("zero_quantized_gradients") else c.get("communication_data_type", "bf16"))
+EOF
+}
+
+run_zero3() {  # run_zero3 <rate> <layout file> <repeat>
+  local rate=$1 layout=$2 repeat=$3 name dir status=0 predicted dtype
   name=$(basename "$layout" .json)
-  dir="$WORK/$rate/$name"
+  dir="$WORK/$rate/$name/r$repeat"
   rm -rf "$dir"
   mkdir -p "$dir"
-  echo "-- $rate, zero3 $name"
+  dtype=$(reduce_dtype "$layout")
+  echo "-- $rate, repeat $repeat, zero3 $name ($(date -u +%H:%M), load average $(load))"
   predicted=$(predict "$rate" "$layout" "$dir")
   "$SIM" launch --nodes "$NODES" --ranks-per-node "$RANKS" --rate "$rate" --zero3 "$ZERO3" --workdir "$dir" \
     --timeout "$RUN_TIMEOUT" --quiet -- "$TRAIN" --model "$MODEL" --deepspeed "$layout" \
@@ -151,40 +186,51 @@ run_zero3() {  # run_zero3 <rate> <layout file>
     --metrics "$dir/metrics.csv" 2>> "$dir/sim.log" || status=$?
   if [ "$status" != 0 ]; then
     tail -20 "$dir"/node0.log
-    printf '%s\t%s\tzero3\t\t\tfailed (status %s, logs in %s)\t\t%s\n' "$rate" "$name" "$status" "$dir" "$predicted" \
-      >> "$results"
+    printf '%s\t%s\tzero3\t%s\t%s\t\t\tfailed (status %s, logs in %s)\t\t%s\n' "$rate" "$name" "$repeat" "$dtype" \
+      "$status" "$dir" "$predicted" >> "$results"
     return 0
   fi
   grep -m1 '^\[rank 0\]   model ' "$dir/node0.log" | sed 's/^\[rank 0\] *//' > "$dir/model.txt"
-  local step_time
-  step_time=$(awk -F, -v w="$WARMUP" 'NR == 1 { for (c = 1; c <= NF; ++c) if ($c == "step_time_s") col = c; next }
-                                      $1 > w { s += $col; ++n } END { printf "%.3f\n", s / n }' "$dir/metrics.csv")
-  printf '%s\t%s\tzero3\t%s\t%s\t\t%s\t%s\n' "$rate" "$name" "$(bytes_per_step "$dir")" "$step_time" "$(drops "$dir")" \
-    "$predicted" >> "$results"
+  local times  # step_time_s, then forward_s backward_s optimizer_s comm_wait_s: means over the timed steps
+  times=$(awk -F, -v w="$WARMUP" '
+    NR == 1 { for (c = 1; c <= NF; ++c) col[$c] = c; next }
+    $1 > w { t += $col["step_time_s"]; f += $col["forward_s"]; b += $col["backward_s"]; o += $col["optimizer_s"]
+             c += $col["comm_wait_s"]; ++n }
+    END { printf "%.3f\t%.3f\t%.3f\t%.3f\t%.3f\n", t / n, f / n, b / n, o / n, c / n }' "$dir/metrics.csv")
+  printf '%s\t%s\tzero3\t%s\t%s\t%s\t%s\t\t%s\t%s\t%s\n' "$rate" "$name" "$repeat" "$dtype" "$(bytes_per_step "$dir")" \
+    "$(cut -f1 <<< "$times")" "$(drops "$dir")" "$predicted" "$(cut -f2- <<< "$times")" >> "$results"
 }
 
-run_peer() {  # run_peer <rate> full|hsdp
-  local rate=$1 mesh=$2 name dir status=0
-  name="fsdp2-$mesh"
-  dir="$WORK/$rate/$name"
+run_peer() {  # run_peer <rate> full|hsdp bf16|fp32 <repeat>
+  local rate=$1 mesh=$2 dtype=$3 repeat=$4 name dir status=0
+  name="fsdp2-$mesh-$dtype"
+  dir="$WORK/$rate/$name/r$repeat"
   rm -rf "$dir"
   mkdir -p "$dir"
-  echo "-- $rate, PyTorch FSDP2 $mesh"
+  echo "-- $rate, repeat $repeat, PyTorch FSDP2 $mesh, reduce_dtype $dtype ($(date -u +%H:%M), load average $(load))"
   # torchrun on each node, as on a real cluster: static rendezvous at node 0's address.
   "$SIM" run --nodes "$NODES" --rate "$rate" --workdir "$dir" --timeout "$RUN_TIMEOUT" --quiet -- \
     bash -c 'exec "$0" -m torch.distributed.run --nnodes "$SIM_NNODES" --nproc-per-node "$1" --node-rank "$SIM_NODE_RANK" \
                --master-addr "$SIM_MASTER_ADDR" --master-port "$SIM_MASTER_PORT" --max-restarts 0 "${@:2}"' \
-    "$peer_python" "$RANKS" "$here/fsdp2_llama.py" --model "$MODEL" --mesh "$mesh" --micro-batch "$MICRO_BATCH" \
+    "$peer_python" "$RANKS" "$here/fsdp2_llama.py" --model "$MODEL" --mesh "$mesh" --reduce-dtype "$dtype" --micro-batch "$MICRO_BATCH" \
     --seq-len "$SEQ_LEN" --grad-accum "$GRAD_ACCUM" --steps "$STEPS" --warmup "$WARMUP" --out "$dir/result.json" \
     2>> "$dir/sim.log" || status=$?
   if [ "$status" != 0 ] || [ ! -s "$dir/result.json" ]; then
     tail -20 "$dir"/node0.log
-    printf '%s\t%s\tpeer\t\t\tfailed (status %s, logs in %s)\n' "$rate" "$name" "$status" "$dir" >> "$results"
+    printf '%s\t%s\tpeer\t%s\t%s\t\t\tfailed (status %s, logs in %s)\n' "$rate" "$name" "$repeat" "$dtype" "$status" "$dir" \
+      >> "$results"
     return 0
   fi
-  local step_time
-  step_time=$(python3 -c 'import json, sys; print("%.3f" % json.load(open(sys.argv[1]))["step_time_s"])' "$dir/result.json")
-  printf '%s\t%s\tpeer\t%s\t%s\t\t%s\n' "$rate" "$name" "$(bytes_per_step "$dir")" "$step_time" "$(drops "$dir")" >> "$results"
+  local times  # step_time_s, then forward_s backward_s optimizer_s: means over the timed steps
+  times=$(python3 - "$dir/result.json" <<'EOF'
+import json, sys
+r = json.load(open(sys.argv[1]))
+w = r["warmup"]
+print("\t".join("%.3f" % (sum(r[k][w:]) / len(r[k][w:])) for k in ("step_times_s", "forward_s", "backward_s", "optimizer_s")))
+EOF
+)
+  printf '%s\t%s\tpeer\t%s\t%s\t%s\t%s\t\t%s\t\t\t%s\t\n' "$rate" "$name" "$repeat" "$dtype" "$(bytes_per_step "$dir")" \
+    "$(cut -f1 <<< "$times")" "$(drops "$dir")" "$(cut -f2- <<< "$times")" >> "$results"
 }
 
 # Layouts this build accepts; the others are listed with zero3's own reason.
@@ -198,17 +244,21 @@ for layout in $LAYOUTS; do
   fi
 done
 
+[ -n "$peer_python" ] || peers=()
+n_layouts=${#measured_layouts[@]} n_peers=${#peers[@]}
 for rate in $RATES; do
-  for layout in "${measured_layouts[@]}"; do run_zero3 "$rate" "$layout"; done
-  if [ -n "$peer_python" ]; then
-    for mesh in $PEERS; do run_peer "$rate" "$mesh"; done
-  fi
+  for ((repeat = 1; repeat <= REPEATS; ++repeat)); do
+    for ((i = 0; i < (n_layouts > n_peers ? n_layouts : n_peers); ++i)); do
+      [ "$i" -ge "$n_layouts" ] || run_zero3 "$rate" "${measured_layouts[$i]}" "$repeat"
+      [ "$i" -ge "$n_peers" ] || run_peer "$rate" "${peers[$i]%%:*}" "${peers[$i]##*:}" "$repeat"
+    done
+  done
 done
 
 # The model must be the same on both sides: the FSDP2 peer's shape, written as llama3_train's header writes it.
 shape_check=""
-first_zero3=$(ls "$WORK"/*/*/model.txt 2>/dev/null | head -1 || true)
-first_peer=$(ls "$WORK"/*/fsdp2-*/result.json 2>/dev/null | head -1 || true)
+first_zero3=$(ls "$WORK"/*/*/r*/model.txt 2>/dev/null | head -1 || true)
+first_peer=$(ls "$WORK"/*/fsdp2-*/r*/result.json 2>/dev/null | head -1 || true)
 if [ -n "$first_zero3" ] && [ -n "$first_peer" ]; then
   shape_check=$(python3 - "$first_zero3" "$first_peer" <<'EOF'
 import json, re, sys
@@ -229,37 +279,7 @@ echo
 echo "== results ($(date -u '+%Y-%m-%d %H:%M UTC'), load average $(load) at the end)"
 [ -n "$shape_check" ] && echo "$shape_check"
 [ -n "$probe" ] && echo "$probe"
-python3 - "$results" <<'EOF' | tee "$WORK/results.md"
-import sys
-rows = [line.rstrip("\n").split("\t") for line in open(sys.argv[1]) if line.strip()]
-rows = [r + [""] * (9 - len(r)) for r in rows]
-rates = list(dict.fromkeys(r[0] for r in rows))
-ratio = lambda a, b: f"{a / b:.2f}" if b else "n/a"
-for rate in rates:
-    mine = [r for r in rows if r[0] == rate]
-    base = next((r for r in mine if r[1] == "plain" and r[3]), None)
-    print(f"\n**link {rate} each way per node**\n")
-    print("| run | inter-node bytes / step | predicted | measured / predicted | vs plain "
-          "| step time (s) | predicted | measured / predicted | vs plain | packets dropped by tbf |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
-    for r in mine:
-        who = ("zero3 " if r[2] == "zero3" else "PyTorch ") + r[1]
-        pb = float(r[7]) if r[7] else None
-        pt = float(r[8]) if r[8] else None
-        pbs = f"{pb / 1e6:.1f} MB" if pb else ("n/a" if r[2] == "zero3" else "")
-        pts = f"{pt:.2f}" if pt else ("n/a" if r[2] == "zero3" else "")
-        if not r[3]:
-            print(f"| {who} | {r[5]} | {pbs} | | | | {pts} | | | |")
-            continue
-        b, t = float(r[3]), float(r[4])
-        rb = ratio(b, float(base[3])) if base else "n/a"
-        rt = ratio(t, float(base[4])) if base else "n/a"
-        mb = ratio(b, pb) if pb else ""
-        mt = ratio(t, pt) if pt else ""
-        print(f"| {who} | {b / 1e6:.1f} MB | {pbs} | {mb} | {rb} | {t:.2f} | {pts} | {mt} | {rt} | {r[6]} |")
-print("\npredicted: zero3 plan --cluster configs/clusters/sim-<nodes>x<ranks>-<rate>.json (docs/performance-model.md);"
-      " payload bytes, where the counters include the headers (about +4.7% at these rates, docs/cluster.md)")
-EOF
+python3 "$here/topology_table.py" "$results" | tee "$WORK/results.md"
 if [ -s "$notes" ]; then
   echo
   echo "not measured:"

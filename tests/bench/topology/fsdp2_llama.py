@@ -7,7 +7,8 @@ the simulated cluster.
 What it does, to match what llama3_train does on the CPU with a bf16 DeepSpeed config:
   - fp32 master weights and AdamW state, sharded; parameters all-gathered in bf16 (MixedPrecisionPolicy
     param_dtype=bf16) and widened to fp32 inside each op, so the arithmetic is fp32 on bf16-rounded weights, as
-    llama3_train's CPU kernels do; gradients reduced in fp32 (reduce_dtype=fp32), zero3's default today;
+    llama3_train's CPU kernels do; gradients reduced in --reduce-dtype (MixedPrecisionPolicy reduce_dtype): bf16,
+    as zero3 and DeepSpeed reduce them by default under bf16, or fp32 (communication_data_type fp32);
   - one fully_shard per unit zero3 gathers: the embedding, each decoder layer, the head (final norm + lm_head),
     then the root; parameters resharded after forward (gathered again in backward), as ZeRO-3 does;
   - --mesh full: a 1-D mesh over every rank (FULL_SHARD, ZeRO-3's data flow): reduce-scatter every micro-step;
@@ -17,7 +18,9 @@ What it does, to match what llama3_train does on the CPU with a bf16 DeepSpeed c
   - gradient clipping at 1.0, no activation checkpointing, micro-batch x seq-len random token ids per rank.
 
 Prints one JSON line on rank 0: {"step_time_s": mean over the steps after --warmup, "step_times_s": [...],
-"losses": [...], "params": ..., ...}.
+"reduce_dtype": ..., "losses": [...], "params": ..., ...}, with rank 0's time per step in forward, backward (the
+gradient reductions FSDP2 issues in it included) and the optimizer (the boundary: clipping, AdamW, zero_grad) as
+"forward_s", "backward_s" and "optimizer_s", the same phases as llama3_train's metrics.
 """
 
 import argparse
@@ -177,6 +180,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", required=True, help="Hugging Face config.json")
     ap.add_argument("--mesh", choices=["full", "hsdp"], required=True)
+    ap.add_argument("--reduce-dtype", choices=["bf16", "fp32"], required=True,
+                    help="the gradient reductions' dtype (MixedPrecisionPolicy reduce_dtype)")
     ap.add_argument("--micro-batch", type=int, required=True)
     ap.add_argument("--seq-len", type=int, required=True)
     ap.add_argument("--grad-accum", type=int, required=True)
@@ -205,7 +210,8 @@ def main():
     torch.manual_seed(args.seed)  # the same initial weights on every rank: fully_shard keeps each rank's shard
     model = Llama(c)
     n_params = sum(p.numel() for p in model.parameters())
-    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32, cast_forward_inputs=False)
+    reduce_dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[args.reduce_dtype]
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=reduce_dtype, cast_forward_inputs=False)
     for unit in [model.embed_tokens, *model.layers, model.head]:
         fully_shard(unit, mesh=mesh, mp_policy=mp)
     fully_shard(model, mesh=mesh, mp_policy=mp)
@@ -214,21 +220,30 @@ def main():
 
     gen = torch.Generator().manual_seed(args.seed + rank)
     losses, times = [], []
+    phases = {"forward_s": [], "backward_s": [], "optimizer_s": []}
     for _ in range(args.steps):
         t0 = time.perf_counter()
-        total = 0.0
+        total, fwd, bwd = 0.0, 0.0, 0.0
         for micro in range(args.grad_accum):
             if args.mesh == "hsdp":
                 model.set_requires_all_reduce(micro == args.grad_accum - 1)
             ids = torch.randint(0, c["vocab_size"], (args.micro_batch, args.seq_len + 1), generator=gen)
+            t_fwd = time.perf_counter()
             logits = model(ids[:, :-1], cos, sin)
             loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1))
+            t_bwd = time.perf_counter()
             (loss / args.grad_accum).backward()
             total += loss.item() / args.grad_accum
+            fwd += t_bwd - t_fwd
+            bwd += time.perf_counter() - t_bwd
+        t_opt = time.perf_counter()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         opt.zero_grad(set_to_none=True)
         times.append(time.perf_counter() - t0)
+        phases["forward_s"].append(fwd)
+        phases["backward_s"].append(bwd)
+        phases["optimizer_s"].append(time.perf_counter() - t_opt)
         losses.append(total)
 
     timed = times[args.warmup:]
@@ -245,6 +260,8 @@ def main():
         "warmup": args.warmup,
         "step_time_s": sum(timed) / len(timed),
         "step_times_s": times,
+        "reduce_dtype": args.reduce_dtype,
+        **phases,
         "losses": losses,
     }
     if rank == 0:

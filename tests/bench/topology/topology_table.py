@@ -1,0 +1,131 @@
+#!/usr/bin/env python3
+"""The tables of the topology benchmark (bench_topology.sh) from its results.tsv: one row per run and repeat,
+
+    rate name kind repeat reduce_dtype bytes_per_step step_time_s note drops predicted_bytes predicted_s
+    forward_s backward_s optimizer_s comm_wait_s
+
+For each rate: the bytes and the step time of every run as the median over its repeats with their min-max, the
+ratios to plain ZeRO-3 with bf16 gradient reductions (plain-bf16-grads) and with fp32 ones (plain), each zero3
+layout's speed-up over each FSDP2 peer with the same reduce dtype (the peer's median step time over the layout's;
+in brackets the min-max of the per-repeat ratios, each repeat's layout against the peer run beside it), and the
+step split into phases (rank 0's means over the timed steps, medians over the repeats).
+"""
+
+import statistics
+import sys
+
+COLUMNS = ("rate", "name", "kind", "repeat", "dtype", "bytes", "step", "note", "drops", "pred_bytes", "pred_step",
+           "forward", "backward", "optimizer", "comm_wait")
+PLAIN_BF16, PLAIN_FP32 = "plain-bf16-grads", "plain"
+
+
+def num(v):
+    return float(v) if v not in ("", None) else None
+
+
+def read(path):
+    rows = []
+    for line in open(path):
+        if line.strip():
+            f = line.rstrip("\n").split("\t")
+            rows.append(dict(zip(COLUMNS, f + [""] * (len(COLUMNS) - len(f)))))
+    return rows
+
+
+class Run:
+    """One layout or peer at one rate: its repeats."""
+
+    def __init__(self, rows):
+        self.name, self.kind, self.dtype = rows[0]["name"], rows[0]["kind"], rows[0]["dtype"]
+        self.ok = [r for r in rows if r["step"]]
+        self.failed = [r["note"] for r in rows if not r["step"]]
+        self.pred_bytes, self.pred_step = num(rows[0]["pred_bytes"]), num(rows[0]["pred_step"])
+
+    def values(self, key):
+        return [num(r[key]) for r in self.ok if num(r[key]) is not None]
+
+    def median(self, key):
+        v = self.values(key)
+        return statistics.median(v) if v else None
+
+    def by_repeat(self, key):
+        return {r["repeat"]: num(r[key]) for r in self.ok}
+
+    def label(self):
+        if self.kind == "zero3":
+            return f"zero3 {self.name}"
+        mesh = "HSDP" if "-hsdp-" in self.name else "full shard"
+        return f"PyTorch FSDP2 {mesh}"
+
+
+def spread(values, fmt):
+    if not values:
+        return ""
+    m = statistics.median(values)
+    return fmt(m) if len(values) == 1 else f"{fmt(m)} ({fmt(min(values))}-{fmt(max(values))})"
+
+
+def ratio(a, b):
+    return f"{a / b:.2f}" if a is not None and b else "n/a"
+
+
+def speedup(run, peer):
+    """The peer's median step time over the run's, with the min-max of the per-repeat ratios."""
+    if peer is None or not run.ok or not peer.ok:
+        return "n/a"
+    mine, theirs = run.by_repeat("step"), peer.by_repeat("step")
+    pairs = [theirs[k] / mine[k] for k in mine if k in theirs]
+    head = ratio(peer.median("step"), run.median("step"))
+    return head if len(pairs) < 2 else f"{head} ({min(pairs):.2f}-{max(pairs):.2f})"
+
+
+def table(rate, runs):
+    by_name = {r.name: r for r in runs}
+    bf16, fp32 = by_name.get(PLAIN_BF16), by_name.get(PLAIN_FP32)
+    peer = {(m, d): by_name.get(f"fsdp2-{m}-{d}") for m in ("hsdp", "full") for d in ("bf16", "fp32")}
+    n = max((len(r.ok) for r in runs), default=0)
+    print(f"\n**link {rate} each way per node: medians over {n} interleaved repeats (min-max)**\n")
+    print("| run | reduce dtype | inter-node bytes / step | predicted | measured / predicted | vs plain bf16 "
+          "| vs plain fp32 | step time (s) | predicted | measured / predicted | vs plain bf16 | vs plain fp32 "
+          "| FSDP2 HSDP / this (same dtype) | FSDP2 full / this (same dtype) | packets dropped by tbf |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for r in runs:
+        zero3 = r.kind == "zero3"
+        pbs = f"{r.pred_bytes / 1e6:.1f} MB" if r.pred_bytes else ("n/a" if zero3 else "")
+        pts = f"{r.pred_step:.2f}" if r.pred_step else ("n/a" if zero3 else "")
+        if not r.ok:
+            print(f"| {r.label()} | {r.dtype} | {'; '.join(r.failed)} | {pbs} | | | | | {pts} | | | | | | |")
+            continue
+        b, t = r.median("bytes"), r.median("step")
+        mb = ratio(b, r.pred_bytes) if r.pred_bytes else ""
+        mt = ratio(t, r.pred_step) if r.pred_step else ""
+        base = lambda run, key: run.median(key) if run else None
+        same = lambda mesh: speedup(r, peer.get((mesh, r.dtype))) if zero3 else ""
+        failed = f" ({len(r.failed)} failed)" if r.failed else ""
+        print(f"| {r.label()}{failed} | {r.dtype} | {spread(r.values('bytes'), lambda v: f'{v / 1e6:.1f}')} MB | {pbs} "
+              f"| {mb} | {ratio(b, base(bf16, 'bytes'))} | {ratio(b, base(fp32, 'bytes'))} "
+              f"| {spread(r.values('step'), lambda v: f'{v:.2f}')} | {pts} | {mt} | {ratio(t, base(bf16, 'step'))} "
+              f"| {ratio(t, base(fp32, 'step'))} | {same('hsdp')} | {same('full')} | {sum(r.values('drops')):.0f} |")
+    print("\nWhere the step goes (rank 0, seconds per optimizer step; medians over the repeats): forward and backward"
+          " include the collectives each waits for; zero3's comm wait is the part of them (and of the optimizer)"
+          " blocked on collectives; the peer's backward includes its gradient reductions.\n")
+    print("| run | reduce dtype | step | forward | backward | optimizer | comm wait |")
+    print("|---|---|---:|---:|---:|---:|---:|")
+    for r in runs:
+        if r.ok:
+            cells = [r.median(k) for k in ("step", "forward", "backward", "optimizer", "comm_wait")]
+            print(f"| {r.label()} | {r.dtype} | " + " | ".join("" if v is None else f"{v:.2f}" for v in cells) + " |")
+
+
+def main():
+    rows = read(sys.argv[1])
+    for rate in dict.fromkeys(r["rate"] for r in rows):
+        names = dict.fromkeys(r["name"] for r in rows if r["rate"] == rate)
+        table(rate, [Run([r for r in rows if r["rate"] == rate and r["name"] == n]) for n in names])
+    print("\npredicted: zero3 plan --cluster configs/clusters/sim-<nodes>x<ranks>-<rate>.json"
+          " (docs/performance-model.md); payload bytes, where the counters include the headers (about +4.7% at these"
+          " rates, docs/cluster.md). Ratios to plain and speed-ups are of the medians.")
+
+
+if __name__ == "__main__":
+    main()
