@@ -195,8 +195,8 @@ run_zero3() {  # run_zero3 <rate> <layout file> <repeat>
   times=$(awk -F, -v w="$WARMUP" '
     NR == 1 { for (c = 1; c <= NF; ++c) col[$c] = c; next }
     $1 > w { t += $col["step_time_s"]; f += $col["forward_s"]; b += $col["backward_s"]; o += $col["optimizer_s"]
-             c += $col["comm_wait_s"]; ++n }
-    END { printf "%.3f\t%.3f\t%.3f\t%.3f\t%.3f\n", t / n, f / n, b / n, o / n, c / n }' "$dir/metrics.csv")
+             blocked += $col["comm_wait_s"]; ++n }
+    END { printf "%.3f\t%.3f\t%.3f\t%.3f\t%.3f\n", t / n, f / n, b / n, o / n, blocked / n }' "$dir/metrics.csv")
   printf '%s\t%s\tzero3\t%s\t%s\t%s\t%s\t\t%s\t%s\t%s\n' "$rate" "$name" "$repeat" "$dtype" "$(bytes_per_step "$dir")" \
     "$(cut -f1 <<< "$times")" "$(drops "$dir")" "$predicted" "$(cut -f2- <<< "$times")" >> "$results"
 }
