@@ -180,8 +180,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", required=True, help="Hugging Face config.json")
     ap.add_argument("--mesh", choices=["full", "hsdp"], required=True)
-    ap.add_argument("--reduce-dtype", choices=["bf16", "fp32"], required=True,
-                    help="the gradient reductions' dtype (MixedPrecisionPolicy reduce_dtype)")
+    ap.add_argument("--reduce-dtype", choices=["bf16", "fp32"], default="fp32",
+                    help="the gradient reductions' dtype (MixedPrecisionPolicy reduce_dtype; default fp32)")
     ap.add_argument("--micro-batch", type=int, required=True)
     ap.add_argument("--seq-len", type=int, required=True)
     ap.add_argument("--grad-accum", type=int, required=True)
