@@ -22,7 +22,7 @@
 # environment (defaults in brackets): RATES ["100mbit 45mbit": EFA-like, then TCP-like], NODES [4], RANKS [2],
 #   MODEL [configs/models/llama-3-topology-bench.json], SEQ_LEN [64], MICRO_BATCH [1], GRAD_ACCUM [4], STEPS [6],
 #   WARMUP [1], LAYOUTS [all of layouts/*.json], PEERS ["full hsdp"; "" for none], RUN_TIMEOUT [1800 s per run]
-# Needs root (network namespaces); exits 77 with the reason where they cannot be made.
+# Needs root (network namespaces); exits 77 with the reason where they cannot be made, 1 when a run failed.
 set -euo pipefail
 ZERO3=$1 TRAIN=$2 ROOT=$3 WORK=$4
 here=$(cd "$(dirname "$0")" && pwd)
@@ -267,3 +267,8 @@ if [ -s "$notes" ]; then
 fi
 echo
 echo "logs, counters and metrics of every run: $WORK/<rate>/<run>/"
+# A run that failed is in the table; the status says so too, so that a benchmark that no longer runs is seen.
+if grep -q $'\tfailed (status' "$results"; then
+  echo "bench_topology: some runs failed (see the table)" >&2
+  exit 1
+fi
