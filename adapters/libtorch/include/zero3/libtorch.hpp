@@ -72,9 +72,9 @@ namespace zero3::libtorch {
 struct WrapOptions {
   // Paths of the submodules that are units, as Module::named_modules() spells them ("blocks.0", "tok_emb"). A
   // unit may not contain another. Their order does not matter: units are declared in the model's module order.
-  std::vector<std::string> units;
+  std::vector<std::string> units = {};
   // Units recomputed in backward (activation checkpointing): their forward keeps only its inputs.
-  std::vector<std::string> checkpoint;
+  std::vector<std::string> checkpoint = {};
   // The engine's name for the unit of every other parameter. Not declared when no parameter is left for it.
   std::string root_unit = "root";
 };
