@@ -145,7 +145,7 @@ TEST(LibtorchResidency, ParametersAreFullOnlyInsideTheirUnit) {
   });
   for (int64_t step = 0; step < 2; ++step) {
     for (int64_t k = 0; k < spec.gas; ++k) {
-      at::Tensor logits = tiny_llama_logits(sharded.module(), token_batch(c, spec, step, k, engine.rank()).slice(1, 0, c.seq));
+      at::Tensor logits = tiny_llama_logits(sharded.module(), token_batch(c, spec, step, k * spec.world + engine.rank()).slice(1, 0, c.seq));
       EXPECT_EQ(sharded.residency().full, 0) << "after the forward";
       sharded.backward(logits.pow(2).mean());
       EXPECT_EQ(sharded.residency().full, 0) << "after the backward";

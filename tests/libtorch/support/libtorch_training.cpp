@@ -30,10 +30,10 @@ std::vector<std::pair<std::string, at::Tensor>> unique_params(torch::nn::Module&
 
 }  // namespace
 
-at::Tensor token_batch(const TinyLlamaConfig& model, const TrainSpec& spec, int64_t step, int64_t micro, int rank) {
+at::Tensor token_batch(const TinyLlamaConfig& model, const TrainSpec& spec, int64_t step, int64_t index) {
   // A fixed pattern with some structure to learn: each sequence walks the vocabulary with a stride of its own.
-  const uint64_t sequence0 = ((static_cast<uint64_t>(step) * 131 + static_cast<uint64_t>(micro)) * 17 +
-                              static_cast<uint64_t>(rank)) * static_cast<uint64_t>(spec.micro_batch);
+  const uint64_t sequence0 =
+      (static_cast<uint64_t>(step) * 131 + static_cast<uint64_t>(index)) * static_cast<uint64_t>(spec.micro_batch);
   at::Tensor ids = torch::empty({spec.micro_batch, model.seq + 1}, torch::kLong);
   auto a = ids.accessor<int64_t, 2>();
   for (int64_t b = 0; b < spec.micro_batch; ++b) {
@@ -59,7 +59,7 @@ TrainRun train_plain_libtorch(const TinyLlamaConfig& c, uint64_t seed, const Tra
     double loss_sum = 0;
     for (int64_t k = 0; k < spec.gas; ++k) {
       for (int r = 0; r < spec.world; ++r) {
-        at::Tensor loss = micro_loss(model, c, token_batch(c, spec, step, k, r));
+        at::Tensor loss = micro_loss(model, c, token_batch(c, spec, step, k * spec.world + r));
         loss_sum += loss.item<double>();
         (loss / parts).backward();
       }
@@ -98,7 +98,7 @@ TrainRun train_sharded(libtorch::ShardedModel& sharded, const TinyLlamaConfig& c
   for (int64_t step = first_step; step < first_step + spec.steps; ++step) {
     float loss_sum = 0;
     for (int64_t k = 0; k < engine.gradient_accumulation_steps(); ++k) {
-      at::Tensor loss = micro_loss(sharded.module(), c, token_batch(c, spec, step, k, engine.rank()));
+      at::Tensor loss = micro_loss(sharded.module(), c, token_batch(c, spec, step, k * engine.world_size() + engine.rank()));
       sharded.backward(loss);
       const StepResult r = sharded.step();
       if (r.boundary) run.grad_norms.push_back(r.grad_norm);

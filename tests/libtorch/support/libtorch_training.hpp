@@ -1,7 +1,8 @@
 // Training the test model two ways on the same data: plain libtorch in one process (torch::optim::AdamW over the
 // whole global batch, clip_grad_norm_), and zero3 through the adapter (each rank its share of the global batch).
-// The global batch of optimizer step s is micro-batches (s, k, r) for k < gradient accumulation steps and r < world
-// size; both runs average the loss over it, so their gradients agree up to the order of the additions.
+// The global batch of optimizer step s is micro-batches (s, i) for i < world size x gradient accumulation steps (rank
+// r's k-th micro-step takes i = k x world + r); both runs average the loss over it, so their gradients agree up to
+// the order of the additions, and any world size with the same product trains on the same batches.
 #pragma once
 
 #include <cstdint>
@@ -29,8 +30,9 @@ struct TrainSpec {
   uint64_t data_seed = 7;
 };
 
-// Token ids [micro_batch, seq + 1] of micro-batch (step, micro, rank): inputs are [:, :-1], targets [:, 1:].
-at::Tensor token_batch(const TinyLlamaConfig& model, const TrainSpec& spec, int64_t step, int64_t micro, int rank);
+// Token ids [micro_batch, seq + 1] of micro-batch `index` of optimizer step `step`: inputs are [:, :-1], targets
+// [:, 1:].
+at::Tensor token_batch(const TinyLlamaConfig& model, const TrainSpec& spec, int64_t step, int64_t index);
 
 using ParamMap = std::map<std::string, std::vector<float>>;
 
