@@ -13,8 +13,18 @@ set(_torch_found OFF)
 set(_torch_detail "find_package(Torch): install libtorch-dev, or set Torch_DIR")
 if(NOT ZERO3_LIBTORCH STREQUAL "OFF")
   if(Torch_DIR)
-    # TorchConfig looks for libtorch and libc10 on the system paths first: take those beside Torch_DIR.
+    # TorchConfig looks for its Caffe2 package, libtorch and libc10 on the system paths first: take those beside
+    # Torch_DIR, not a system libtorch's.
     get_filename_component(_torch_prefix "${Torch_DIR}/../../.." ABSOLUTE)
+    if(EXISTS "${Torch_DIR}/../Caffe2/Caffe2Config.cmake")
+      get_filename_component(_caffe2_dir "${Torch_DIR}/../Caffe2" ABSOLUTE)
+      set(Caffe2_DIR "${_caffe2_dir}" CACHE PATH "Caffe2's CMake package, beside Torch_DIR" FORCE)
+    endif()
+    # A CUDA build's package probes the machine's GPUs (try_run) unless it is told the architectures; the CPU part
+    # alone needs none.
+    if(ZERO3_LIBTORCH_CPU_ONLY AND NOT DEFINED TORCH_CUDA_ARCH_LIST AND NOT DEFINED ENV{TORCH_CUDA_ARCH_LIST})
+      set(TORCH_CUDA_ARCH_LIST "8.0")
+    endif()
     find_library(TORCH_LIBRARY torch PATHS "${_torch_prefix}/lib" NO_DEFAULT_PATH)
     find_library(c10_LIBRARY c10 PATHS "${_torch_prefix}/lib" NO_DEFAULT_PATH)
   endif()

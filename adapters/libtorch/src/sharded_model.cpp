@@ -46,11 +46,6 @@ bool inside(const std::string& name, const std::string& path) {
   return name.size() > path.size() && name.compare(0, path.size(), path) == 0 && name[path.size()] == '.';
 }
 
-at::Device torch_device(const Device& device) {
-  if (device.type() == DeviceType::cpu) return at::Device(at::kCPU);
-  return at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(device.index()));
-}
-
 bool has_gradient_hook(const at::Tensor& t) {
   if (!torch::autograd::impl::hooks(t).empty()) return true;
 #if TORCH_VERSION_MAJOR >= 2
@@ -95,7 +90,13 @@ ModelCore::ModelCore(Engine& engine_, std::shared_ptr<torch::nn::Module> model_,
     throw InvalidArgument("zero3::libtorch::ShardedModel: the engine is already materialized; wrap the model on a "
                           "fresh engine (the model's parameters are declared to it)");
   }
-  device = torch_device(engine.device());
+  // The adapter's CUDA path (torch tensors on the engine's device memory, torch's current stream against the
+  // engine's compute stream) has not run on a GPU yet: refused rather than trusted untested.
+  if (engine.device().type() != DeviceType::cpu) {
+    throw Unsupported("zero3::libtorch::ShardedModel: the engine's device is " + engine.device().name() +
+                      "; the libtorch adapter runs on the cpu device only in this version (zero3.device: \"cpu\")");
+  }
+  device = at::Device(at::kCPU);
   compute_type = scalar_type_of(engine.compute_dtype());
   grad_type = scalar_type_of(engine.grad_dtype());
 

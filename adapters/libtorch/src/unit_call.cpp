@@ -32,7 +32,9 @@
 #include <cstdint>
 #include <mutex>
 #include <string>
+#include <type_traits>
 #include <unordered_set>
+#include <utility>
 #include <vector>
 
 #include "model_core.hpp"
@@ -161,6 +163,17 @@ GraphUses check_graph(const ModelCore& core, int unit_index, const std::vector<a
     }
   }
   return uses;
+}
+
+// A new autograd node: libtorch holds nodes by std::shared_ptr up to 2.x releases that moved to c10::intrusive_ptr.
+template <typename T, typename... Args>
+auto make_node(Args&&... args) {
+  using NodePtr = std::decay_t<decltype(std::declval<torch::autograd::Edge>().function)>;
+  if constexpr (std::is_same_v<NodePtr, std::shared_ptr<Node>>) {
+    return std::make_shared<T>(std::forward<Args>(args)...);
+  } else {
+    return c10::make_intrusive<T>(std::forward<Args>(args)...);
+  }
 }
 
 // The anchor of the innermost call around the current one that records a node, made on first use.
@@ -382,7 +395,7 @@ std::vector<at::Tensor> run_training(ModelCore& core, int unit_index, const std:
     enclosing = enclosing_anchor(core);
   }
 
-  auto node = std::make_shared<UnitBackward>(core.weak_from_this(), unit_index, core.engine.micro_steps());
+  auto node = make_node<UnitBackward>(core.weak_from_this(), unit_index, core.engine.micro_steps());
   std::vector<at::Tensor> edge_tensors;
   for (size_t i = 0; i < inputs.size(); ++i) {
     if (has_edge[i]) edge_tensors.push_back(inputs[i]);
