@@ -176,15 +176,16 @@ auto make_node(Args&&... args) {
   }
 }
 
-// The anchor of the innermost call around the current one that records a node, made on first use.
-at::Tensor* enclosing_anchor(ModelCore& core) {
+// The anchor of the innermost call around the current one that records a node, made on first use; undefined when
+// there is none.
+at::Tensor enclosing_anchor(ModelCore& core) {
   for (size_t k = core.frames.size(); k-- > 1;) {  // the last frame is the current call
     Frame& f = core.frames[k - 1];
     if (!core.units[static_cast<size_t>(f.unit)].id.valid()) continue;
     if (!f.anchor.defined()) f.anchor = at::zeros({}, at::TensorOptions().dtype(at::kFloat)).requires_grad_(true);
-    return &f.anchor;
+    return f.anchor;
   }
-  return nullptr;
+  return at::Tensor();
 }
 
 class UnitBackward : public Node {
@@ -201,7 +202,6 @@ class UnitBackward : public Node {
   std::vector<size_t> slot_output;        // the output index of each slot
   std::vector<int> foreign;               // enclosing units' parameters: one edge each, after the inputs'
   at::Tensor anchor;                      // this call's anchor, when nested calls recorded nodes
-  bool has_enclosing_anchor = false;      // the last edge goes to the enclosing call's anchor
   ForwardFn forward;                      // checkpointed units
   at::Tensor rng_state;                   // checkpointed units
 
@@ -372,9 +372,8 @@ std::vector<at::Tensor> run_training(ModelCore& core, int unit_index, const std:
   if (unit.checkpoint) rng_state = cpu_rng_state();
 
   std::vector<at::Tensor> outputs;
-  at::Tensor anchor;
+  at::Tensor anchor, enclosing;
   GraphUses uses;
-  at::Tensor* enclosing = nullptr;
   {
     OpenCall open(core, unit_index, /*frame=*/true);
     const uint64_t first_seq = at::sequence_number::peek();
@@ -401,18 +400,15 @@ std::vector<at::Tensor> run_training(ModelCore& core, int unit_index, const std:
     if (has_edge[i]) edge_tensors.push_back(inputs[i]);
   }
   for (int f : uses.foreign) edge_tensors.push_back(core.params[static_cast<size_t>(f)].tensor);
-  if (enclosing != nullptr) edge_tensors.push_back(*enclosing);
+  if (enclosing.defined()) edge_tensors.push_back(enclosing);  // its gradient stays undefined
   node->set_next_edges(torch::autograd::collect_next_edges(edge_tensors));
   node->input_has_edge = std::move(has_edge);
   node->foreign = std::move(uses.foreign);
   node->anchor = std::move(anchor);
-  node->has_enclosing_anchor = enclosing != nullptr;
+  node->inner_inputs = std::move(inner);
   if (unit.checkpoint) {
-    node->inner_inputs = std::move(inner);
     node->forward = std::move(forward);
     node->rng_state = std::move(rng_state);
-  } else {
-    node->inner_inputs = std::move(inner);
   }
 
   std::vector<at::Tensor> result(outputs.size());
