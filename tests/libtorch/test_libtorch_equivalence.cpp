@@ -1,7 +1,8 @@
 // A torch::nn model trained through the libtorch adapter equals the same model trained by plain libtorch with
 // torch::optim::AdamW in one process (same initialization, same global batches in the same order, clip_grad_norm_)
 // at ZeRO stages 0-3, with and without activation checkpointing of the blocks, with and without gradient
-// accumulation, and with a tied embedding (a root parameter used inside the head's unit): the losses of every step
+// accumulation, with the optimizer offloaded to CPU or NVMe, and with a tied embedding (a root parameter used inside
+// the head's unit): the losses of every step
 // and the final weights agree within fp32 round-off (the gradients are summed in another order). And at stage 3 no
 // parameter tensor is at full size outside its unit's call or backward (counted on the tensors during the run).
 // zero3-test-ranks: 1 2 3
@@ -14,6 +15,7 @@
 #include "support/engine_world.hpp"
 #include "support/libtorch_training.hpp"
 #include "support/mlp_trainer.hpp"
+#include "support/rank_temp_dir.hpp"
 
 namespace zero3::testing {
 namespace {
@@ -28,11 +30,15 @@ struct Variant {
   bool checkpoint;
   int64_t gas;
   bool tie;
+  OffloadDevice offload_optimizer = OffloadDevice::none;
 };
 
 std::string describe(const Variant& v) {
   return "stage " + std::to_string(v.stage) + (v.checkpoint ? ", checkpointed blocks" : "") + ", accumulation " +
-         std::to_string(v.gas) + (v.tie ? ", tied embedding" : "");
+         std::to_string(v.gas) + (v.tie ? ", tied embedding" : "") +
+         (v.offload_optimizer == OffloadDevice::cpu    ? ", optimizer offloaded to CPU"
+          : v.offload_optimizer == OffloadDevice::nvme ? ", optimizer offloaded to NVMe"
+                                                       : "");
 }
 
 libtorch::WrapOptions wrap_options(const TinyLlamaConfig& c, bool checkpoint) {
@@ -64,7 +70,11 @@ void expect_equal_training(const Variant& v) {
   spec.gas = v.gas;
   const TrainRun& want = reference(c, spec);
 
-  Engine engine(resolved_for(libtorch_test_config(v.stage, spec), *world), world, cpu_device());
+  Config config = libtorch_test_config(v.stage, spec);
+  RankTempDir swap_dir;
+  config.zero.offload_optimizer.device = v.offload_optimizer;
+  if (v.offload_optimizer == OffloadDevice::nvme) config.zero.offload_optimizer.nvme_path = swap_dir.path();
+  Engine engine(resolved_for(config, *world), world, cpu_device());
   libtorch::ShardedModel sharded(engine, make_tiny_llama(c, kSeed), wrap_options(c, v.checkpoint));
   sharded.materialize();
   const TrainRun got = train_sharded(sharded, c, spec);
@@ -98,6 +108,12 @@ TEST(LibtorchEquivalence, GradientAccumulation) {
     expect_equal_training({stage, false, 2, false});
     expect_equal_training({stage, true, 2, false});
   }
+}
+
+TEST(LibtorchEquivalence, OptimizerOffload) {
+  expect_equal_training({3, false, 2, false, OffloadDevice::cpu});
+  expect_equal_training({3, true, 1, false, OffloadDevice::nvme});
+  expect_equal_training({2, false, 1, false, OffloadDevice::nvme});
 }
 
 TEST(LibtorchEquivalence, TiedEmbedding) {

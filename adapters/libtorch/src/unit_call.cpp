@@ -38,7 +38,6 @@
 #include <vector>
 
 #include "model_core.hpp"
-#include "zero3/log.hpp"
 
 namespace zero3::libtorch::detail {
 namespace {
@@ -83,7 +82,7 @@ void set_cpu_rng_state(const at::Tensor& state) {
   gen.set_state(state);
 }
 
-void check_outputs_own_no_parameter(const ModelCore& core, const UnitDesc& unit, const std::vector<at::Tensor>& outs) {
+void check_outputs_alias_no_parameter(const ModelCore& core, const UnitDesc& unit, const std::vector<at::Tensor>& outs) {
   for (size_t k = 0; k < outs.size(); ++k) {
     if (!outs[k].defined() || !outs[k].has_storage()) continue;
     const c10::StorageImpl* storage = outs[k].storage().unsafeGetStorageImpl();
@@ -345,7 +344,7 @@ std::vector<at::Tensor> run_evaluation(ModelCore& core, int unit_index, const st
   {
     PointedUnit pointed(core, unit, scope);
     outputs = forward(inputs);
-    check_outputs_own_no_parameter(core, unit, outputs);
+    check_outputs_alias_no_parameter(core, unit, outputs);
   }
   scope.close();
   return outputs;
@@ -386,7 +385,7 @@ std::vector<at::Tensor> run_training(ModelCore& core, int unit_index, const std:
       } else {
         outputs = forward(inner);
       }
-      check_outputs_own_no_parameter(core, unit, outputs);
+      check_outputs_alias_no_parameter(core, unit, outputs);
     }
     scope.close();
     anchor = core.frames.back().anchor;

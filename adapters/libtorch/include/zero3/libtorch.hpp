@@ -44,8 +44,9 @@
 //    accumulation is the config's gradient_accumulation_steps. Under torch::NoGradGuard a call is an error unless
 //    the engine is evaluating (evaluate()). torch::optim does not apply: the parameters have no gradient.
 //
-// Errors are zero3::InvalidArgument (a misuse, raised before anything changes) naming the unit, the parameter
-// or the module and what to do; errors of the engine (communication, memory) are the engine's.
+// Errors are zero3::InvalidArgument (a misuse, raised before any gradient it would make wrong is computed or
+// applied) naming the unit, the parameter or the module and what to do; errors of the engine (communication,
+// memory) are the engine's. The engine's device must be cpu in this version (Unsupported otherwise).
 // Threads: one thread drives a ShardedModel, its calls and its backward (libtorch's CPU autograd runs backward
 // on the calling thread).
 #pragma once
