@@ -739,11 +739,13 @@ int run(int argc, char** argv) {
 }  // namespace llama3
 
 int main(int argc, char** argv) {
-  llama3::setup_threads(argv);
   try {
+    llama3::setup_threads(argv);
     return llama3::run(argc, argv);
   } catch (const std::exception& e) {
     zero3::log::error("llama3_train: ", e.what());
-    return 1;
+  } catch (...) {
+    zero3::log::error("llama3_train: failed with an exception that is not a std::exception");
   }
+  return 1;
 }

@@ -39,6 +39,9 @@ int main(int argc, char** argv) {
       } catch (const std::exception& e) {
         std::fprintf(stderr, "zero3 %s: unexpected error: %s\n", c.name, e.what());
         return 1;
+      } catch (...) {
+        std::fprintf(stderr, "zero3 %s: failed with an exception that is not a std::exception\n", c.name);
+        return 1;
       }
     }
   }

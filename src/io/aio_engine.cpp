@@ -268,8 +268,11 @@ class QueuedEngine final : public AioEngine {
     ++stats_.pieces;
     if (error.empty()) {
       (p.op == IoOp::read ? stats_.bytes_read : stats_.bytes_written) += p.start_length;
-    } else if (r.error.empty()) {
+    } else if (r.error.empty() || p.start_offset < r.error_offset) {
+      // Pieces finish in any order: report the first failing one by offset (a read past the end names where the
+      // file ends, not the end of a later piece that also found nothing).
       r.error = std::move(error);
+      r.error_offset = p.start_offset;
     }
     if (--r.pieces_left == 0) {
       r.done = true;

@@ -35,7 +35,8 @@ struct IoRequestState {
   // Guarded by the engine's mutex.
   size_t pieces_left = 0;
   bool done = false;
-  std::string error;  // the first failure, empty on success
+  std::string error;  // the failure of the failing piece nearest the request's start, empty on success
+  uint64_t error_offset = 0;  // that piece's offset, so the message does not depend on which piece finished first
 };
 
 // A completed (or unsubmittable) piece: result is the byte count transferred or -errno.

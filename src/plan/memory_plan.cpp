@@ -252,9 +252,7 @@ MemoryTier tier_of(OffloadDevice device) {
 
 const char* dtype_label(DType t) { return t == DType::f32 ? "fp32" : t == DType::bf16 ? "bf16" : "fp16"; }
 
-}  // namespace
-
-MemoryPlan plan_memory(const ModelDesc& model, const Config& config, const MemoryPlanOptions& options) {
+void check_plan_inputs(const ModelDesc& model, const Config& config, const MemoryPlanOptions& options) {
   ZERO3_REQUIRE(options.world_size >= 1, InvalidArgument, "plan_memory: world_size ", options.world_size,
                 " must be >= 1");
   ZERO3_REQUIRE(options.ranks_per_node >= 1, InvalidArgument, "plan_memory: ranks_per_node ", options.ranks_per_node,
@@ -276,28 +274,42 @@ MemoryPlan plan_memory(const ModelDesc& model, const Config& config, const Memor
   ZERO3_REQUIRE(*z.reduce_bucket_size >= 0, ConfigError,
                 "zero_optimization.reduce_bucket_size: ", *z.reduce_bucket_size,
                 " is negative, expected a number of elements (0: the largest unit)");
+}
 
-  MemoryPlan plan;
-  plan.stage = z.stage;
-  plan.compute_dtype = config.compute_dtype();
-  plan.world_size = options.world_size;
-  plan.ranks_per_node = options.ranks_per_node;
-  plan.nodes = (options.world_size + options.ranks_per_node - 1) / options.ranks_per_node;
-  plan.device_is_host = config.zero3.device == "cpu";
+// What every part of the plan reads: the config, the partition, the dtypes' sizes and where the state lives.
+struct PlanInputs {
+  PlanInputs(const Config& c, detail::ShardLayout l) : config(c), z(c.zero), layout(std::move(l)) {}
 
-  // The partition: every rank, or MiCS's shard group (whose replicas hold the same slices).
-  const detail::ShardLayout layout = detail::plan_layout(z, options.world_size, options.ranks_per_node);
-  plan.partition_size = layout.shard_size;
-  plan.layout = layout.describe();
-  const int64_t w = layout.shard_size;
-  const int64_t c = static_cast<int64_t>(dtype_size(plan.compute_dtype));
-  const DType accum = config.grad_accum_dtype.value_or(DType::f32);
-  const int64_t g = static_cast<int64_t>(dtype_size(accum));
-  const DType comm = config.communication_dtype();
-  const bool mixed = plan.compute_dtype != DType::f32;
-
+  const Config& config;
+  const ZeroConfig& z;
+  detail::ShardLayout layout;
+  int64_t w = 1;  // ranks of the partition
+  int64_t c = 4;  // bytes per compute-dtype element
+  DType accum = DType::f32;
+  int64_t g = 4;  // bytes per accumulated gradient element
+  DType comm = DType::f32;
+  std::string cl, gl;  // the compute and gradient dtypes' labels
+  MemoryTier opt_tier = MemoryTier::device;
+  int64_t full = 0;   // padded elements, all units
+  int64_t owned = 0;  // the optimizer's range, all units
+  // Offload from a GPU (on the cpu device everything is host memory already): the optimizer's state and the
+  // parameter slices move, the step stages gradients and compute copies through pinned host memory.
+  bool gpu = false;
+  bool optimizer_off = false;
+  bool param_off = false;
+  // With fp32 compute the parameters are the master, unless offload on a GPU puts them in different places.
+  bool separate_master = false;
   std::vector<detail::SimulatedUnit> units;
   int64_t largest_slice = 0, largest_numel = 0;
+};
+
+void add_entry(MemoryPlan& plan, MemoryCategory cat, MemoryTier tier, int64_t bytes, std::string what) {
+  if (bytes > 0) plan.entries.push_back({cat, tier, bytes, std::move(what)});
+}
+
+// Each unit's slice and padded size over the partition, and the plan's totals of them.
+void size_units(const ModelDesc& model, PlanInputs& in, MemoryPlan& plan) {
+  const int64_t w = in.w;
   for (const auto& u : model.units) {
     int64_t p = u.numel();
     ZERO3_REQUIRE(p > 0, InvalidArgument, "plan_memory: unit '", u.name, "' has no elements");
@@ -306,135 +318,148 @@ MemoryPlan plan_memory(const ModelDesc& model, const Config& config, const Memor
     plan.shard_params += slice;
     plan.padded_params += slice * w;
     plan.largest_unit = std::max(plan.largest_unit, slice * w);
-    largest_slice = std::max(largest_slice, slice);
-    largest_numel = std::max(largest_numel, p);
-    units.push_back({p, slice * w, false});
+    in.largest_slice = std::max(in.largest_slice, slice);
+    in.largest_numel = std::max(in.largest_numel, p);
+    in.units.push_back({p, slice * w, false});
   }
-  plan.checkpoint_bytes = checkpoint_bytes(model, w);
+}
 
-  auto add = [&plan](MemoryCategory cat, MemoryTier tier, int64_t bytes, std::string what) {
-    if (bytes > 0) plan.entries.push_back({cat, tier, bytes, std::move(what)});
+// The scratch of the gathers in flight (gather_scratch_bytes: qwZ's int8 messages, the hierarchical gather's
+// inter-node stage). A non-persistent unit holds its scratch only while it is live, so the live units' is at
+// most that of the units with the most scratch per padded element filling live_params (the last one in part);
+// a persistent unit's gather (unquantized) after the step may run beside it.
+void add_gather_scratch(const PlanInputs& in, MemoryPlan& plan) {
+  const ZeroConfig& z = in.z;
+  const detail::ShardLayout& layout = in.layout;
+  const int64_t w = in.w, c = in.c;
+  const int staged = layout.hierarchical ? layout.shard_size / layout.nodes.ranks_per_node : 0;
+  const QuantFormat fmt{8, in.config.zero3.qwz_block_size};
+  auto scratch_of = [&](int64_t piece, int pieces, bool quantized) {
+    return detail::gather_scratch_bytes(piece, pieces, staged, quantized && pieces > 1, fmt, c);
   };
-  const std::string cl = dtype_label(plan.compute_dtype), gl = dtype_label(accum);
-  const MemoryTier opt_tier = tier_of(z.offload_optimizer.device);
-  const int64_t full = plan.padded_params;
-  const int64_t owned = z.stage == 0 ? full : plan.shard_params;  // the optimizer's range, all units
-  // Offload from a GPU (on the cpu device everything is host memory already): the optimizer's state and the
-  // parameter slices move, the step stages gradients and compute copies through pinned host memory.
-  const bool gpu = !plan.device_is_host;
-  const bool optimizer_off = z.offload_optimizer.device != OffloadDevice::none;
-  const bool param_off = z.offload_param.device != OffloadDevice::none;
-  // With fp32 compute the parameters are the master, unless offload on a GPU puts them in different places.
-  const bool separate_master = mixed || (gpu && (optimizer_off || param_off));
+  int64_t scratch = 0;
+  std::vector<std::pair<int64_t, int64_t>> live;  // scratch, padded elements
+  for (const auto& u : in.units) {
+    int64_t b = scratch_of(u.padded / w, static_cast<int>(w), z.quantized_weights && !u.persistent);
+    if (layout.kind == detail::LayoutKind::hpz && !u.persistent) {  // the later gathers read the secondary copy
+      b = std::max(b, scratch_of(u.padded / layout.hpz_size, layout.hpz_size, z.quantized_weights));
+    }
+    if (u.persistent) {
+      scratch += b;
+    } else {
+      live.emplace_back(b, u.padded);
+    }
+  }
+  std::sort(live.begin(), live.end(), [](const auto& x, const auto& y) {
+    return static_cast<long double>(x.first) * y.second > static_cast<long double>(y.first) * x.second;
+  });
+  int64_t room = plan.live_params;
+  for (const auto& [b, padded] : live) {
+    const int64_t taken = std::min(room, padded);
+    scratch += taken == padded ? b : static_cast<int64_t>(std::ceil(static_cast<long double>(b) * taken / padded));
+    room -= taken;
+  }
+  const std::string parts = z.quantized_weights && layout.hierarchical ? "qwZ int8 messages, hierarchical staging"
+                            : z.quantized_weights                      ? "qwZ int8 messages"
+                                                                       : "hierarchical staging";
+  add_entry(plan, MemoryCategory::buffers, MemoryTier::device, scratch,
+            "gather scratch, worst case (" + parts + (layout.hierarchical ? ", " + in.cl : std::string()) + ")");
+}
 
-  // Parameters in the compute dtype, and the fp32 master.
+// Stage 3: the slices, the persistent units, the worst micro-step's gathered units (by the engine's gather rules),
+// hpZ's secondary partition and the gathers' scratch.
+void add_stage3_parameters(PlanInputs& in, MemoryPlan& plan) {
+  const ZeroConfig& z = in.z;
+  const int64_t c = in.c;
+  const std::string& cl = in.cl;
+  ZERO3_REQUIRE(z.prefetch_bucket_size.has_value(), ConfigError,
+                "zero_optimization.stage3_prefetch_bucket_size: still \"auto\"; pass --hidden-size to zero3 plan "
+                "(or hidden_size to resolve())");
+  ZERO3_REQUIRE(z.param_persistence_threshold.has_value(), ConfigError,
+                "zero_optimization.stage3_param_persistence_threshold: still \"auto\"; pass --hidden-size to zero3 "
+                "plan (or hidden_size to resolve())");
+  for (auto& u : in.units) {
+    if (u.numel <= *z.param_persistence_threshold && plan.persistent_numel + u.numel <= z.model_persistence_threshold) {
+      u.persistent = true;
+      plan.persistent_numel += u.numel;
+      plan.persistent_params += u.padded;
+    }
+  }
+  // The worst micro-step: the window's last, or one within it that keeps the next one's first units. What
+  // step() leaves gathered (those first units) is within both: they are gathered together after the first entry.
+  const detail::SimulatedGathers sim =
+      detail::simulate_gathers(in.units, *z.prefetch_bucket_size, z.max_live_parameters, z.max_reuse_distance);
+  const detail::SimulatedGathers window = detail::simulate_gathers(
+      in.units, *z.prefetch_bucket_size, z.max_live_parameters, z.max_reuse_distance, /*keep_first_units=*/true);
+  plan.live_params = std::max(sim.peak_padded, window.peak_padded);
+  plan.live_numel = std::max(sim.peak_numel, window.peak_numel);
+  const MemoryTier slice_tier = tier_of(z.offload_param.device);
+  if (in.separate_master) {
+    add_entry(plan, MemoryCategory::params, slice_tier, plan.shard_params * c, "parameter slices (" + cl + ")");
+    add_entry(plan, MemoryCategory::master, in.opt_tier, plan.shard_params * 4, "master weight slices (fp32)");
+  } else {
+    add_entry(plan, MemoryCategory::params, slice_tier, plan.shard_params * 4, "parameter slices, the master (fp32)");
+  }
+  add_entry(plan, MemoryCategory::params, MemoryTier::device, plan.persistent_params * c,
+            "persistent units, kept gathered (" + cl + ")");
+  add_entry(plan, MemoryCategory::params, MemoryTier::device, plan.live_params * c,
+            "gathered units, worst case (" + cl + ")");
+  const detail::ShardLayout& layout = in.layout;
+  if (layout.kind == detail::LayoutKind::hpz) {
+    int64_t secondary = 0;
+    for (const auto& u : in.units) secondary += u.persistent ? 0 : u.padded / layout.hpz_size;
+    // On the device, or in host memory where zero3.hpz_secondary_memory says so (on a GPU; on the cpu device the
+    // device is host memory).
+    const MemoryTier tier = in.gpu && in.config.zero3.hpz_secondary_on_host ? MemoryTier::host : MemoryTier::device;
+    add_entry(plan, MemoryCategory::params, tier, secondary * c,
+              "hpZ secondary partition, 1/" + std::to_string(layout.hpz_size) + " of each unit (" + cl + ")");
+  }
+  if (layout.hierarchical || z.quantized_weights) add_gather_scratch(in, plan);
+}
+
+// Parameters in the compute dtype, and the fp32 master.
+void add_parameters(PlanInputs& in, MemoryPlan& plan) {
+  const ZeroConfig& z = in.z;
   if (z.stage < 3) {
-    add(MemoryCategory::params, MemoryTier::device, full * c, "parameters, replicated (" + cl + ")");
-    if (separate_master) {
-      add(MemoryCategory::master, opt_tier, owned * 4,
-          z.stage == 0 ? "master weights, replicated (fp32)" : "master weight slices (fp32)");
+    add_entry(plan, MemoryCategory::params, MemoryTier::device, in.full * in.c,
+              "parameters, replicated (" + in.cl + ")");
+    if (in.separate_master) {
+      add_entry(plan, MemoryCategory::master, in.opt_tier, in.owned * 4,
+                z.stage == 0 ? "master weights, replicated (fp32)" : "master weight slices (fp32)");
     }
   } else {
-    ZERO3_REQUIRE(z.prefetch_bucket_size.has_value(), ConfigError,
-                  "zero_optimization.stage3_prefetch_bucket_size: still \"auto\"; pass --hidden-size to zero3 plan "
-                  "(or hidden_size to resolve())");
-    ZERO3_REQUIRE(z.param_persistence_threshold.has_value(), ConfigError,
-                  "zero_optimization.stage3_param_persistence_threshold: still \"auto\"; pass --hidden-size to zero3 "
-                  "plan (or hidden_size to resolve())");
-    for (auto& u : units) {
-      if (u.numel <= *z.param_persistence_threshold &&
-          plan.persistent_numel + u.numel <= z.model_persistence_threshold) {
-        u.persistent = true;
-        plan.persistent_numel += u.numel;
-        plan.persistent_params += u.padded;
-      }
-    }
-    // The worst micro-step: the window's last, or one within it that keeps the next one's first units. What
-    // step() leaves gathered (those first units) is within both: they are gathered together after the first entry.
-    const detail::SimulatedGathers sim =
-        detail::simulate_gathers(units, *z.prefetch_bucket_size, z.max_live_parameters, z.max_reuse_distance);
-    const detail::SimulatedGathers window = detail::simulate_gathers(
-        units, *z.prefetch_bucket_size, z.max_live_parameters, z.max_reuse_distance, /*keep_first_units=*/true);
-    plan.live_params = std::max(sim.peak_padded, window.peak_padded);
-    plan.live_numel = std::max(sim.peak_numel, window.peak_numel);
-    const MemoryTier slice_tier = tier_of(z.offload_param.device);
-    if (separate_master) {
-      add(MemoryCategory::params, slice_tier, plan.shard_params * c, "parameter slices (" + cl + ")");
-      add(MemoryCategory::master, opt_tier, plan.shard_params * 4, "master weight slices (fp32)");
-    } else {
-      add(MemoryCategory::params, slice_tier, plan.shard_params * 4, "parameter slices, the master (fp32)");
-    }
-    add(MemoryCategory::params, MemoryTier::device, plan.persistent_params * c,
-        "persistent units, kept gathered (" + cl + ")");
-    add(MemoryCategory::params, MemoryTier::device, plan.live_params * c, "gathered units, worst case (" + cl + ")");
-    if (layout.kind == detail::LayoutKind::hpz) {
-      int64_t secondary = 0;
-      for (const auto& u : units) secondary += u.persistent ? 0 : u.padded / layout.hpz_size;
-      // On the device, or in host memory where zero3.hpz_secondary_memory says so (on a GPU; on the cpu device the
-      // device is host memory).
-      const MemoryTier tier = gpu && config.zero3.hpz_secondary_on_host ? MemoryTier::host : MemoryTier::device;
-      add(MemoryCategory::params, tier, secondary * c,
-          "hpZ secondary partition, 1/" + std::to_string(layout.hpz_size) + " of each unit (" + cl + ")");
-    }
-    if (layout.hierarchical || z.quantized_weights) {
-      // The scratch of the gathers in flight (gather_scratch_bytes: qwZ's int8 messages, the hierarchical gather's
-      // inter-node stage). A non-persistent unit holds its scratch only while it is live, so the live units' is at
-      // most that of the units with the most scratch per padded element filling live_params (the last one in part);
-      // a persistent unit's gather (unquantized) after the step may run beside it.
-      const int staged = layout.hierarchical ? layout.shard_size / layout.nodes.ranks_per_node : 0;
-      const QuantFormat fmt{8, config.zero3.qwz_block_size};
-      auto scratch_of = [&](int64_t piece, int pieces, bool quantized) {
-        return detail::gather_scratch_bytes(piece, pieces, staged, quantized && pieces > 1, fmt, c);
-      };
-      int64_t scratch = 0;
-      std::vector<std::pair<int64_t, int64_t>> live;  // scratch, padded elements
-      for (const auto& u : units) {
-        int64_t b = scratch_of(u.padded / w, static_cast<int>(w), z.quantized_weights && !u.persistent);
-        if (layout.kind == detail::LayoutKind::hpz && !u.persistent) {  // the later gathers read the secondary copy
-          b = std::max(b, scratch_of(u.padded / layout.hpz_size, layout.hpz_size, z.quantized_weights));
-        }
-        if (u.persistent) {
-          scratch += b;
-        } else {
-          live.emplace_back(b, u.padded);
-        }
-      }
-      std::sort(live.begin(), live.end(), [](const auto& x, const auto& y) {
-        return static_cast<long double>(x.first) * y.second > static_cast<long double>(y.first) * x.second;
-      });
-      int64_t room = plan.live_params;
-      for (const auto& [b, padded] : live) {
-        const int64_t taken = std::min(room, padded);
-        scratch += taken == padded ? b
-                                   : static_cast<int64_t>(std::ceil(static_cast<long double>(b) * taken / padded));
-        room -= taken;
-      }
-      const std::string parts = z.quantized_weights && layout.hierarchical ? "qwZ int8 messages, hierarchical staging"
-                                : z.quantized_weights                      ? "qwZ int8 messages"
-                                                                           : "hierarchical staging";
-      add(MemoryCategory::buffers, MemoryTier::device, scratch,
-          "gather scratch, worst case (" + parts + (layout.hierarchical ? ", " + cl : std::string()) + ")");
-    }
+    add_stage3_parameters(in, plan);
   }
+}
 
-  // Gradients: the accumulator, and one open backward scope's buffer.
-  add(MemoryCategory::grads, MemoryTier::device, plan.largest_unit * g,
-      "backward scope buffer, largest unit (" + gl + ")");
+// Gradients: the accumulator, and one open backward scope's buffer; then Adam's m and v.
+void add_gradients_and_moments(const PlanInputs& in, MemoryPlan& plan) {
+  const ZeroConfig& z = in.z;
+  const int64_t g = in.g;
+  const std::string& gl = in.gl;
+  add_entry(plan, MemoryCategory::grads, MemoryTier::device, plan.largest_unit * g,
+            "backward scope buffer, largest unit (" + gl + ")");
   // The accumulator stays on the device with offload too: the step copies it to the host tile by tile.
   if (z.stage < 2) {
-    add(MemoryCategory::grads, MemoryTier::device, full * g, "gradient accumulator, replicated (" + gl + ")");
+    add_entry(plan, MemoryCategory::grads, MemoryTier::device, in.full * g,
+              "gradient accumulator, replicated (" + gl + ")");
   } else {
-    add(MemoryCategory::grads, MemoryTier::device, plan.shard_params * g, "gradient accumulator slices (" + gl + ")");
+    add_entry(plan, MemoryCategory::grads, MemoryTier::device, plan.shard_params * g,
+              "gradient accumulator slices (" + gl + ")");
   }
+  add_entry(plan, MemoryCategory::optimizer_state, in.opt_tier, in.owned * 8,
+            z.stage == 0 ? "Adam m, v, replicated (fp32)" : "Adam m, v slices (fp32)");
+}
 
-  // Adam m and v.
-  add(MemoryCategory::optimizer_state, opt_tier, owned * 8,
-      z.stage == 0 ? "Adam m, v, replicated (fp32)" : "Adam m, v slices (fp32)");
-
-  // The reducer's ring of buckets: enough to hold the largest unit's reduction in flight (reduce_buckets_in_flight,
-  // reducer.hpp).
-  const int64_t cb = static_cast<int64_t>(dtype_size(comm));
-  const std::string comm_label = dtype_label(comm);
+// The reducer's ring of buckets: enough to hold the largest unit's reduction in flight (reduce_buckets_in_flight,
+// reducer.hpp).
+void add_reduce_buckets(const PlanInputs& in, MemoryPlan& plan) {
+  const ZeroConfig& z = in.z;
+  const detail::ShardLayout& layout = in.layout;
+  const int64_t w = in.w;
+  const int64_t largest_slice = in.largest_slice, largest_numel = in.largest_numel;
+  const int64_t cb = static_cast<int64_t>(dtype_size(in.comm));
+  const std::string comm_label = dtype_label(in.comm);
   // reduce_bucket_size 0: a bucket holds the largest unit (as the engine reads it).
   const int64_t bucket = *z.reduce_bucket_size > 0 ? *z.reduce_bucket_size
                          : z.stage >= 2            ? largest_slice * w
@@ -446,61 +471,112 @@ MemoryPlan plan_memory(const ModelDesc& model, const Config& config, const Memor
       // qgZ: each bucket's output holds the two all-to-alls' int4 messages and their fp32 sums (qgz_layout).
       const int local = layout.qgz_intra_group(0).size(), across = layout.qgz_inter_group(0).size();
       const auto out = static_cast<int64_t>(
-          detail::qgz_layout(chunk, local, across, QuantFormat{4, config.zero3.qgz_block_size}).total);
-      add(MemoryCategory::buffers, MemoryTier::device, n * (chunk * w * cb + out),
-          "qgZ buckets, " + std::to_string(n) + " x " + std::to_string(chunk * w) + " (" + comm_label +
-              " in, int4 + fp32 out)");
+          detail::qgz_layout(chunk, local, across, QuantFormat{4, in.config.zero3.qgz_block_size}).total);
+      add_entry(plan, MemoryCategory::buffers, MemoryTier::device, n * (chunk * w * cb + out),
+                "qgZ buckets, " + std::to_string(n) + " x " + std::to_string(chunk * w) + " (" + comm_label +
+                    " in, int4 + fp32 out)");
     } else {
-      add(MemoryCategory::buffers, MemoryTier::device, n * (chunk * w + chunk) * cb,
-          "reduce-scatter buckets, " + std::to_string(n) + " x " + std::to_string(chunk * w) + " (" + comm_label +
-              ")");
+      add_entry(
+          plan, MemoryCategory::buffers, MemoryTier::device, n * (chunk * w + chunk) * cb,
+          "reduce-scatter buckets, " + std::to_string(n) + " x " + std::to_string(chunk * w) + " (" + comm_label + ")");
     }
     if (layout.replicas() > 1) {
       int64_t across = std::max<int64_t>(1, std::min(*z.reduce_bucket_size, plan.shard_params));
       const int64_t na = detail::reduce_buckets_in_flight(largest_slice, across);
-      add(MemoryCategory::buffers, MemoryTier::device, na * across * cb,
-          "all-reduce buckets across the replicas, " + std::to_string(na) + " x " + std::to_string(across) + " (" +
-              comm_label + ")");
+      add_entry(plan, MemoryCategory::buffers, MemoryTier::device, na * across * cb,
+                "all-reduce buckets across the replicas, " + std::to_string(na) + " x " + std::to_string(across) +
+                    " (" + comm_label + ")");
     }
   } else {
     int64_t chunk = std::max<int64_t>(1, std::min(bucket, plan.total_params));
     const int64_t n = detail::reduce_buckets_in_flight(largest_numel, chunk);
-    add(MemoryCategory::buffers, MemoryTier::device, n * chunk * cb,
-        "all-reduce buckets, " + std::to_string(n) + " x " + std::to_string(chunk) + " (" + comm_label + ")");
+    add_entry(plan, MemoryCategory::buffers, MemoryTier::device, n * chunk * cb,
+              "all-reduce buckets, " + std::to_string(n) + " x " + std::to_string(chunk) + " (" + comm_label + ")");
   }
-  // The optimizer step's tiles (offload needs stage >= 1, where the owned ranges are slices).
-  const int64_t step_tile = std::min(z.sub_group_size, z.stage == 0 ? largest_numel : largest_slice);
-  if (accum != DType::f32) {
-    add(MemoryCategory::buffers, gpu && optimizer_off ? MemoryTier::host : MemoryTier::device, step_tile * 4,
-        "optimizer step tile (fp32)");
+}
+
+// The optimizer step's tiles (offload needs stage >= 1, where the owned ranges are slices), and with offload from a
+// GPU the staging of the tiles between the device and host memory.
+void add_step_buffers(const PlanInputs& in, MemoryPlan& plan) {
+  const ZeroConfig& z = in.z;
+  const int64_t c = in.c, g = in.g;
+  const int64_t step_tile = std::min(z.sub_group_size, z.stage == 0 ? in.largest_numel : in.largest_slice);
+  if (in.accum != DType::f32) {
+    add_entry(plan, MemoryCategory::buffers, in.gpu && in.optimizer_off ? MemoryTier::host : MemoryTier::device,
+              step_tile * 4, "optimizer step tile (fp32)");
   }
-  if (gpu && optimizer_off) {
+  if (in.gpu && in.optimizer_off) {
     // Two pinned slots for gradients coming down and, unless Adam writes the host slices, two for the
     // compute copies going up.
-    const int64_t up = param_off ? 0 : c;
-    add(MemoryCategory::buffers, MemoryTier::host, 2 * step_tile * (g + up),
-        "step staging, 2 x " + std::to_string(step_tile) + " (" + gl + " grads" +
-            (up > 0 ? " + " + cl + " params" : "") + ")");
+    const int64_t up = in.param_off ? 0 : c;
+    add_entry(plan, MemoryCategory::buffers, MemoryTier::host, 2 * step_tile * (g + up),
+              "step staging, 2 x " + std::to_string(step_tile) + " (" + in.gl + " grads" +
+                  (up > 0 ? " + " + in.cl + " params" : "") + ")");
   }
-  if (gpu && param_off && !optimizer_off) {
-    add(MemoryCategory::buffers, MemoryTier::device, step_tile * c,
-        "step tile of parameters for the host slices (" + cl + ")");
+  if (in.gpu && in.param_off && !in.optimizer_off) {
+    add_entry(plan, MemoryCategory::buffers, MemoryTier::device, step_tile * c,
+              "step tile of parameters for the host slices (" + in.cl + ")");
   }
+}
 
-  // Staging buffers of the NVMe tiers.
+// Staging buffers of the NVMe tiers.
+void add_nvme_staging(const PlanInputs& in, MemoryPlan& plan) {
+  const ZeroConfig& z = in.z;
   if (z.offload_param.device == OffloadDevice::nvme) {
-    add(MemoryCategory::buffers, MemoryTier::host, z.offload_param.buffer_count * z.offload_param.buffer_size * c,
-        "NVMe staging, params: " + std::to_string(z.offload_param.buffer_count) + " x " +
-            std::to_string(z.offload_param.buffer_size) + " (" + cl + ")");
+    add_entry(plan, MemoryCategory::buffers, MemoryTier::host,
+              z.offload_param.buffer_count * z.offload_param.buffer_size * in.c,
+              "NVMe staging, params: " + std::to_string(z.offload_param.buffer_count) + " x " +
+                  std::to_string(z.offload_param.buffer_size) + " (" + in.cl + ")");
   }
   if (z.offload_optimizer.device == OffloadDevice::nvme) {
     int64_t elems = std::min(z.sub_group_size, plan.shard_params);
-    add(MemoryCategory::buffers, MemoryTier::host, z.offload_optimizer.buffer_count * elems * 4,
-        "NVMe staging, optimizer: " + std::to_string(z.offload_optimizer.buffer_count) + " x " + std::to_string(elems) +
-            " (fp32)");
+    add_entry(plan, MemoryCategory::buffers, MemoryTier::host, z.offload_optimizer.buffer_count * elems * 4,
+              "NVMe staging, optimizer: " + std::to_string(z.offload_optimizer.buffer_count) + " x " +
+                  std::to_string(elems) + " (fp32)");
   }
+}
 
-  add(MemoryCategory::activations, MemoryTier::device, options.activation_bytes, "activations (estimate given)");
+}  // namespace
+
+MemoryPlan plan_memory(const ModelDesc& model, const Config& config, const MemoryPlanOptions& options) {
+  check_plan_inputs(model, config, options);
+  const ZeroConfig& z = config.zero;
+  MemoryPlan plan;
+  plan.stage = z.stage;
+  plan.compute_dtype = config.compute_dtype();
+  plan.world_size = options.world_size;
+  plan.ranks_per_node = options.ranks_per_node;
+  plan.nodes = (options.world_size + options.ranks_per_node - 1) / options.ranks_per_node;
+  plan.device_is_host = config.zero3.device == "cpu";
+
+  // The partition: every rank, or MiCS's shard group (whose replicas hold the same slices).
+  PlanInputs in(config, detail::plan_layout(z, options.world_size, options.ranks_per_node));
+  plan.partition_size = in.layout.shard_size;
+  plan.layout = in.layout.describe();
+  in.w = in.layout.shard_size;
+  in.c = static_cast<int64_t>(dtype_size(plan.compute_dtype));
+  in.accum = config.grad_accum_dtype.value_or(DType::f32);
+  in.g = static_cast<int64_t>(dtype_size(in.accum));
+  in.comm = config.communication_dtype();
+  in.cl = dtype_label(plan.compute_dtype);
+  in.gl = dtype_label(in.accum);
+  in.opt_tier = tier_of(z.offload_optimizer.device);
+  size_units(model, in, plan);
+  plan.checkpoint_bytes = checkpoint_bytes(model, in.w);
+  in.full = plan.padded_params;
+  in.owned = z.stage == 0 ? in.full : plan.shard_params;
+  in.gpu = !plan.device_is_host;
+  in.optimizer_off = z.offload_optimizer.device != OffloadDevice::none;
+  in.param_off = z.offload_param.device != OffloadDevice::none;
+  in.separate_master = plan.compute_dtype != DType::f32 || (in.gpu && (in.optimizer_off || in.param_off));
+
+  add_parameters(in, plan);
+  add_gradients_and_moments(in, plan);
+  add_reduce_buckets(in, plan);
+  add_step_buffers(in, plan);
+  add_nvme_staging(in, plan);
+  add_entry(plan, MemoryCategory::activations, MemoryTier::device, options.activation_bytes,
+            "activations (estimate given)");
   return plan;
 }
 

@@ -16,6 +16,9 @@
 // "vs memcpy": each repeat times a memcpy right before the operation, with the same threads, and divides the
 // two GB/s; the column is the median of those ratios, so that on a machine whose bandwidth drifts (a shared
 // one) each operation is compared with the memcpy of the same moment.
+//
+// The smallest run, in seconds (ctest label bench_smoke; tests/CMakeLists.txt reads these lines):
+// zero3-bench-smoke: 65536 1
 #include <omp.h>
 
 #include <algorithm>
@@ -29,6 +32,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/bench_main.hpp"
 #include "kernels/block_quantize_cpu.hpp"
 
 using namespace zero3;
@@ -76,7 +80,7 @@ void parallel_memcpy(uint8_t* dst, const uint8_t* src, size_t bytes, int threads
 
 }  // namespace
 
-int main(int argc, char** argv) {
+int bench_main(int argc, char** argv) {
   const int64_t n = argc > 1 ? std::strtoll(argv[1], nullptr, 10) : int64_t{1} << 26;
   const int repeats = argc > 2 ? std::atoi(argv[2]) : 5;
   const int64_t block = argc > 3 ? std::strtoll(argv[3], nullptr, 10) : 2048;
@@ -158,3 +162,5 @@ int main(int argc, char** argv) {
   }
   return 0;
 }
+
+int main(int argc, char** argv) { return zero3::testing::run_main(argc, argv, bench_main); }

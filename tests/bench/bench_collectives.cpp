@@ -16,6 +16,9 @@
 // Link bound: every rank streams 64 MiB to its right neighbour over a plain TCP socket while receiving from
 // its left one, all at once, as in one ring step; the slowest rank's time gives the per-link GB/s. A ring
 // collective cannot beat it; the ratio busbw/link says how much of the network the collective uses.
+//
+// The smallest run, in seconds (ctest label bench_smoke; tests/CMakeLists.txt reads these lines):
+// zero3-bench-smoke: --ranks 2 --min-bytes 4096 --max-bytes 16384
 #include <netinet/in.h>
 #include <sys/ioctl.h>
 #include <sys/socket.h>
@@ -31,6 +34,7 @@
 #include <thread>
 #include <vector>
 
+#include "bench/bench_main.hpp"
 #include "comm/bootstrap/socket.hpp"
 #include "zero3/comm.hpp"
 #include "zero3/error.hpp"
@@ -273,13 +277,10 @@ int bench(const Options& o) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
+int bench_main(int argc, char** argv) {
   Options o = parse(argc, argv);
-  try {
-    if (detect_launch().launcher == "single") return relaunch(argc, argv, o);
-    return bench(o);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "bench_collectives: %s\n", e.what());
-    return 1;
-  }
+  if (detect_launch().launcher == "single") return relaunch(argc, argv, o);
+  return bench(o);
 }
+
+int main(int argc, char** argv) { return zero3::testing::run_main(argc, argv, bench_main); }

@@ -14,6 +14,9 @@
 // Printed for one thread and for all threads: params/s, effective GB/s, ratio to the triad (target >= 0.85),
 // the same ratio with write-allocate traffic counted for both (32 B per element and per parameter), and the
 // speed-up over a plain scalar loop (adam_update + f32_to_bf16) compiled with the same flags.
+//
+// The smallest run, in seconds (ctest label bench_smoke; tests/CMakeLists.txt reads these lines):
+// zero3-bench-smoke: 65536 1
 #include <omp.h>
 
 #include <algorithm>
@@ -23,6 +26,7 @@
 #include <memory>
 #include <string>
 
+#include "bench/bench_main.hpp"
 #include "offload/cpu_adam.hpp"
 
 using namespace zero3;
@@ -80,7 +84,7 @@ void plain_adam(float* p, const float* g, float* m, float* v, uint16_t* copy, si
 
 }  // namespace
 
-int main(int argc, char** argv) {
+int bench_main(int argc, char** argv) {
   size_t n = argc > 1 ? std::strtoull(argv[1], nullptr, 10) : size_t{1} << 25;
   int repeats = argc > 2 ? std::atoi(argv[2]) : 5;
   int max_threads = omp_get_num_procs();
@@ -128,3 +132,5 @@ int main(int argc, char** argv) {
   }
   return 0;
 }
+
+int main(int argc, char** argv) { return zero3::testing::run_main(argc, argv, bench_main); }

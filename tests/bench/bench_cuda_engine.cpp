@@ -18,12 +18,16 @@
 // One process, one GPU: the NCCL communicator has one rank, so a gather is a device-to-device copy and
 // the figures measure the engine's own overhead (scheduling, copies, stream ordering), not a network.
 // Exits 77 with the reason when there is no CUDA device.
+//
+// The smallest run, in seconds (ctest label bench_smoke; tests/CMakeLists.txt reads these lines):
+// zero3-bench-smoke: --layers 2 --hidden 256 --tokens 256 --steps 2
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
 #include <string>
 
+#include "bench/bench_main.hpp"
 #include "zero3/build_config.hpp"
 
 #if ZERO3_HAVE_CUDA && ZERO3_HAVE_NCCL
@@ -219,7 +223,7 @@ EngineTiming time_engine(const Options& o, int stage, bool compute, Device& devi
 
 }  // namespace
 
-int main(int argc, char** argv) {
+int bench_main(int argc, char** argv) {
   Options o = parse(argc, argv);
   std::string why;
   if (detail::cuda_device_count(&why) == 0) {
@@ -304,6 +308,8 @@ int main(int argc, char** argv) {
   cublasDestroy(h);
   return 0;
 }
+
+int main(int argc, char** argv) { return zero3::testing::run_main(argc, argv, bench_main); }
 
 #else
 

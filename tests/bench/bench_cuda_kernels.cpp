@@ -6,6 +6,9 @@
 //   bench_cuda_kernels [--elements N] [--reps R]     (default N = 2^28, R = 20)
 //
 // Exits 77 with the reason when there is no CUDA device (or no CUDA in this build).
+//
+// The smallest run, in seconds (ctest label bench_smoke; tests/CMakeLists.txt reads these lines):
+// zero3-bench-smoke: --elements 65536 --reps 2
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -13,6 +16,7 @@
 #include <functional>
 #include <string>
 
+#include "bench/bench_main.hpp"
 #include "zero3/build_config.hpp"
 
 #if ZERO3_HAVE_CUDA
@@ -76,7 +80,7 @@ double wall_ms(int reps, const std::function<void()>& fn) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
+int bench_main(int argc, char** argv) {
   Options opt = parse(argc, argv);
   std::string why;
   if (cuda_device_count(&why) == 0) {
@@ -155,6 +159,8 @@ int main(int argc, char** argv) {
   std::printf("grad_stats is timed on the host: it includes copying the chunk sums back and waiting for them.\n");
   return 0;
 }
+
+int main(int argc, char** argv) { return zero3::testing::run_main(argc, argv, bench_main); }
 
 #else
 

@@ -8,6 +8,10 @@
 // microseconds. Gloo sends a call of at most 1 KiB per message with its description (comm.hpp, "Agreement");
 // a larger --count (262144: 1 MiB, the engine benchmark's bucket) times the comparison as a message of its own
 // before the data. Figures only; nothing is asserted.
+//
+// The smallest run, in seconds (ctest label bench_smoke; tests/CMakeLists.txt reads these lines):
+// zero3-bench-smoke: --iters 20 --count 1
+// zero3-bench-smoke-ranks: 2
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -17,12 +21,13 @@
 #include <string>
 #include <vector>
 
+#include "bench/bench_main.hpp"
 #include "support/engine_world.hpp"
 #include "zero3/comm.hpp"
 
 using namespace zero3;
 
-int main(int argc, char** argv) {
+int bench_main(int argc, char** argv) {
   int iters = 2000;
   size_t count = 1;
   for (int i = 1; i + 1 < argc; i += 2) {
@@ -66,3 +71,5 @@ int main(int argc, char** argv) {
   }
   return 0;
 }
+
+int main(int argc, char** argv) { return zero3::testing::run_main(argc, argv, bench_main); }

@@ -8,6 +8,9 @@
 // alone (cpu_adam_step over the same tiles in memory). A fully overlapped step takes max(I/O, compute);
 // printed: step time, the share of it the calling thread spent waiting on I/O, and the ratio of that
 // bound to the step time (1.0: perfect overlap).
+//
+// The smallest run, in seconds (ctest label bench_smoke; tests/CMakeLists.txt reads these lines):
+// zero3-bench-smoke: @DIR@ 65536 16384 3 1
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -16,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/bench_main.hpp"
 #include "io/aio_engine.hpp"
 #include "offload/cpu_adam.hpp"
 #include "offload/swap_file.hpp"
@@ -31,7 +35,7 @@ double seconds_since(Clock::time_point t0) { return std::chrono::duration<double
 
 }  // namespace
 
-int main(int argc, char** argv) {
+int bench_main(int argc, char** argv) {
   std::string dir = argc > 1 ? argv[1] : ".";
   size_t params = argc > 2 ? std::strtoull(argv[2], nullptr, 10) : size_t{1} << 26;
   size_t tile_params = argc > 3 ? std::strtoull(argv[3], nullptr, 10) : size_t{1} << 23;
@@ -120,3 +124,5 @@ int main(int argc, char** argv) {
               std::max(io_only, compute_only) / best);
   return 0;
 }
+
+int main(int argc, char** argv) { return zero3::testing::run_main(argc, argv, bench_main); }

@@ -189,6 +189,8 @@ int main(int argc, char** argv) {
     return run(argv[1]);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "consumer: %s\n", e.what());
-    return 1;
+  } catch (...) {
+    std::fprintf(stderr, "consumer: failed with an exception that is not a std::exception\n");
   }
+  return 1;
 }

@@ -25,6 +25,7 @@
 #include "offload/swap_file.hpp"
 #include "support/boundary_prefetch.hpp"
 #include "support/checkpoint_testing.hpp"
+#include "support/engine_model_desc.hpp"
 #include "support/engine_world.hpp"
 #include "support/mlp_trainer.hpp"
 #include "support/rank_temp_dir.hpp"
@@ -84,19 +85,6 @@ Config base_config(const Variant& v) {
   return c;
 }
 
-// The model as the memory plan sees it: the engine's units and their parameters' shapes.
-ModelDesc describe(const Engine& engine) {
-  ModelDesc m;
-  m.name = "mlp";
-  for (size_t i = 0; i < engine.num_units(); ++i) {
-    const UnitInfo& u = engine.unit(UnitId{static_cast<int32_t>(i)});
-    UnitDesc d{u.name, {}};
-    for (ParamId p : u.params) d.params.push_back(engine.param(p).shape);
-    m.units.push_back(std::move(d));
-  }
-  return m;
-}
-
 // Planned bytes of `cat` in `tier`, leaving out entries whose description contains any of `transient`.
 int64_t planned(const MemoryPlan& p, MemoryCategory cat, MemoryTier tier,
                 std::initializer_list<const char*> transient) {
@@ -144,7 +132,7 @@ TEST_P(StreamPathOffload, BitIdenticalToNoOffloadOrderedAndCounted) {
     {
       Engine engine(resolved_for(off, *comm), comm, device);
       MlpUnits units = declare_mlp(engine, plan.dims);
-      model = describe(engine);
+      model = model_desc_of(engine);
       engine.materialize();
       initial = engine.memory();
       got = train_mlp(engine, units, plan);

@@ -15,6 +15,7 @@
 #include <string>
 
 #include "support/checkpoint_testing.hpp"
+#include "support/engine_model_desc.hpp"
 #include "support/engine_world.hpp"
 #include "support/layouts.hpp"
 #include "support/mlp_trainer.hpp"
@@ -139,15 +140,7 @@ TEST_P(HpzOffload, BitIdenticalToHpzWithoutOffload) {
       MemoryPlanOptions po;
       po.world_size = comm->size();
       po.ranks_per_node = launcher_nodes().per_node;
-      ModelDesc model;
-      model.name = "mlp";
-      for (size_t i = 0; i < engine.num_units(); ++i) {
-        const UnitInfo& u = engine.unit(UnitId{static_cast<int32_t>(i)});
-        UnitDesc d{u.name, {}};
-        for (ParamId p : u.params) d.params.push_back(engine.param(p).shape);
-        model.units.push_back(std::move(d));
-      }
-      mp = plan_memory(model, off, po);
+      mp = plan_memory(model_desc_of(engine), off, po);
     }
     EXPECT_EQ(device.bytes_in_use(), 0) << "the engine left device memory behind";
     EXPECT_EQ(device.host_bytes_in_use(), 0) << "the engine left pinned memory behind";

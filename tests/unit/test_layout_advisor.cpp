@@ -17,6 +17,7 @@
 #include <sstream>
 #include <string>
 
+#include "support/run_command.hpp"
 #include "zero3/cluster_desc.hpp"
 #include "zero3/error.hpp"
 #include "zero3/layout_advisor.hpp"
@@ -24,6 +25,8 @@
 #include "zero3/step_time_model.hpp"
 
 namespace zero3 {
+using testing::run_command;
+
 namespace {
 
 std::string source_dir() {
@@ -84,16 +87,6 @@ std::string edits_line(const AdvisedLayout& a) {
   std::string line;
   for (const ConfigEdit& e : a.edits) line += (line.empty() ? "" : ", ") + e.text();
   return "edits: " + (line.empty() ? std::string("none (your config as it is)") : line) + "\n";
-}
-
-std::string run(const std::string& cmd, int* status) {
-  FILE* f = popen(cmd.c_str(), "r");
-  if (f == nullptr) return "";
-  std::string out;
-  char buf[4096];
-  while (size_t n = fread(buf, 1, sizeof buf, f)) out.append(buf, n);
-  *status = pclose(f);
-  return out;
 }
 
 // Every ranked row fits the GPU and the node's host memory, is in order, and is what its edits make: the config
@@ -436,7 +429,7 @@ TEST(LayoutAdvisor, NamedErrors) {
   const std::string base = std::string(bin) + "/zero3 plan --advise --config " + src +
                            "/configs/llama-3-8b-stage3.json --seq-len 512 --micro-batch 4 --grad-accum 4";
   int status = 0;
-  std::string out = run(base + " --model " + src + "/configs/models/llama-3-8b.json --cluster " + src +
+  std::string out = run_command(base + " --model " + src + "/configs/models/llama-3-8b.json --cluster " + src +
                             "/configs/clusters/sim-4x2-100mbit.json 2>&1",
                         &status);
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 1) << out;
@@ -448,7 +441,7 @@ TEST(LayoutAdvisor, NamedErrors) {
     "num_attention_heads": 4, "vocab_size": 100})";
   ASSERT_EQ(write(fd, bad_model.data(), bad_model.size()), static_cast<ssize_t>(bad_model.size()));
   close(fd);
-  out = run(base + " --model " + model_path + " --cluster " + src + "/configs/clusters/g6e-12xlarge-efa.json 2>&1",
+  out = run_command(base + " --model " + model_path + " --cluster " + src + "/configs/clusters/g6e-12xlarge-efa.json 2>&1",
             &status);
   std::remove(model_path);
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 1) << out;
@@ -463,7 +456,7 @@ TEST(LayoutAdvisor, CommandPrintsTheRankingAndItsEditsPassConfigCheck) {
   const std::string src = source_dir();
   int status = 0;
   const std::string out =
-      run(std::string(bin) + "/zero3 plan --advise --model " + src + "/configs/models/llama-3-8b.json --config " + src +
+      run_command(std::string(bin) + "/zero3 plan --advise --model " + src + "/configs/models/llama-3-8b.json --config " + src +
               "/configs/llama-3-8b-stage3.json --cluster " + src +
               "/configs/clusters/g6e-12xlarge-efa.json --seq-len 512 --micro-batch 4 "
               "--grad-accum 4 --steps 50 --activation-bytes 7320166404 --top 3 2>/dev/null",
@@ -486,7 +479,7 @@ TEST(LayoutAdvisor, CommandPrintsTheRankingAndItsEditsPassConfigCheck) {
     const std::string text = apply_config_edits(j.config_text, a.ranked[i].edits, j.config_path);
     ASSERT_EQ(write(fd, text.data(), text.size()), static_cast<ssize_t>(text.size()));
     close(fd);
-    const std::string check = run(std::string(bin) + "/zero3 config check " + path +
+    const std::string check = run_command(std::string(bin) + "/zero3 config check " + path +
                                       " --world-size 16 --hidden-size 4096 --micro-batch 4 --grad-accum 4 2>&1",
                                   &status);
     std::remove(path);
@@ -500,7 +493,7 @@ TEST(LayoutAdvisor, CommandPrintsTheRankingAndItsEditsPassConfigCheck) {
   ASSERT_GE(fd, 0);
   close(fd);
   const std::string written =
-      run(std::string(bin) + "/zero3 plan --advise --model " + src + "/configs/models/llama-3-8b.json --config " + src +
+      run_command(std::string(bin) + "/zero3 plan --advise --model " + src + "/configs/models/llama-3-8b.json --config " + src +
               "/configs/llama-3-8b-stage3.json --cluster " + src +
               "/configs/clusters/g6e-12xlarge-efa.json --seq-len 512 --micro-batch 4 --grad-accum 4 "
               "--activation-bytes 7320166404 --top 1 --write-config " + path + " 2>&1",

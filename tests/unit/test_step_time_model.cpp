@@ -13,12 +13,15 @@
 #include <regex>
 #include <string>
 
+#include "support/run_command.hpp"
 #include "zero3/cluster_desc.hpp"
 #include "zero3/config.hpp"
 #include "zero3/error.hpp"
 #include "zero3/step_time_model.hpp"
 
 namespace zero3 {
+using testing::run_command;
+
 namespace {
 
 const char* kCluster = R"({
@@ -403,16 +406,6 @@ TEST(StepTimeModel, Errors) {
   EXPECT_NE(message(odd_block, o, tiny_dims()).find("zero3.qgz_block_size: got 3"), std::string::npos);
 }
 
-std::string run(const std::string& cmd, int* status) {
-  FILE* f = popen(cmd.c_str(), "r");
-  if (f == nullptr) return "";
-  std::string out;
-  char buf[4096];
-  while (size_t n = fread(buf, 1, sizeof buf, f)) out.append(buf, n);
-  *status = pclose(f);
-  return out;
-}
-
 // The value in the "50 steps" row of a column ("2554 s").
 std::vector<double> fifty_steps(const std::string& out) {
   std::vector<double> v;
@@ -436,7 +429,7 @@ TEST(StepTimeModel, PlanCommandReproducesTheSeedRuns) {
   for (const auto& [name, measured] : runs) {
     int status = 0;
     std::string out =
-        run(base + " --layouts --cluster " + src + "/configs/clusters/g6e-12xlarge-" + name + ".json 2>&1", &status);
+        run_command(base + " --layouts --cluster " + src + "/configs/clusters/g6e-12xlarge-" + name + ".json 2>&1", &status);
     ASSERT_EQ(status, 0) << out;
     std::vector<double> t = fifty_steps(out);
     ASSERT_EQ(t.size(), 2u) << out;
@@ -444,11 +437,11 @@ TEST(StepTimeModel, PlanCommandReproducesTheSeedRuns) {
     EXPECT_NE(out.find("hpZ + qwZ + qgZ (ZeRO++)"), std::string::npos) << out;
   }
   int status = 0;
-  run(base + " --cluster /nonexistent.json 2>/dev/null", &status);
+  run_command(base + " --cluster /nonexistent.json 2>/dev/null", &status);
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) != 0);
-  run(std::string(bin) + "/zero3 plan --model x --config y --cluster z 2>/dev/null", &status);
+  run_command(std::string(bin) + "/zero3 plan --model x --config y --cluster z 2>/dev/null", &status);
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 2);  // usage: no --seq-len
-  run(base + " --world-size 16 --cluster z 2>/dev/null", &status);
+  run_command(base + " --world-size 16 --cluster z 2>/dev/null", &status);
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 2);  // the cluster sets the world
 }
 

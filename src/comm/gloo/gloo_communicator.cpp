@@ -15,10 +15,10 @@
 // wait goes through wait_recv/wait_send, so that a dead peer ends every pending operation at once. Gloo alone
 // does not: when a connection breaks it fails the operations still waiting for the peer, but not a send already
 // handed to the socket (queued behind a full buffer, or written into a connection the peer had just reset),
-// whose wait only ends at the timeout. A watch thread per communicator keeps a receive that never completes
-// posted to every peer; gloo fails it when that peer's connection breaks, and the thread then names the dead
-// rank(s) and aborts the wait the worker is in. A destroyed communicator says goodbye to its peers first, so that
-// they see a departure, not a crash; and connecting ends only when every rank watches every peer
+// whose wait only ends at the timeout. A watch thread per communicator (gloo_peer_watch.hpp) keeps a receive that
+// never completes posted to every peer; gloo fails it when that peer's connection breaks, and the thread then
+// names the dead rank(s) and aborts the wait the worker is in. A destroyed communicator says goodbye to its peers
+// first, so that they see a departure, not a crash; and connecting ends only when every rank watches every peer
 // (confirm_connected), so that a rank leaving at once cannot break a connection a slower rank has yet to watch.
 //
 // 16-bit reductions add in f32 and round every partial sum to the dtype before passing it on, as NCCL does, so
@@ -31,7 +31,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
 #include <condition_variable>
 #include <cstdlib>
 #include <cstring>
@@ -41,6 +40,7 @@
 #include <thread>
 
 #include "comm/collective_args.hpp"
+#include "comm/gloo/gloo_peer_watch.hpp"
 #include "comm/gloo/gloo_store.hpp"
 #include "comm/registry.hpp"
 #include "comm/work.hpp"
@@ -53,12 +53,9 @@ namespace {
 // Gloo's own collectives use slot prefixes 0x01..0x08.
 constexpr uint8_t kReduceScatterSlotPrefix = 0x40;
 constexpr uint8_t kAgreementSlotPrefix = 0x41;
-constexpr uint8_t kWatchSlotPrefix = 0x42;
 constexpr uint8_t kAllGatherSlotPrefix = 0x43;
 constexpr uint8_t kBroadcastSlotPrefix = 0x44;
 constexpr uint8_t kAllToAllSlotPrefix = 0x45;
-// A wait that must never time out (gloo closes every connection of the context when a wait times out).
-constexpr std::chrono::milliseconds kForever = std::chrono::hours(24 * 365 * 100);
 // A call's description on the wire: 4 x uint64 (magic, kind, dtype, op | count | root + 1 | sequence).
 constexpr size_t kCallWords = 4;
 constexpr size_t kCallBytes = kCallWords * sizeof(uint64_t);
@@ -67,15 +64,6 @@ constexpr size_t kCallBytes = kCallWords * sizeof(uint64_t);
 constexpr size_t kInlineBytes = 1024;
 constexpr size_t kMessageBytes = kCallBytes + kInlineBytes;
 constexpr uint64_t kCallMagic = 0x7a337063;  // "z3pc"
-
-// What is left of one timeout shared by several waits, at least 1 ms.
-struct Deadline {
-  std::chrono::steady_clock::time_point at;
-  std::chrono::milliseconds operator()() const {
-    auto rest = std::chrono::duration_cast<std::chrono::milliseconds>(at - std::chrono::steady_clock::now());
-    return std::max(rest, std::chrono::milliseconds(1));
-  }
-};
 
 void encode_call(const CollectiveCall& call, uint64_t sequence, uint64_t* out) {
   out[0] = (kCallMagic << 32) | (uint64_t{static_cast<uint8_t>(call.kind)} << 16) |
@@ -188,7 +176,8 @@ class GlooCommunicator final : public Communicator {
         prefix_(std::move(prefix)),
         rank_(rank),
         size_(size),
-        timeout_(timeout) {
+        timeout_(timeout),
+        watch_(rank, size, timeout) {
     const std::string who = "gloo connect of rank " + std::to_string(rank) + " of " + std::to_string(size) +
                             " (store prefix " + prefix_ + ")";
     try {
@@ -210,8 +199,8 @@ class GlooCommunicator final : public Communicator {
     }
     if (size_ > 1) {
       try {
-        start_watch(who);
-        confirm_connected(who);
+        watch_.start(*context_, who);
+        watch_.confirm_connected(who);
       } catch (const CommError&) {
         close(false);
         throw;
@@ -448,8 +437,8 @@ class GlooCommunicator final : public Communicator {
       }
       agreement_->send(p, slot, static_cast<size_t>(p) * kMessageBytes + n * kMessageBytes, bytes);
     }
-    for (int i = 1; i < size_; ++i) wait(*agreement_, true, left());
-    for (int i = 1; i < size_; ++i) wait(*agreement_, false, left());
+    for (int i = 1; i < size_; ++i) watch_.wait(*agreement_, true, left());
+    for (int i = 1; i < size_; ++i) watch_.wait(*agreement_, false, left());
     std::vector<CollectiveCall> calls;
     bool same = true;
     for (int p = 0; p < size_; ++p) {
@@ -539,7 +528,7 @@ class GlooCommunicator final : public Communicator {
           task.work->fail(std::make_exception_ptr(CommError(what + " failed: " + msg)));
         } else {
           // gloo failed the operation itself (its connection broke); the watch names the rank.
-          broken_ = peer_failure_seen(msg, msg + "; a peer rank may have exited, crashed or timed out");
+          broken_ = watch_.peer_failure_seen(msg, msg + "; a peer rank may have exited, crashed or timed out");
           task.work->fail(std::make_exception_ptr(CommError(what + " failed: " + broken_)));
         }
       } catch (...) {
@@ -731,220 +720,25 @@ class GlooCommunicator final : public Communicator {
     return std::min(kSegmentElements, elements - k * kSegmentElements);
   }
 
-  // ---- Waiting, and the watch over the peers ----
-
   // Waits for one receive (send) of `buffer` to complete. Every wait of a collective goes through these, so that
   // the watch thread can end it the moment a peer's connection breaks. A wait past the timeout makes gloo close
   // every connection and throw "Timed out waiting ...".
-  void wait_recv(::gloo::transport::UnboundBuffer& buffer) { wait(buffer, true, timeout_); }
-  void wait_send(::gloo::transport::UnboundBuffer& buffer) { wait(buffer, false, timeout_); }
-
-  void wait(::gloo::transport::UnboundBuffer& buffer, bool recv, std::chrono::milliseconds timeout) {
-    {
-      std::lock_guard<std::mutex> lock(watch_mu_);
-      if (!peer_failure_.empty()) throw CommError(peer_failure_);
-      waiting_ = &buffer;
-    }
-    bool done = false;
-    try {
-      done = recv ? buffer.waitRecv(timeout) : buffer.waitSend(timeout);
-    } catch (...) {
-      std::lock_guard<std::mutex> lock(watch_mu_);
-      waiting_ = nullptr;
-      throw;
-    }
-    {
-      std::lock_guard<std::mutex> lock(watch_mu_);
-      waiting_ = nullptr;
-    }
-    if (done) return;
-    // Aborted by the watch. The operation may have completed just before its peer closed the connection (the
-    // peer's last message, then its exit): an abort wins over a completion in gloo, so look once more. A wait that
-    // is not complete now fails (its timeout closes every connection, which are broken by now anyway).
-    try {
-      if (recv ? buffer.waitRecv(std::chrono::milliseconds(1)) : buffer.waitSend(std::chrono::milliseconds(1))) return;
-    } catch (const std::exception&) {
-    }
-    std::lock_guard<std::mutex> lock(watch_mu_);
-    throw CommError(peer_failure_);
-  }
-
-  // Posts, to every peer, two receives on slots no collective uses: one into a buffer of that peer's own, which
-  // no message completes (which peer broke), and one into a buffer shared by all, which only a peer's goodbye
-  // completes (close(): it destroyed this communicator). Gloo fails them when their connection breaks; the
-  // watch thread waits on the shared buffer, so that a connection that breaks without a goodbye wakes it.
-  void start_watch(const std::string& who) {
-    const auto n = static_cast<size_t>(size_);
-    watch_bytes_.assign(3 * n, 0);
-    peer_watch_.resize(n);
-    left_.assign(n, false);
-    any_watch_ = context_->createUnboundBuffer(watch_bytes_.data(), n);
-    goodbye_ = context_->createUnboundBuffer(&watch_bytes_[2 * n], 1);
-    for (int p = 0; p < size_; ++p) {
-      if (p == rank_) continue;
-      auto& mine = peer_watch_[static_cast<size_t>(p)];
-      mine = context_->createUnboundBuffer(&watch_bytes_[n + static_cast<size_t>(p)], 1);
-      try {
-        mine->recv(p, ::gloo::Slot::build(kWatchSlotPrefix, 1), 0, 1);
-        any_watch_->recv(p, ::gloo::Slot::build(kWatchSlotPrefix, 0), static_cast<size_t>(p), 1);
-      } catch (const std::exception& e) {
-        throw CommError(who + " failed: the connection to rank " + std::to_string(p) + " closed (" + e.what() +
-                        ") before it confirmed the connect: it exited, crashed or timed out");
-      }
-    }
-    watch_ = std::thread([this] { watch_loop(); });
-  }
-
-  // Every rank tells every peer that its watch is posted, and waits until every peer has said the same: no rank
-  // leaves connect (and may destroy the communicator or exit) before every peer watches it, so that a peer which
-  // leaves early is a goodbye or a broken watch on every other rank, never a receive that cannot be posted. The
-  // waits go through wait(), so a peer that dies meanwhile is named by the watch.
-  void confirm_connected(const std::string& who) {
-    const auto n = static_cast<size_t>(size_);
-    const Deadline left{std::chrono::steady_clock::now() + timeout_};
-    const auto slot = ::gloo::Slot::build(kWatchSlotPrefix, 2);
-    std::vector<char> bytes(n + 1, 0);
-    std::vector<std::unique_ptr<::gloo::transport::UnboundBuffer>> from(n);
-    std::unique_ptr<::gloo::transport::UnboundBuffer> to = context_->createUnboundBuffer(&bytes[n], 1);
-    int peer = -1;  // the peer of the step that failed
-    try {
-      for (peer = 0; peer < size_; ++peer) {
-        if (peer == rank_) continue;
-        from[static_cast<size_t>(peer)] = context_->createUnboundBuffer(&bytes[static_cast<size_t>(peer)], 1);
-        from[static_cast<size_t>(peer)]->recv(peer, slot, 0, 1);
-      }
-      for (peer = 0; peer < size_; ++peer) {
-        if (peer != rank_) to->send(peer, slot, 0, 1);
-      }
-      for (peer = 0; peer < size_; ++peer) {
-        if (peer != rank_) wait(*from[static_cast<size_t>(peer)], true, left());
-      }
-      peer = -1;
-      for (int p = 1; p < size_; ++p) wait(*to, false, left());
-    } catch (const CommError& e) {  // the watch's verdict, naming the rank(s)
-      throw CommError(who + " failed: " + e.what());
-    } catch (const std::exception& e) {
-      const std::string msg = e.what();
-      const std::string whom = peer >= 0 ? "rank " + std::to_string(peer) : "a peer";
-      if (msg.find("Timed out") != std::string::npos) {
-        throw TimeoutError(who + " timed out after " + std::to_string(timeout_.count()) + " ms waiting for " + whom +
-                           " to confirm the connect (" + msg + ")");
-      }
-      throw CommError(who + " failed: " +
-                      peer_failure_seen(msg, "the connection to " + whom + " closed (" + msg +
-                                        ") before it confirmed the connect: it exited, crashed or timed out"));
-    }
-  }
+  void wait_recv(::gloo::transport::UnboundBuffer& buffer) { watch_.wait(buffer, true, timeout_); }
+  void wait_send(::gloo::transport::UnboundBuffer& buffer) { watch_.wait(buffer, false, timeout_); }
 
   // Ends the watch, first saying goodbye to every peer when `goodbye` (this communicator is destroyed after a
   // connect that succeeded; not waited for: a dead peer never takes it), and closes the connections. Never throws.
   void close(bool goodbye) {
-    if (watch_.joinable()) {
-      for (int p = 0; goodbye && p < size_; ++p) {
-        if (p == rank_) continue;
-        try {
-          goodbye_->send(p, ::gloo::Slot::build(kWatchSlotPrefix, 0), 0, 1);
-        } catch (const std::exception&) {
-          // that connection is closed already
-        }
-      }
-      watch_stop_ = true;
-      any_watch_->abortWaitRecv();
-      watch_.join();
-    }
+    watch_.stop(goodbye);
     try {
       agreement_.reset();
       context_.reset();  // closes the connections (gloo may throw from its teardown)
-      any_watch_.reset();
-      peer_watch_.clear();
-      goodbye_.reset();
+      watch_.release();
     } catch (const std::exception& e) {
       log::warn("gloo: closing the connections of rank ", rank_, " of ", size_, " failed: ", e.what());
     } catch (...) {
       log::warn("gloo: closing the connections of rank ", rank_, " of ", size_, " failed");
     }
-  }
-
-  void watch_loop() {
-    std::string message;
-    while (true) {
-      try {
-        int from = -1;
-        if (!any_watch_->waitRecv(&from, kForever) || watch_stop_) return;
-        if (from >= 0 && from < size_) {  // a goodbye
-          std::lock_guard<std::mutex> lock(watch_mu_);
-          left_[static_cast<size_t>(from)] = true;
-        }
-        continue;
-      } catch (const std::exception& e) {
-        message = e.what();
-        break;
-      }
-    }
-    // Gloo fails the broken connection's receives one after another (in no fixed order): give it a moment to
-    // reach the peer's own buffer.
-    std::vector<int> broken;
-    for (int tries = 0; broken.empty() && tries < 200; ++tries) {
-      if (tries > 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-      for (int p = 0; p < size_; ++p) {
-        if (p != rank_ && !left_[static_cast<size_t>(p)] && peer_failed(p)) broken.push_back(p);
-      }
-    }
-    std::string failure;
-    if (message.find("Application timeout") != std::string::npos) {
-      failure = "a wait on this rank timed out, which closed every connection of this communicator";
-    } else if (broken.empty()) {
-      failure = "a connection of this communicator failed (" + message + ")";
-    } else {
-      failure = "the connection" + std::string(broken.size() > 1 ? "s" : "") + " to " + rank_list(broken) +
-                " closed (" + message + "): " + (broken.size() > 1 ? "they" : "it") + " exited, crashed or timed out";
-    }
-    std::lock_guard<std::mutex> lock(watch_mu_);
-    peer_failure_ = failure;
-    if (waiting_) {
-      waiting_->abortWaitRecv();
-      waiting_->abortWaitSend();
-    }
-    watch_cv_.notify_all();
-  }
-
-  // Whether gloo failed peer p's watch receive. The wait is aborted before it starts, so it returns at once
-  // (throwing when the receive failed) and never times out.
-  bool peer_failed(int p) {
-    auto& buffer = *peer_watch_[static_cast<size_t>(p)];
-    buffer.abortWaitRecv();
-    try {
-      buffer.waitRecv(kForever);
-      return false;
-    } catch (const std::exception&) {
-      return true;
-    }
-  }
-
-  // The watch's verdict on a failure the worker saw first (gloo failed an operation of a closed connection with
-  // `gloo_message`): waits briefly for the watch thread, which is woken by the same failure. Without one, a peer
-  // that said goodbye before its connection closed destroyed its communicator (which the watch does not report):
-  // named as such. Otherwise `otherwise`.
-  std::string peer_failure_seen(const std::string& gloo_message, const std::string& otherwise) {
-    std::unique_lock<std::mutex> lock(watch_mu_);
-    watch_cv_.wait_for(lock, std::chrono::milliseconds(500), [&] { return !peer_failure_.empty(); });
-    if (!peer_failure_.empty()) return peer_failure_;
-    std::vector<int> departed;
-    for (size_t p = 0; p < left_.size(); ++p) {
-      if (left_[p]) departed.push_back(static_cast<int>(p));
-    }
-    if (departed.empty()) return otherwise;
-    return rank_list(departed) + (departed.size() > 1 ? " have" : " has") +
-           " destroyed this communicator, so no call on it can complete (" + gloo_message + ")";
-  }
-
-  // "rank 1", "rank 1 and rank 3", "rank 0, rank 1 and rank 3".
-  static std::string rank_list(const std::vector<int>& ranks) {
-    std::string s;
-    for (size_t i = 0; i < ranks.size(); ++i) {
-      s += (i == 0 ? "" : i + 1 == ranks.size() ? " and " : ", ") + std::string("rank ") + std::to_string(ranks[i]);
-    }
-    return s;
   }
 
   std::shared_ptr<::gloo::transport::Device> device_;
@@ -961,17 +755,7 @@ class GlooCommunicator final : public Communicator {
   std::unique_ptr<::gloo::transport::UnboundBuffer> agreement_;
   std::vector<uint32_t> posted_;  // by rank: the call whose receive from that rank is posted
 
-  // The watch (start_watch): its receives and what it found.
-  std::vector<uint8_t> watch_bytes_;
-  std::vector<std::unique_ptr<::gloo::transport::UnboundBuffer>> peer_watch_;  // by rank; none for this rank
-  std::unique_ptr<::gloo::transport::UnboundBuffer> any_watch_, goodbye_;
-  std::vector<bool> left_;  // by rank: said goodbye (written by the watch thread under watch_mu_)
-  std::thread watch_;
-  std::atomic<bool> watch_stop_{false};
-  std::mutex watch_mu_;
-  std::condition_variable watch_cv_;
-  std::string peer_failure_;                             // set once, by the watch thread
-  ::gloo::transport::UnboundBuffer* waiting_ = nullptr;  // the buffer the worker waits on
+  PeerWatch watch_;  // after context_: its receives go first (release())
 
   std::mutex mu_;
   std::condition_variable cv_;

@@ -31,7 +31,7 @@
 #   LAYOUTS [all of layouts/*.json, the HSDP ones and the plain ones first, to pair with the peers],
 #   PEERS ["hsdp:bf16 hsdp:fp32 full:bf16 full:fp32": mesh:reduce-dtype, a bare mesh reduces in fp32; "" for none],
 #   RUN_TIMEOUT [1800 s per run]
-# Needs root (network namespaces); exits 77 with the reason where they cannot be made.
+# Needs root (network namespaces); exits 77 with the reason where they cannot be made, 1 when a run failed.
 set -euo pipefail
 ZERO3=$1 TRAIN=$2 ROOT=$3 WORK=$4
 here=$(cd "$(dirname "$0")" && pwd)
@@ -287,3 +287,8 @@ if [ -s "$notes" ]; then
 fi
 echo
 echo "logs, counters and metrics of every run: $WORK/<rate>/<run>/"
+# A run that failed is in the table; the status says so too, so that a benchmark that no longer runs is seen.
+if grep -q $'\tfailed (status' "$results"; then
+  echo "bench_topology: some runs failed (see the table)" >&2
+  exit 1
+fi
