@@ -286,7 +286,7 @@ if [ -s "$notes" ]; then
   sed 's/^/  /' "$notes"
 fi
 echo
-echo "logs, counters and metrics of every run: $WORK/<rate>/<run>/"
+echo "logs, counters and metrics of every run: $WORK/<rate>/<run>/r<repeat>/"
 # A run that failed is in the table; the status says so too, so that a benchmark that no longer runs is seen.
 if grep -q $'\tfailed (status' "$results"; then
   echo "bench_topology: some runs failed (see the table)" >&2
