@@ -176,7 +176,7 @@ run_zero3() {  # run_zero3 <rate> <layout file> <repeat>
   dir="$WORK/$rate/$name/r$repeat"
   rm -rf "$dir"
   mkdir -p "$dir"
-  dtype=$(reduce_dtype "$layout")
+  dtype=$(reduce_dtype "$layout" 2>/dev/null) || dtype="unknown"
   echo "-- $rate, repeat $repeat, zero3 $name ($(date -u +%H:%M), load average $(load))"
   predicted=$(predict "$rate" "$layout" "$dir")
   "$SIM" launch --nodes "$NODES" --ranks-per-node "$RANKS" --rate "$rate" --zero3 "$ZERO3" --workdir "$dir" \
