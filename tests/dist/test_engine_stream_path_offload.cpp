@@ -28,6 +28,7 @@
 #include "support/engine_model_desc.hpp"
 #include "support/engine_world.hpp"
 #include "support/mlp_trainer.hpp"
+#include "support/offload_tiers.hpp"
 #include "support/rank_temp_dir.hpp"
 #include "support/reference_model.hpp"
 #include "support/stream_path_checks.hpp"
@@ -41,8 +42,6 @@ using namespace zero3;
 using namespace zero3::testing;
 
 namespace {
-
-enum class Where { none, cpu, nvme };
 
 struct Variant {
   std::string name;
@@ -58,23 +57,6 @@ struct Variant {
 
 std::string variant_name(const ::testing::TestParamInfo<Variant>& info) { return info.param.name; }
 void PrintTo(const Variant& v, std::ostream* os) { *os << v.name; }
-
-void apply_offload(Config& c, const Variant& v, const std::string& dir) {
-  auto set = [&](OffloadConfig& o, Where w) {
-    if (w == Where::none) return;
-    o.device = w == Where::cpu ? OffloadDevice::cpu : OffloadDevice::nvme;
-    o.pin_memory = v.pin;
-    if (w == Where::nvme) o.nvme_path = dir;
-  };
-  set(c.zero.offload_optimizer, v.optimizer);
-  set(c.zero.offload_param, v.param);
-  if (v.optimizer == Where::nvme) {
-    c.zero.offload_optimizer.pipeline_read = true;
-    c.zero.offload_optimizer.pipeline_write = true;
-    c.zero.offload_optimizer.buffer_count = 4;
-  }
-  if (v.param == Where::nvme) c.zero.offload_param.buffer_size = 100'000;
-}
 
 Config base_config(const Variant& v) {
   Config c = equivalence_config(v.stage);
@@ -105,7 +87,7 @@ TEST_P(StreamPathOffload, BitIdenticalToNoOffloadOrderedAndCounted) {
   RankTempDir dir;
   const Config base = base_config(v);
   Config off = base;
-  apply_offload(off, v, dir.path());
+  apply_offload(off, v.optimizer, v.param, v.pin, dir.path());
   TrainPlan plan;
   plan.world = engine_world()->size();
   plan.steps = 6;
@@ -306,7 +288,7 @@ TEST(StreamPathOffloadCheckpoint, ResumeIsBitIdentical) {
     StreamPathDevice device;
     auto comm = std::make_shared<StreamPathComm>(engine_world(), device);
     Config c = base_config(v);
-    apply_offload(c, v, swap_dir.path());
+    apply_offload(c, v.optimizer, v.param, v.pin, swap_dir.path());
     TrainPlan plan;
     plan.world = comm->size();
 

@@ -19,6 +19,7 @@
 #include "support/engine_world.hpp"
 #include "support/layouts.hpp"
 #include "support/mlp_trainer.hpp"
+#include "support/offload_tiers.hpp"
 #include "support/planned_traffic.hpp"
 #include "support/rank_temp_dir.hpp"
 #include "support/stream_path_checks.hpp"
@@ -31,8 +32,6 @@ using namespace zero3;
 using namespace zero3::testing;
 
 namespace {
-
-enum class Where { none, cpu, nvme };
 
 struct Variant {
   std::string name;
@@ -53,19 +52,6 @@ Config hpz_config() {
   tight_schedule(c);
   hpz_layout(c);
   return c;
-}
-
-void apply(Config& c, const Variant& v, const std::string& dir) {
-  auto set = [&](OffloadConfig& o, Where w) {
-    if (w == Where::none) return;
-    o.device = w == Where::cpu ? OffloadDevice::cpu : OffloadDevice::nvme;
-    o.pin_memory = true;
-    if (w == Where::nvme) o.nvme_path = dir;
-  };
-  set(c.zero.offload_param, v.param);
-  set(c.zero.offload_optimizer, v.optimizer);
-  if (v.param == Where::nvme) c.zero.offload_param.buffer_size = 100'000;
-  c.zero3.hpz_secondary_on_host = v.secondary_on_host;
 }
 
 struct Trained {
@@ -103,7 +89,8 @@ TEST_P(HpzOffload, BitIdenticalToHpzWithoutOffload) {
   RankTempDir dir;
   const Config base = hpz_config();
   Config off = base;
-  apply(off, v, dir.path());
+  apply_offload(off, v.optimizer, v.param, /*pin=*/true, dir.path());
+  off.zero3.hpz_secondary_on_host = v.secondary_on_host;
   TrainPlan plan;
   plan.world = engine_world()->size();
   plan.steps = 4;
