@@ -318,40 +318,14 @@ zero3::ModelDesc engine_model_desc(const ModelConfig& config, const std::string&
 
 ActivationEstimate estimate_activations(const ModelConfig& c, const BatchShape& s, bool checkpointing,
                                         zero3::DeviceType device, zero3::DType compute, zero3::DType grads) {
-  const bool cuda = device == zero3::DeviceType::cuda;
-  const zero3::DType act = cuda ? compute : zero3::DType::f32;
-  const int64_t act_bytes = static_cast<int64_t>(zero3::dtype_size(act)), n = s.tokens();
-  const RunnerBufferSizes runner = runner_buffer_sizes(c, s, checkpointing, act_bytes);
-  ActivationEstimate e;
-  e.layer_inputs = runner.layer_inputs;
-  e.layer_caches = runner.caches;
-  e.workspace = runner.workspace + runner.batch;
-  const int64_t scores = s.seq * s.seq;
-  if (cuda) {
-    // cuda/attention.cu's backward plan (the larger one): per kv head of a chunk, f32 scores and dP, with bf16
-    // their 16-bit copies, chunks of kv heads up to 1 GiB; with bf16 two f32 (seq, kv_dim) accumulators.
-    const bool copies = act != zero3::DType::f32;
-    const int64_t per_head = scores * (8 + (copies ? 4 : 0));
-    const int64_t heads =
-        std::clamp<int64_t>((int64_t{1} << 30) / std::max<int64_t>(per_head, 1), 1, c.num_key_value_heads);
-    e.attention = heads * per_head + (copies ? 2 * s.seq * c.kv_dim() * 4 : 0);
-    // The LM head's planned chunk of logits (backend/lm_head_plan.hpp), within its 1 GiB cap.
-    e.loss_chunk = plan_lm_head_chunks(n, c.hidden_size, c.vocab_size, act_bytes, true, true).workspace_bytes;
-    // Row losses; the embedding grouping: at most n rows, n + 1 offsets and n token ids.
-    e.workspace += n * 4 + (3 * n + 1) * 4;
-  } else {
-    e.attention = 2 * scores * 4;  // P and dP of one head (ops/attention.cpp)
-    const int64_t chunk = std::min(n, default_loss_chunk_rows(c.vocab_size));
-    e.loss_chunk = chunk * (c.vocab_size + 1) * 4;  // logits and row losses (ops/cross_entropy.cpp)
-  }
-  const std::vector<UnitLayout> units = model_unit_layouts(c);
-  int64_t staged = 0;  // the runner's staging slots, grown to the largest unit each has held
-  for (const UnitLayout& u : units) staged = std::max(staged, u.numel);
-  // Tied embeddings: the head's scope stages the embedding in a second slot.
-  if (c.tie_word_embeddings) staged += units.front().numel;
-  if (compute != act) e.unit_staging += staged * act_bytes;
-  if (grads != zero3::DType::f32) e.unit_staging += staged * 4;
-  return e;
+  zero3::ActivationOptions o;
+  o.micro_batch = s.batch;
+  o.seq_len = s.seq;
+  o.checkpointing = checkpointing;
+  o.on_gpu = device == zero3::DeviceType::cuda;
+  o.compute = compute;
+  o.grad_accum = grads;
+  return zero3::estimate_activations(llama_dims(c), o);
 }
 
 }  // namespace llama3

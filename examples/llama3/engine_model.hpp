@@ -164,22 +164,10 @@ double step_loss_normalizer(zero3::Engine& engine, int64_t local_targets, int64_
 zero3::ModelDesc engine_model_desc(const ModelConfig& config, const std::string& name = "llama");
 
 // What one rank's activations take during a micro-batch of `shape`, by part, as EngineModel allocates them on a
-// `device` whose engine computes in `compute` and accumulates gradients in `grads`:
-struct ActivationEstimate {
-  int64_t layer_inputs = 0;  // L + 1 residual streams (the only per-layer state with checkpointing)
-  int64_t layer_caches = 0;  // one layer cache (checkpointing) or L of them
-  int64_t workspace = 0;     // layer workspace, dx, the head's 1/rms, ids, targets, rope tables (+ cuda: row losses,
-                             // the embedding backward's grouping)
-  int64_t attention = 0;     // the attention op's score scratch (cpu: one head; cuda: as cuda/attention.cu plans it)
-  int64_t loss_chunk = 0;    // one chunk of logits in the chunked cross-entropy
-  int64_t unit_staging = 0;  // the largest unit converted to the activation dtype (16-bit parameters on cpu) and
-                             // its f32 gradients (16-bit grad_accum_dtype); tied embeddings: plus the embedding
-                             // unit, staged beside the head
-  int64_t total() const { return layer_inputs + layer_caches + workspace + attention + loss_chunk + unit_staging; }
-};
-
-// Activations are f32 on cpu and `compute` on cuda (ModelOps::act; f16 is counted at 2 bytes although the cuda
-// backend refuses it).
+// `device` whose engine computes in `compute` and accumulates gradients in `grads`: zero3::estimate_activations
+// (zero3/activation_plan.hpp), the figure `zero3 plan` counts. Activations are f32 on cpu and `compute` on cuda
+// (ModelOps::act; f16 is counted at 2 bytes although the cuda backend refuses it).
+using ActivationEstimate = zero3::ActivationEstimate;
 ActivationEstimate estimate_activations(const ModelConfig& config, const BatchShape& shape, bool checkpointing,
                                         zero3::DeviceType device, zero3::DType compute,
                                         zero3::DType grads = zero3::DType::f32);

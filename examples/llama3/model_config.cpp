@@ -248,4 +248,17 @@ std::string describe(const ModelConfig& c) {
   return os.str();
 }
 
+zero3::LlamaDims llama_dims(const ModelConfig& c) {
+  zero3::LlamaDims d;
+  d.hidden_size = c.hidden_size;
+  d.intermediate_size = c.intermediate_size;
+  d.num_hidden_layers = c.num_hidden_layers;
+  d.num_attention_heads = c.num_attention_heads;
+  d.num_key_value_heads = c.num_key_value_heads;
+  d.head_dim = c.head_dim;
+  d.vocab_size = c.vocab_size;
+  d.tie_word_embeddings = c.tie_word_embeddings;
+  return d;
+}
+
 }  // namespace llama3

@@ -12,6 +12,8 @@
 #include <optional>
 #include <string>
 
+#include "zero3/memory_plan.hpp"
+
 namespace llama3 {
 
 // Llama-3.1 frequency-dependent RoPE scaling ("rope_type": "llama3").
@@ -62,6 +64,10 @@ ModelConfig load_model_config(const std::string& path);
 // Throws zero3::ConfigError when the dimensions are inconsistent (heads not dividing, odd head_dim, ...).
 // parse_model_config calls it; call it again after editing a config by hand.
 void validate(const ModelConfig& config, const std::string& source = "<config>");
+
+// The dimensions zero3's plans take (zero3::LlamaDims: the memory plan's units, the activation estimate, the
+// step-time model's FLOPs).
+zero3::LlamaDims llama_dims(const ModelConfig& config);
 
 // One line for logs: "hidden 4096, 32 layers, 32 heads (8 kv, head_dim 128), ffn 14336, vocab 128256, 8.03B params".
 std::string describe(const ModelConfig& config);

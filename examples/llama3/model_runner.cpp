@@ -16,28 +16,11 @@ int64_t wide_width(const ModelConfig& c) { return std::max(2 * c.intermediate_si
 int64_t mid_width(const ModelConfig& c) { return std::max(c.intermediate_size, c.q_dim()); }
 int64_t lse_elements(const ModelConfig& c, const BatchShape& s) { return s.batch * c.num_attention_heads * s.seq; }
 
-// Per cache: activation elements and f32 elements.
-int64_t cache_act_elements(const ModelConfig& c, const BatchShape& s) {
-  return s.tokens() * (c.qkv_dim() + c.q_dim() + c.hidden_size + 2 * c.intermediate_size);
-}
-int64_t cache_f32_elements(const ModelConfig& c, const BatchShape& s) { return 2 * s.tokens() + lse_elements(c, s); }
-
-// xn, y, dh, dx (tokens, hidden); act (tokens, inter); dwide; dmid.
-int64_t workspace_act_elements(const ModelConfig& c, const BatchShape& s) {
-  return s.tokens() * (4 * c.hidden_size + c.intermediate_size + wide_width(c) + mid_width(c));
-}
-
 }  // namespace
 
 RunnerBufferSizes runner_buffer_sizes(const ModelConfig& c, const BatchShape& s, bool checkpointing,
                                       int64_t act_bytes) {
-  const int64_t n = s.tokens(), L = c.num_hidden_layers;
-  RunnerBufferSizes r;
-  r.layer_inputs = (L + 1) * n * c.hidden_size * act_bytes;
-  r.caches = (checkpointing ? 1 : L) * (cache_act_elements(c, s) * act_bytes + cache_f32_elements(c, s) * 4);
-  r.workspace = workspace_act_elements(c, s) * act_bytes + n * 4;
-  r.batch = 2 * n * 4 + 2 * n * (c.head_dim / 2) * 4;
-  return r;
+  return zero3::llama_runner_buffers(llama_dims(c), s.batch, s.seq, checkpointing, act_bytes);
 }
 
 ModelRunner::ModelRunner(const ModelConfig& config, ModelOps& ops) : config_(config), ops_(ops) {

@@ -47,18 +47,13 @@
 #include "backend/model_ops.hpp"
 #include "llama_model.hpp"
 #include "model_config.hpp"
+#include "zero3/activation_plan.hpp"
 
 namespace llama3 {
 
-// Bytes of each part of a runner's buffers for one shape (act_bytes per activation element).
-struct RunnerBufferSizes {
-  int64_t layer_inputs = 0;  // (L+1) residual streams
-  int64_t caches = 0;        // one or L caches
-  int64_t workspace = 0;     // layer workspace, dx, head rstd
-  int64_t batch = 0;         // ids, targets, rope tables
-  int64_t total() const { return layer_inputs + caches + workspace + batch; }
-};
-
+// Bytes of each part of a runner's buffers for one shape (act_bytes per activation element): zero3's activation plan
+// (zero3/activation_plan.hpp), which `zero3 plan` counts, is the one account of them.
+using RunnerBufferSizes = zero3::LlamaRunnerBuffers;
 RunnerBufferSizes runner_buffer_sizes(const ModelConfig& config, const BatchShape& shape, bool checkpointing,
                                       int64_t act_bytes);
 

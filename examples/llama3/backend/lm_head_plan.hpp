@@ -19,27 +19,15 @@
 // (989e12 / 3.35e12 = 295), so the traffic is under the GEMM's arithmetic rather than in front of it.
 #pragma once
 
-#include <cstdint>
+#include "zero3/activation_plan.hpp"
 
 namespace llama3 {
 
-inline constexpr int64_t kDefaultLmHeadWorkspaceCap = int64_t{1} << 30;
-
-struct LmHeadChunkPlan {
-  int64_t rows_per_chunk = 0;   // rows of logits at a time (the last chunk may have fewer)
-  int64_t chunks = 0;           // ceil(rows / rows_per_chunk)
-  int64_t workspace_bytes = 0;  // the logits of one chunk in f32 (256-byte aligned), plus their act copy with bf16
-  // Bytes read and written through the f32 weight gradient per micro-batch: chunks * 8 * vocab * hidden with
-  // backward and dW, else 0.
-  int64_t weight_grad_bytes = 0;
-};
-
-// rows: tokens of the micro-batch (>= 0); hidden, vocab > 0; act_bytes: 4 (f32) or 2 (bf16); backward: dx is
-// computed (with bf16 the dlogits get an act copy); weight_grad: dW is accumulated. chunk_rows > 0 forces that
-// many rows per chunk (tests; the CPU-sized chunk); <= 0 plans from workspace_cap (> 0). Throws
-// zero3::InvalidArgument naming the argument for anything else.
-LmHeadChunkPlan plan_lm_head_chunks(int64_t rows, int64_t hidden, int64_t vocab, int64_t act_bytes, bool backward,
-                                    bool weight_grad, int64_t workspace_cap = kDefaultLmHeadWorkspaceCap,
-                                    int64_t chunk_rows = 0);
+// The plan itself is zero3's (zero3/activation_plan.hpp), so that `zero3 plan` counts the same workspace: rows
+// (>= 0), hidden, vocab (> 0), act_bytes 2 or 4, backward, weight_grad, then an optional workspace cap and a forced
+// chunk of rows.
+using zero3::kDefaultLmHeadWorkspaceCap;
+using zero3::LmHeadChunkPlan;
+using zero3::plan_lm_head_chunks;
 
 }  // namespace llama3

@@ -6,6 +6,7 @@
 
 #include "ops/gemm.hpp"
 #include "ops/parallel.hpp"
+#include "zero3/activation_plan.hpp"
 #include "zero3/error.hpp"
 
 namespace llama3 {
@@ -24,7 +25,7 @@ int64_t count_targets(const int32_t* targets, int64_t n, int64_t vocab) {
   return count;
 }
 
-int64_t default_loss_chunk_rows(int64_t vocab) { return std::max<int64_t>(1, (int64_t{16} << 20) / vocab); }
+int64_t default_loss_chunk_rows(int64_t vocab) { return zero3::default_loss_chunk_rows(vocab); }
 
 template <typename T>
 CrossEntropyResult lm_head_cross_entropy(const T* x, const T* w, const int32_t* targets, int64_t n, int64_t hidden,

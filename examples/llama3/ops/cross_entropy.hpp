@@ -67,7 +67,8 @@ CrossEntropyResult lm_head_cross_entropy(const T* x, const T* w, const int32_t* 
 // Rows with a target other than kIgnoreIndex; throws like lm_head_cross_entropy for an invalid one.
 int64_t count_targets(const int32_t* targets, int64_t n, int64_t vocab);
 
-// The chunk lm_head_cross_entropy uses for chunk_rows <= 0.
+// The chunk lm_head_cross_entropy uses for chunk_rows <= 0: zero3::default_loss_chunk_rows, which zero3's
+// activation plan (zero3/activation_plan.hpp) counts.
 int64_t default_loss_chunk_rows(int64_t vocab);
 
 }  // namespace llama3
