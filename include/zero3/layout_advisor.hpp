@@ -15,10 +15,15 @@
 //
 // Each candidate's config is the user's JSON with the candidate's edits applied, read and resolved as `zero3 config
 // check --world-size N L` reads it (a config the reader refuses is "refused" with its error); then the engine's
-// own checks (engine_refusal()); then plan_memory() against the cluster's GPU and host memory; then
-// model_step_time(). Refused layouts and those that do not fit are never ranked; the others are ranked by the high
-// end of their predicted step range (the slower of the step-time model's two readings of the network), then the low
-// end, then the fewer edits, then the less GPU memory.
+// own checks (engine_refusal()); then plan_memory() against the cluster's GPU and host memory, the activations
+// included (estimate_activations(), activation_plan.hpp: the figure `llama3_train --dry-run` prints for the same
+// config, unless the caller gives its own) and a headroom left free on every GPU; then model_step_time(). Refused
+// layouts and those that do not fit are never ranked; the others are ranked by the high end of their predicted step
+// range (the slower of the step-time model's two readings of the network), then the low end, then the fewer edits,
+// then the less GPU memory. Each row also carries its rank under each reading alone.
+//
+// zero3 runs layouts DeepSpeed refuses or quietly changes; each such row carries the difference and where in
+// DeepSpeed it comes from (deepspeed_differences()).
 #pragma once
 
 #include <cstdint>
@@ -26,6 +31,7 @@
 #include <string>
 #include <vector>
 
+#include "zero3/activation_plan.hpp"
 #include "zero3/cluster_desc.hpp"
 #include "zero3/config.hpp"
 #include "zero3/memory_plan.hpp"
@@ -74,6 +80,17 @@ struct LayoutChoice {
   friend bool operator==(const LayoutChoice&, const LayoutChoice&) = default;
 };
 
+// What DeepSpeed (the version read: microsoft/DeepSpeed, 2025-02) does with a layout that zero3 runs as configured.
+struct DeepSpeedDifference {
+  bool refuses = false;  // DeepSpeed stops (an error); otherwise it runs something other than the config says
+  std::string what;      // "refuses MiCS with replicas and offload_optimizer"
+  std::string where;     // "runtime/zero/mics.py, MiCS_Optimizer.allreduce_mics_shard_grads: ..."
+  friend bool operator==(const DeepSpeedDifference&, const DeepSpeedDifference&) = default;
+};
+
+// The differences for `choice` on a world of `world` ranks; empty when DeepSpeed runs it as zero3 does.
+std::vector<DeepSpeedDifference> deepspeed_differences(const LayoutChoice& choice, int64_t world);
+
 enum class Verdict { ranked, does_not_fit, refused };
 
 struct AdvisedLayout {
@@ -85,35 +102,67 @@ struct AdvisedLayout {
   int64_t gpu_bytes = 0;        // the memory plan per GPU (activations included); 0 when refused
   int64_t host_node_bytes = 0;  // per node, host memory; 0 when refused
   int64_t nvme_node_bytes = 0;  // per node, NVMe (not checked: the cluster description has no NVMe capacity)
+  int64_t gpu_free_bytes = 0;   // what the GPU's plan leaves of Advice::gpu_plan_bytes (negative: over it)
   StepTime time;                // zero3's flow; ranked layouts only
+  size_t rank_bandwidth = 0;    // ranked: 1-based rank by the bandwidth reading alone (StepTime::step_s)
+  size_t rank_fixed_cost = 0;   // ranked: by the fixed-cost reading alone (StepTime::step_fixed_s)
+  std::vector<DeepSpeedDifference> deepspeed;  // what DeepSpeed refuses or changes in this layout
+  Config config;                               // the edited config, resolved (refused by the reader: the user's)
 };
 
+inline constexpr int64_t kDefaultGpuHeadroomBytes = int64_t{1} << 30;
+
 struct AdviseOptions {
-  int64_t seq_len = 0;           // tokens per sequence, >= 1
-  int64_t activation_bytes = 0;  // per GPU, on the device (e.g. from `llama3_train --dry-run`); 0: not counted
-  ResolveInputs inputs;          // what resolves the config's "auto" (batch, hidden size); the world is the cluster's
+  int64_t seq_len = 0;  // tokens per sequence, >= 1
+  // Per GPU, on the device: the caller's figure (e.g. `zero3 plan --activation-bytes`); absent: estimated from the
+  // model, the micro-batch, seq_len and `checkpointing` as the Llama-3 example's kernels hold them.
+  std::optional<int64_t> activation_bytes;
+  bool checkpointing = true;  // activation checkpointing per layer (llama3_train's default)
+  // What every GPU must keep free beyond its plan and the cluster's gpu_reserved_gib for a layout to fit: the margin
+  // for what the estimates miss (allocator fragmentation, buffers outside the plan). >= 0.
+  int64_t gpu_headroom_bytes = kDefaultGpuHeadroomBytes;
+  ResolveInputs inputs;  // what resolves the config's "auto" (batch, hidden size); the world is the cluster's
+};
+
+// Which reading of the network decides the first row, when the two disagree.
+struct ReadingsNote {
+  size_t bandwidth_first = 0;   // index in Advice::ranked of the first row by the bandwidth reading alone
+  size_t fixed_cost_first = 0;  // by the fixed-cost reading alone
+  // The cost per cross-node collective above which the ranking's first row stops being bandwidth_first's layout,
+  // found by re-timing every ranked row between 0 and the description's collective_overhead_ms; absent when
+  // bandwidth_first leads at every cost in that range or the range has no fixed cost.
+  std::optional<double> crossover_overhead_ms;
 };
 
 struct Advice {
   std::string config_source;
   int64_t gpu_plan_bytes = 0;   // what a GPU's plan may use (ClusterDesc::gpu_plan_bytes)
   int64_t host_plan_bytes = 0;  // what a node's host memory may hold
+  int64_t gpu_headroom_bytes = 0;
+  int64_t micro_batch = 0;  // the user's config's, resolved
+  int64_t seq_len = 0;
   int64_t activation_bytes = 0;
+  bool activations_estimated = false;      // from estimate_activations(), not the caller
+  bool checkpointing = true;               // the estimate's activation checkpointing
+  ActivationEstimate activations;          // the estimate's parts (estimated only)
   std::vector<AdvisedLayout> ranked;       // fitting and accepted, fastest first
   std::vector<AdvisedLayout> not_fitting;  // accepted by the engine, over a memory limit
   std::vector<AdvisedLayout> refused;      // by the config reader or the engine
   std::optional<size_t> user_config_rank;  // the user's own config's index in `ranked`, when it is there
+  std::optional<ReadingsNote> readings;    // the two readings put different layouts first
 };
 
 // Enumerates, checks, plans and ranks every layout for the user's config text `config_json` (read from
 // `config_source`). Throws ConfigError naming the file and key: the user's config unreadable or not resolvable for
 // the cluster's world, not stage 3, or the cluster description without gpu_memory_gib or host_memory_gib;
-// InvalidArgument for a seq_len below 1 or a model without Llama dimensions.
+// InvalidArgument for a seq_len below 1, a negative activation_bytes or headroom, or a model without the Llama
+// dimensions the activations and FLOPs need.
 Advice advise_layouts(const std::string& config_json, const std::string& config_source, const ModelDesc& model,
                       const LlamaDims& dims, const ClusterDesc& cluster, const AdviseOptions& options);
 
-// The ranking (at most `top` rows; 0: all), each row with its edits, then the layouts that do not fit and those
-// refused, with their reasons; step times for `steps` steps beside each step.
+// The ranking (at most `top` rows; 0: all), each row with its edits, its rank under each reading and what DeepSpeed
+// refuses or changes in it, then the layouts that do not fit and those refused, with their reasons; step times for
+// `steps` steps beside each step.
 std::string format_advice(const Advice& advice, const ClusterDesc& cluster, int64_t steps, size_t top = 0);
 
 }  // namespace zero3

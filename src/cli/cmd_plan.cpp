@@ -11,6 +11,7 @@
 #include "cli/commands.hpp"
 #include "config/config_file.hpp"
 #include "io/atomic_file.hpp"
+#include "zero3/activation_plan.hpp"
 #include "zero3/config.hpp"
 #include "zero3/error.hpp"
 #include "zero3/layout_advisor.hpp"
@@ -23,8 +24,8 @@ namespace {
 
 constexpr const char* kUsage =
     "usage: zero3 plan --model MODEL.json --config DS_CONFIG.json --world-size N [--ranks-per-node K]\n"
-    "                  [--hidden-size H] [--activation-bytes BYTES] [--micro-batch M] [--grad-accum G]\n"
-    "                  [--precision bf16|fp16|fp32] [--lr X]\n"
+    "                  [--hidden-size H] [--seq-len N [--no-grad-checkpointing]] [--activation-bytes BYTES]\n"
+    "                  [--micro-batch M] [--grad-accum G] [--precision bf16|fp16|fp32] [--lr X]\n"
     "\n"
     "Prints the bytes each rank and each node will hold for parameters, fp32 master weights, gradients,\n"
     "Adam state and staging buffers, and where each lives (device, host, nvme), for the ZeRO stage,\n"
@@ -33,8 +34,11 @@ constexpr const char* kUsage =
     "is a Hugging Face Llama config.json or a unit list\n"
     "{\"units\": [{\"name\": \"layer.0\", \"params\": [[4096, 4096], [4096]]}, ...]}.\n"
     "--ranks-per-node defaults to --world-size (one node). --hidden-size resolves the config's \"auto\"\n"
-    "bucket sizes (taken from a Llama config.json when not given). --activation-bytes (K, M, G, T suffixes,\n"
-    "powers of 1024) adds an activation estimate per rank on the device. --micro-batch, --grad-accum and\n"
+    "bucket sizes (taken from a Llama config.json when not given). With a Llama config.json, --seq-len adds\n"
+    "the activations per rank on the device as the Llama-3 example's kernels hold them for the config's\n"
+    "micro-batch (the figure llama3_train --dry-run prints; activation checkpointing on unless\n"
+    "--no-grad-checkpointing); --activation-bytes (K, M, G, T suffixes, powers of 1024) gives the figure\n"
+    "instead. --micro-batch, --grad-accum and\n"
     "--precision resolve the matching \"auto\" values (an \"auto\" batch size left unset counts as 1: batch\n"
     "sizes do not change the plan). --lr resolves an \"auto\" learning rate (it changes nothing in the plan).\n"
     "\n"
@@ -53,18 +57,24 @@ constexpr const char* kUsage =
     "model's error against it and the collective_efficiency and collective_overhead_ms that would meet it.\n"
     "\n"
     "       zero3 plan --advise --model LLAMA_CONFIG.json --config DS_CONFIG.json --cluster CLUSTER.json\n"
-    "                  --seq-len N [--activation-bytes BYTES] [--micro-batch M] [--grad-accum G] [--steps S]\n"
-    "                  [--top K] [--write-config FILE] [--precision bf16|fp16|fp32] [--lr X]\n"
+    "                  --seq-len N [--grad-checkpointing | --no-grad-checkpointing] [--activation-bytes BYTES]\n"
+    "                  [--gpu-headroom BYTES] [--micro-batch M] [--grad-accum G] [--steps S] [--top K]\n"
+    "                  [--write-config FILE [--pick N]] [--precision bf16|fp16|fp32] [--lr X]\n"
     "\n"
     "Ranks every stage-3 layout zero3 runs on the cluster for this config and model: plain ZeRO-3, hpZ over\n"
     "each node, MiCS/HSDP over 1..N nodes (hierarchical where the group spans nodes), each with and without\n"
     "qwZ and qgZ and each offload (cpu; nvme when the config names an nvme_path), hpZ also with its secondary\n"
     "partition in host memory; those that fit the cluster's\n"
     "GPU and host memory (gpu_memory_gib, host_memory_gib) ranked by predicted step time, each with the config\n"
-    "edits that select it; the ones that do not fit and the ones the engine refuses listed apart with the\n"
-    "reason. --activation-bytes is the activation memory per GPU (e.g. from llama3_train --dry-run); --top K\n"
-    "prints the first K ranked (default: all); --write-config FILE writes the first-ranked layout's config (the\n"
-    "user's with its edits applied).\n";
+    "edits that select it, its rank by each reading of the network alone, and what DeepSpeed refuses or\n"
+    "changes in it; the ones that do not fit and the ones the engine refuses listed apart with the reason.\n"
+    "Every plan counts the activations per GPU, estimated from the model, the micro-batch and --seq-len as\n"
+    "the Llama-3 example's kernels hold them (the figure llama3_train --dry-run prints for the written config;\n"
+    "activation checkpointing on, as llama3_train's default, unless --no-grad-checkpointing), or\n"
+    "--activation-bytes; a layout fits only if its GPU keeps --gpu-headroom free (default 1G) beyond the plan\n"
+    "and the cluster's gpu_reserved_gib. --top K prints the first K ranked (default: all); --write-config FILE\n"
+    "writes the config of ranked row --pick N (default 1: the user's with the row's edits applied), never a\n"
+    "layout that does not fit.\n";
 
 std::optional<int64_t> parse_int(const std::string& s) {
   try {
@@ -116,9 +126,12 @@ struct ClusterRun {
   int64_t steps = 1;
   bool layouts = false;
   size_t top = 0;
-  std::string write_config;  // --advise: the first-ranked layout's config goes here
+  std::string write_config;  // --advise: ranked row `pick`'s config goes here
+  size_t pick = 1;
   std::optional<double> measured_s;
-  int64_t activation_bytes = 0;
+  std::optional<int64_t> activation_bytes;
+  bool checkpointing = true;
+  int64_t gpu_headroom_bytes = kDefaultGpuHeadroomBytes;
   std::optional<int64_t> hidden_size;
   ResolveInputs inputs;
 };
@@ -142,6 +155,8 @@ int run_advise(const ClusterRun& run) {
   AdviseOptions options;
   options.seq_len = run.seq_len;
   options.activation_bytes = run.activation_bytes;
+  options.checkpointing = run.checkpointing;
+  options.gpu_headroom_bytes = run.gpu_headroom_bytes;
   options.inputs = run.inputs;
   options.inputs.hidden_size = run.hidden_size.value_or(model_hidden);
   const std::string text = config_detail::read_config_file(run.config_path, kMaxConfigBytes);
@@ -153,11 +168,19 @@ int run_advise(const ClusterRun& run) {
     if (advice.ranked.empty()) {
       throw ConfigError("--write-config " + run.write_config + ": no layout fits this cluster, so nothing is written");
     }
-    const AdvisedLayout& first = advice.ranked.front();
-    io::write_file_atomically(run.write_config, apply_config_edits(text, first.edits, run.config_path) + "\n");
-    std::printf("wrote %s: %s, the first-ranked layout (%zu edit%s of %s)\n", run.write_config.c_str(),
-                first.choice.describe(cluster.gpus_per_node).c_str(), first.edits.size(),
-                first.edits.size() == 1 ? "" : "s", run.config_path.c_str());
+    if (run.pick > advice.ranked.size()) {
+      throw InvalidArgument("--pick " + std::to_string(run.pick) + ": only " + std::to_string(advice.ranked.size()) +
+                            " layouts fit (ranked 1-" + std::to_string(advice.ranked.size()) +
+                            "); the others do not fit or are refused, so nothing is written");
+    }
+    const AdvisedLayout& picked = advice.ranked[run.pick - 1];
+    io::write_file_atomically(run.write_config, apply_config_edits(text, picked.edits, run.config_path) + "\n");
+    std::printf("wrote %s: %s, ranked %zu (%zu edit%s of %s)\n", run.write_config.c_str(),
+                picked.choice.describe(cluster.gpus_per_node).c_str(), run.pick, picked.edits.size(),
+                picked.edits.size() == 1 ? "" : "s", run.config_path.c_str());
+    if (!picked.deepspeed.empty()) {
+      std::printf("note: DeepSpeed does not run this layout as written (see its row); zero3 does\n");
+    }
   }
   return 0;
 }
@@ -292,10 +315,11 @@ int run_step_time(const ClusterRun& run) {
 int run_plan(const Args& args) {
   std::string model_path, config_path;
   MemoryPlanOptions options;
-  std::optional<int64_t> world_size, ranks_per_node, hidden_size, seq_len, steps;
+  std::optional<int64_t> world_size, ranks_per_node, hidden_size, seq_len, steps, activation_bytes;
   std::string cluster_path;
   bool layouts = false, advise = false;
-  std::optional<int64_t> top;
+  std::optional<int64_t> top, pick, gpu_headroom;
+  std::optional<bool> checkpointing;
   std::string write_config;
   std::optional<double> measured;
   ResolveInputs inputs;
@@ -311,6 +335,10 @@ int run_plan(const Args& args) {
     }
     if (a == "--advise") {
       advise = true;
+      continue;
+    }
+    if (a == "--grad-checkpointing" || a == "--no-grad-checkpointing") {
+      checkpointing = a == "--grad-checkpointing";
       continue;
     }
     if (i + 1 >= args.size()) return usage_error(a + " needs a value");
@@ -332,6 +360,12 @@ int run_plan(const Args& args) {
       if (!positive(steps)) return usage_error("--steps: expected a positive integer, got '" + v + "'");
     } else if (a == "--write-config") {
       write_config = v;
+    } else if (a == "--pick") {
+      if (!positive(pick)) return usage_error("--pick: expected a ranked row, 1 or more, got '" + v + "'");
+    } else if (a == "--gpu-headroom") {
+      auto b = parse_bytes(v);
+      if (!b) return usage_error("--gpu-headroom: expected a byte count such as 1G, got '" + v + "'");
+      gpu_headroom = *b;
     } else if (a == "--top") {
       top = parse_int(v);
       if (!top || *top < 0) return usage_error("--top: expected a number of rows (0: all), got '" + v + "'");
@@ -359,7 +393,7 @@ int run_plan(const Args& args) {
     } else if (a == "--activation-bytes") {
       auto b = parse_bytes(v);
       if (!b) return usage_error("--activation-bytes: expected a byte count such as 2G, got '" + v + "'");
-      options.activation_bytes = *b;
+      activation_bytes = *b;
     } else if (a == "--lr") {
       try {
         size_t pos = 0;
@@ -391,10 +425,17 @@ int run_plan(const Args& args) {
     }
     if (!seq_len) return usage_error("--cluster needs --seq-len (tokens per sequence)");
     if (!advise && !write_config.empty()) return usage_error("--write-config goes with --advise");
+    if (pick && write_config.empty()) return usage_error("--pick goes with --write-config (the row it writes)");
     if (advise && (layouts || measured))
       return usage_error("--advise ranks every layout; drop --layouts and --measured");
-    if (!advise && (options.activation_bytes > 0 || top)) {
-      return usage_error("--activation-bytes and --top go with --advise (the step-time model counts no memory)");
+    if (!advise && (activation_bytes || top || gpu_headroom || checkpointing)) {
+      return usage_error(
+          "--activation-bytes, --gpu-headroom, --grad-checkpointing and --top go with --advise (the step-time "
+          "model counts no memory)");
+    }
+    if (activation_bytes && checkpointing) {
+      return usage_error("--activation-bytes gives the figure; drop --" + std::string(*checkpointing ? "" : "no-") +
+                         "grad-checkpointing, which estimates it");
     }
     ClusterRun run;
     run.model_path = model_path;
@@ -405,24 +446,38 @@ int run_plan(const Args& args) {
     run.layouts = layouts;
     run.top = static_cast<size_t>(top.value_or(0));
     run.write_config = write_config;
+    run.pick = static_cast<size_t>(pick.value_or(1));
     run.measured_s = measured;
-    run.activation_bytes = options.activation_bytes;
+    run.activation_bytes = activation_bytes;
+    run.checkpointing = checkpointing.value_or(true);
+    run.gpu_headroom_bytes = gpu_headroom.value_or(kDefaultGpuHeadroomBytes);
     run.hidden_size = hidden_size;
     run.inputs = inputs;
     return advise ? run_advise(run) : run_step_time(run);
   }
-  if (seq_len || steps || layouts || top || measured) {
-    return usage_error("--seq-len, --steps, --layouts, --measured and --top go with --cluster");
+  if (steps || layouts || top || measured || pick || gpu_headroom || !write_config.empty()) {
+    return usage_error(
+        "--steps, --layouts, --measured, --top, --gpu-headroom, --write-config and --pick go with --cluster");
   }
   if (!world_size) return usage_error("--world-size is required");
+  if (checkpointing && !seq_len) return usage_error("--grad-checkpointing goes with --seq-len (the activations)");
+  if (activation_bytes && seq_len) {
+    return usage_error("--activation-bytes gives the activations and --seq-len estimates them; give one");
+  }
 
   int64_t model_hidden = 0;
-  ModelDesc model = load_model_desc(model_path, &model_hidden);
+  LlamaDims dims;
+  ModelDesc model = load_model_desc(model_path, &model_hidden, &dims);
+  if (seq_len && dims.hidden_size == 0) {
+    throw ConfigError(model_path +
+                      ": --seq-len estimates the activations from a Hugging Face Llama config.json's "
+                      "dimensions, and this is a unit list; give --activation-bytes instead");
+  }
   Config config = load_config(config_path);
   inputs.world_size = *world_size;
-  // Batch sizes change nothing in the plan (activations come from --activation-bytes), so an "auto" batch
-  // the user did not give resolves to 1 rather than stopping the plan.
-  if (!config.train_micro_batch_size_per_gpu && !inputs.micro_batch) inputs.micro_batch = 1;
+  // Without --seq-len batch sizes change nothing in the plan, so an "auto" micro-batch the user did not give
+  // resolves to 1 rather than stopping the plan; with it the micro-batch sizes the activations and must be known.
+  if (!config.train_micro_batch_size_per_gpu && !inputs.micro_batch && !seq_len) inputs.micro_batch = 1;
   if (!config.gradient_accumulation_steps && !config.train_batch_size && !inputs.grad_accum) inputs.grad_accum = 1;
   if (hidden_size)
     inputs.hidden_size = *hidden_size;
@@ -432,9 +487,28 @@ int run_plan(const Args& args) {
 
   options.world_size = *world_size;
   options.ranks_per_node = ranks_per_node.value_or(*world_size);
+  options.activation_bytes = activation_bytes.value_or(0);
+  std::string activations_line;
+  if (seq_len) {
+    ActivationOptions act;
+    act.micro_batch = *config.train_micro_batch_size_per_gpu;
+    act.seq_len = *seq_len;
+    act.checkpointing = checkpointing.value_or(true);
+    act.on_gpu = config.zero3.device != "cpu";
+    act.compute = config.compute_dtype();
+    act.grad_accum = config.grad_accum_dtype.value_or(DType::f32);
+    options.activation_bytes = estimate_activations(dims, act).total();
+    activations_line = "activations per rank: " + std::to_string(options.activation_bytes) + " bytes, micro-batch " +
+                       std::to_string(act.micro_batch) + " x seq " + std::to_string(act.seq_len) +
+                       ", activation checkpointing " + (act.checkpointing ? "on" : "off") +
+                       " (as llama3_train --dry-run counts them)\n";
+  } else if (!activation_bytes) {
+    activations_line = "activations: not counted (give --seq-len with a Llama config.json, or --activation-bytes)\n";
+  }
   MemoryPlan plan = plan_memory(model, config, options);
   std::printf("model %s (%s), config %s\n", model.name.empty() ? "-" : model.name.c_str(), model_path.c_str(),
               config_path.c_str());
+  std::printf("%s", activations_line.c_str());
   std::printf("%s", format_memory_plan(plan).c_str());
   if (options.world_size % options.ranks_per_node == 0) {
     TrafficPlanOptions t;

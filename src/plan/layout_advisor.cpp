@@ -172,7 +172,81 @@ std::string gib(int64_t bytes) {
   return buf;
 }
 
+// 1-based ranks of `rows` by `key` (ties keep the ranking's order).
+template <typename Key>
+std::vector<size_t> ranks_by(const std::vector<AdvisedLayout>& rows, Key key) {
+  std::vector<size_t> order(rows.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return key(rows[a]) < key(rows[b]); });
+  std::vector<size_t> rank(rows.size());
+  for (size_t r = 0; r < order.size(); ++r) rank[order[r]] = r + 1;
+  return rank;
+}
+
+bool ranks_before(const AdvisedLayout& a, const AdvisedLayout& b) {
+  return std::tuple(a.time.step_high_s(), a.time.step_low_s(), a.edits.size(), a.gpu_bytes) <
+         std::tuple(b.time.step_high_s(), b.time.step_low_s(), b.edits.size(), b.gpu_bytes);
+}
+
+// The ranking's first row with every ranked layout re-timed at `overhead_ms` per cross-node collective.
+size_t first_at_overhead(const Advice& advice, const ModelDesc& model, const LlamaDims& dims, ClusterDesc cluster,
+                         const StepTimeOptions& timing, double overhead_ms) {
+  cluster.collective_overhead_ms = overhead_ms;
+  std::vector<AdvisedLayout> rows;
+  rows.reserve(advice.ranked.size());
+  for (const AdvisedLayout& a : advice.ranked) {
+    AdvisedLayout r;
+    r.edits = a.edits;
+    r.gpu_bytes = a.gpu_bytes;
+    r.time = model_step_time(model, dims, a.config, cluster, timing);
+    rows.push_back(std::move(r));
+  }
+  size_t best = 0;
+  for (size_t i = 1; i < rows.size(); ++i) {
+    if (ranks_before(rows[i], rows[best])) best = i;
+  }
+  return best;
+}
+
 }  // namespace
+
+std::vector<DeepSpeedDifference> deepspeed_differences(const LayoutChoice& c, int64_t world) {
+  std::vector<DeepSpeedDifference> out;
+  const bool mics = c.mics_shard_size > 0;
+  if (mics && c.mics_shard_size < world && c.offload_optimizer != OffloadDevice::none) {
+    out.push_back({true,
+                   "refuses MiCS with replicas and offload_optimizer (\"Local sharding has no support for CPU "
+                   "offloading\", at the first optimizer step)",
+                   "runtime/zero/mics.py, MiCS_Optimizer.allreduce_mics_shard_grads: the gradient partitions to "
+                   "all-reduce across replicas are in host memory"});
+  }
+  if (mics && c.qwz) {
+    out.push_back({false, "drops qwZ under MiCS silently (gathers in the compute dtype)",
+                   "runtime/zero/mics.py, MiCS_Init: its all_gather_coalesced never quantizes; runtime/engine.py "
+                   "_return_mics_optimizer passes no zero_quantized_weights"});
+  }
+  if (mics && c.qgz) {
+    out.push_back({false, "drops qgZ under MiCS silently (reduce-scatter in communication_data_type)",
+                   "runtime/engine.py _return_mics_optimizer passes no all2all_process_group, without which "
+                   "runtime/zero/stage3.py never calls all_to_all_quant_reduce"});
+  }
+  if (c.hpz_partition_size > 1 && c.offload_param == OffloadDevice::cpu && !c.secondary_on_host) {
+    out.push_back({false, "keeps hpZ's secondary partition in host memory with offload_param cpu (zero3's hpZ/host)",
+                   "runtime/zero/partition_parameters.py, Init._partition_param_sec: the secondary tensor is "
+                   "allocated on the offload device"});
+  }
+  if (c.hpz_partition_size > 1 && c.offload_param == OffloadDevice::nvme) {
+    out.push_back({true, "has no NVMe place for hpZ's secondary partition with offload_param nvme",
+                   "runtime/zero/partition_parameters.py, Init._partition_param_sec: torch.empty on device \"nvme\", "
+                   "which is no torch device (read in the source, not run)"});
+  }
+  if (c.hpz_partition_size > 1 && c.secondary_on_host && c.offload_param == OffloadDevice::none) {
+    out.push_back({false, "keeps hpZ's secondary partition on the GPU (zero3.hpz_secondary_memory is zero3's key)",
+                   "runtime/zero/partition_parameters.py, Init._partition_param_sec: on the offload device, which "
+                   "is the GPU without offload_param"});
+  }
+  return out;
+}
 
 std::string ConfigEdit::text() const { return path + ": " + (value ? *value : std::string("removed")); }
 
@@ -229,8 +303,9 @@ std::string LayoutChoice::layout(int64_t gpus_per_node) const {
     const int64_t k = ranks / gpus_per_node;
     return k == 1 ? std::string("one node") : std::to_string(k) + " nodes";
   };
-  std::string s = hpz_partition_size > 1 ? std::string(secondary_on_host ? "hpZ/host, " : "hpZ, ") + group(hpz_partition_size)
-                  : mics_shard_size > 0  ? std::string(mics_shard_size == gpus_per_node ? "MiCS/HSDP, " : "MiCS, ") +
+  std::string s = hpz_partition_size > 1
+                      ? std::string(secondary_on_host ? "hpZ/host, " : "hpZ, ") + group(hpz_partition_size)
+                  : mics_shard_size > 0 ? std::string(mics_shard_size == gpus_per_node ? "MiCS/HSDP, " : "MiCS, ") +
                                               group(mics_shard_size) + (hierarchical ? ", hierarchical" : "")
                                         : std::string("ZeRO-3");
   if (qwz) s += " + qwZ";
@@ -248,8 +323,10 @@ Advice advise_layouts(const std::string& config_json, const std::string& config_
                       const LlamaDims& dims, const ClusterDesc& cluster, const AdviseOptions& options) {
   ZERO3_REQUIRE(options.seq_len >= 1, InvalidArgument, "advise_layouts: seq_len ", options.seq_len,
                 " must be at least 1");
-  ZERO3_REQUIRE(options.activation_bytes >= 0, InvalidArgument, "advise_layouts: activation_bytes ",
-                options.activation_bytes, " must be >= 0");
+  ZERO3_REQUIRE(!options.activation_bytes || *options.activation_bytes >= 0, InvalidArgument,
+                "advise_layouts: activation_bytes ", options.activation_bytes.value_or(0), " must be >= 0");
+  ZERO3_REQUIRE(options.gpu_headroom_bytes >= 0, InvalidArgument, "advise_layouts: gpu_headroom_bytes ",
+                options.gpu_headroom_bytes, " must be >= 0");
   require_memory_figures(cluster, "zero3 plan --advise");
   ResolveInputs inputs = options.inputs;
   inputs.world_size = cluster.world();
@@ -275,11 +352,29 @@ Advice advise_layouts(const std::string& config_json, const std::string& config_
   advice.config_source = config_source;
   advice.gpu_plan_bytes = cluster.gpu_plan_bytes();
   advice.host_plan_bytes = cluster.host_plan_bytes();
-  advice.activation_bytes = options.activation_bytes;
+  advice.gpu_headroom_bytes = options.gpu_headroom_bytes;
+  advice.micro_batch = *user.train_micro_batch_size_per_gpu;
+  advice.seq_len = options.seq_len;
+  advice.checkpointing = options.checkpointing;
+  if (options.activation_bytes) {
+    advice.activation_bytes = *options.activation_bytes;
+  } else {
+    // The layouts change neither the batch nor the dtypes: one estimate for all of them, from the user's config.
+    ActivationOptions act;
+    act.micro_batch = *user.train_micro_batch_size_per_gpu;
+    act.seq_len = options.seq_len;
+    act.checkpointing = options.checkpointing;
+    act.on_gpu = user.zero3.device != "cpu";
+    act.compute = user.compute_dtype();
+    act.grad_accum = user.grad_accum_dtype.value_or(DType::f32);
+    advice.activations = estimate_activations(dims, act);
+    advice.activation_bytes = advice.activations.total();
+    advice.activations_estimated = true;
+  }
   MemoryPlanOptions memory;
   memory.world_size = cluster.world();
   memory.ranks_per_node = cluster.gpus_per_node;
-  memory.activation_bytes = options.activation_bytes;
+  memory.activation_bytes = advice.activation_bytes;
   StepTimeOptions timing;
   timing.seq_len = options.seq_len;
 
@@ -289,6 +384,8 @@ Advice advise_layouts(const std::string& config_json, const std::string& config_
     a.choice = choice;
     a.edits = edits_for(choice, user, raw, nvme_path);
     a.is_user_config = a.edits.empty();
+    a.deepspeed = deepspeed_differences(choice, cluster.world());
+    a.config = user;
     Config c;
     try {
       c = parse_config(apply_config_edits(config_json, a.edits, config_source), config_source + " with the edits");
@@ -303,13 +400,16 @@ Advice advise_layouts(const std::string& config_json, const std::string& config_
       advice.refused.push_back(std::move(a));
       continue;
     }
+    a.config = c;
     const MemoryPlan plan = plan_memory(model, c, memory);
     a.gpu_bytes = plan.device_is_host ? 0 : plan.rank_bytes(MemoryTier::device);
+    a.gpu_free_bytes = advice.gpu_plan_bytes - a.gpu_bytes;
     a.host_node_bytes =
         plan.node_bytes(MemoryTier::host) + (plan.device_is_host ? plan.node_bytes(MemoryTier::device) : 0);
     a.nvme_node_bytes = plan.node_bytes(MemoryTier::nvme);
-    if (a.gpu_bytes > advice.gpu_plan_bytes) {
-      a.reason = "GPU " + gib(a.gpu_bytes) + " > " + gib(advice.gpu_plan_bytes);
+    if (a.gpu_bytes + advice.gpu_headroom_bytes > advice.gpu_plan_bytes) {
+      a.reason = "GPU " + gib(a.gpu_bytes) + " + headroom " + gib(advice.gpu_headroom_bytes) + " > " +
+                 gib(advice.gpu_plan_bytes);
     }
     if (a.host_node_bytes > advice.host_plan_bytes) {
       a.reason += (a.reason.empty() ? "" : "; ") + std::string("host ") + gib(a.host_node_bytes) + " per node > " +
@@ -324,37 +424,76 @@ Advice advise_layouts(const std::string& config_json, const std::string& config_
     a.time = model_step_time(model, dims, c, cluster, timing);
     advice.ranked.push_back(std::move(a));
   }
-  std::stable_sort(advice.ranked.begin(), advice.ranked.end(), [](const AdvisedLayout& a, const AdvisedLayout& b) {
-    return std::tuple(a.time.step_high_s(), a.time.step_low_s(), a.edits.size(), a.gpu_bytes) <
-           std::tuple(b.time.step_high_s(), b.time.step_low_s(), b.edits.size(), b.gpu_bytes);
-  });
+  std::stable_sort(advice.ranked.begin(), advice.ranked.end(), ranks_before);
   for (size_t i = 0; i < advice.ranked.size(); ++i) {
     if (advice.ranked[i].is_user_config) advice.user_config_rank = i;
+  }
+  const std::vector<size_t> by_bandwidth =
+      ranks_by(advice.ranked, [](const AdvisedLayout& a) { return a.time.step_s; });
+  const std::vector<size_t> by_fixed =
+      ranks_by(advice.ranked, [](const AdvisedLayout& a) { return a.time.step_fixed_s; });
+  ReadingsNote note;
+  for (size_t i = 0; i < advice.ranked.size(); ++i) {
+    advice.ranked[i].rank_bandwidth = by_bandwidth[i];
+    advice.ranked[i].rank_fixed_cost = by_fixed[i];
+    if (by_bandwidth[i] == 1) note.bandwidth_first = i;
+    if (by_fixed[i] == 1) note.fixed_cost_first = i;
+  }
+  if (!advice.ranked.empty() && (note.bandwidth_first != 0 || note.fixed_cost_first != 0)) {
+    // Where the first row changes: the bandwidth reading's first leads at no cost per collective; the smallest cost
+    // at which another layout leads, to 0.01 ms (the step times are piecewise linear in it, the first row's step
+    // grows no faster than the others' once it leads on locality).
+    const double top = cluster.collective_overhead_ms;
+    if (cluster.collective_overhead_ms > 0 &&
+        first_at_overhead(advice, model, dims, cluster, timing, top) != note.bandwidth_first) {
+      double lo = 0, hi = top;
+      while (hi - lo > 0.01) {
+        const double mid = (lo + hi) / 2;
+        (first_at_overhead(advice, model, dims, cluster, timing, mid) == note.bandwidth_first ? lo : hi) = mid;
+      }
+      note.crossover_overhead_ms = hi;
+    }
+    advice.readings = note;
   }
   return advice;
 }
 
 std::string format_advice(const Advice& advice, const ClusterDesc& cluster, int64_t steps, size_t top) {
   std::ostringstream out;
-  char buf[512];
+  char buf[768];
   const size_t total = advice.ranked.size() + advice.not_fitting.size() + advice.refused.size();
   out << total << " layouts of " << advice.config_source << " on " << (cluster.name.empty() ? "-" : cluster.name)
       << " (" << cluster.source << "), " << cluster.nodes << " nodes x " << cluster.gpus_per_node
       << " GPUs: " << advice.ranked.size() << " ranked, " << advice.not_fitting.size() << " do not fit, "
       << advice.refused.size() << " refused\n";
   std::snprintf(buf, sizeof buf,
-                "memory a plan may use: %s per GPU (gpu_memory_gib %.4g - gpu_reserved_gib %.4g), %s of host memory "
-                "per node (host_memory_gib %.4g - host_reserved_gib %.4g); activations %s per GPU%s\n",
+                "memory a plan may use: %s per GPU (gpu_memory_gib %.4g - gpu_reserved_gib %.4g), of which a layout "
+                "must leave %s free to fit (headroom, --gpu-headroom); %s of host memory per node (host_memory_gib "
+                "%.4g - host_reserved_gib %.4g)\n",
                 gib(advice.gpu_plan_bytes).c_str(), cluster.gpu_memory_gib, cluster.gpu_reserved_gib,
-                gib(advice.host_plan_bytes).c_str(), cluster.host_memory_gib, cluster.host_reserved_gib,
-                gib(advice.activation_bytes).c_str(),
-                advice.activation_bytes > 0 ? " (--activation-bytes)" : " (not counted: give --activation-bytes)");
+                gib(advice.gpu_headroom_bytes).c_str(), gib(advice.host_plan_bytes).c_str(), cluster.host_memory_gib,
+                cluster.host_reserved_gib);
+  out << buf;
+  if (advice.activations_estimated) {
+    const ActivationEstimate& e = advice.activations;
+    std::snprintf(buf, sizeof buf,
+                  "activations: %s per GPU, micro-batch %lld x seq %lld, activation checkpointing %s, as "
+                  "llama3_train --dry-run counts them (residual streams %s, layer caches %s, workspace %s, "
+                  "attention %s, logits chunk %s, unit staging %s); --activation-bytes overrides\n",
+                  gib(advice.activation_bytes).c_str(), static_cast<long long>(advice.micro_batch),
+                  static_cast<long long>(advice.seq_len), advice.checkpointing ? "on" : "off",
+                  gib(e.layer_inputs).c_str(), gib(e.layer_caches).c_str(), gib(e.workspace).c_str(),
+                  gib(e.attention).c_str(), gib(e.loss_chunk).c_str(), gib(e.unit_staging).c_str());
+  } else {
+    std::snprintf(buf, sizeof buf, "activations: %s per GPU (--activation-bytes)\n",
+                  gib(advice.activation_bytes).c_str());
+  }
   out << buf;
   if (cluster.collective_overhead_ms > 0) {
     std::snprintf(buf, sizeof buf,
                   "step: the range between the network read as a bandwidth loss (collective_efficiency %.4g) and as "
                   "a fixed cost per collective that crosses nodes (collective_overhead_ms %.4g); ranked by its high "
-                  "end\n",
+                  "end, each row's rank by each reading alone beside it (bw, fixed)\n",
                   cluster.collective_efficiency, cluster.collective_overhead_ms);
   } else {
     std::snprintf(buf, sizeof buf,
@@ -366,25 +505,46 @@ std::string format_advice(const Advice& advice, const ClusterDesc& cluster, int6
   out << "hpZ/host: hpZ with its secondary partition in pinned host memory (zero3.hpz_secondary_memory \"host\")\n\n";
 
   const std::string steps_header = std::to_string(steps) + " steps";
-  std::snprintf(buf, sizeof buf, "%5s  %-40s %-9s %-10s %10s %10s %15s %15s  %s\n", "rank", "layout", "optimizer",
-                "parameters", "GPU", "host/node", "step, low-high", steps_header.c_str(), "bound");
+  std::snprintf(buf, sizeof buf, "%5s  %-40s %-9s %-10s %10s %9s %10s %15s %15s %4s %5s  %s\n", "rank", "layout",
+                "optimizer", "parameters", "GPU", "free", "host/node", "step, low-high", steps_header.c_str(), "bw",
+                "fixed", "bound");
   out << buf;
   const size_t shown = top == 0 ? advice.ranked.size() : std::min(top, advice.ranked.size());
   const double n = static_cast<double>(steps);
+  std::vector<std::string> sources;  // DeepSpeed's places, numbered in the order the rows name them
+  auto source_number = [&](const std::string& where) {
+    auto it = std::find(sources.begin(), sources.end(), where);
+    if (it == sources.end()) it = sources.insert(sources.end(), where);
+    return static_cast<size_t>(it - sources.begin()) + 1;
+  };
+  auto deepspeed_line = [&](const AdvisedLayout& a) {
+    std::string line;
+    for (const DeepSpeedDifference& d : a.deepspeed) {
+      line += (line.empty() ? "" : "; ") + d.what + " [" + std::to_string(source_number(d.where)) + "]";
+    }
+    return line;
+  };
   for (size_t i = 0; i < shown; ++i) {
     const AdvisedLayout& a = advice.ranked[i];
     const StepTime& t = a.time;
     const std::string rank = std::to_string(i + 1) + (a.is_user_config ? "*" : "");
     auto where = [](OffloadDevice d) { return d == OffloadDevice::none ? "GPU" : device_name(d); };
-    std::snprintf(buf, sizeof buf, "%5s  %-40s %-9s %-10s %10s %10s %15s %15s  %s\n", rank.c_str(),
+    std::snprintf(buf, sizeof buf, "%5s  %-40s %-9s %-10s %10s %9s %10s %15s %15s %4zu %5zu  %s\n", rank.c_str(),
                   a.choice.layout(cluster.gpus_per_node).c_str(), where(a.choice.offload_optimizer),
-                  where(a.choice.offload_param), gib(a.gpu_bytes).c_str(), gib(a.host_node_bytes).c_str(),
-                  format_seconds_range(t.step_low_s(), t.step_high_s()).c_str(),
-                  format_seconds_range(t.step_low_s() * n, t.step_high_s() * n).c_str(), t.bound.c_str());
+                  where(a.choice.offload_param), gib(a.gpu_bytes).c_str(), gib(a.gpu_free_bytes).c_str(),
+                  gib(a.host_node_bytes).c_str(), format_seconds_range(t.step_low_s(), t.step_high_s()).c_str(),
+                  format_seconds_range(t.step_low_s() * n, t.step_high_s() * n).c_str(), a.rank_bandwidth,
+                  a.rank_fixed_cost, t.bound.c_str());
     out << buf;
     std::string edits;
     for (const ConfigEdit& e : a.edits) edits += (edits.empty() ? "" : ", ") + e.text();
     out << "       edits: " << (edits.empty() ? "none (your config as it is)" : edits) << '\n';
+    if (!a.deepspeed.empty()) {
+      const bool refuses =
+          std::any_of(a.deepspeed.begin(), a.deepspeed.end(), [](const DeepSpeedDifference& d) { return d.refuses; });
+      out << "       DeepSpeed " << (refuses ? "refuses this layout" : "runs another layout") << ": "
+          << deepspeed_line(a) << '\n';
+    }
   }
   if (shown < advice.ranked.size()) {
     out << "       ... " << advice.ranked.size() - shown << " more ranked (--top 0 prints them all)\n";
@@ -408,6 +568,35 @@ std::string format_advice(const Advice& advice, const ClusterDesc& cluster, int6
       out << "ranks " << ranks << " reach into rank 1's range: the model does not separate them from it\n";
     }
   }
+  if (advice.readings) {
+    const ReadingsNote& r = *advice.readings;
+    const AdvisedLayout& bw = advice.ranked[r.bandwidth_first];
+    const AdvisedLayout& fixed = advice.ranked[r.fixed_cost_first];
+    auto name = [&](const AdvisedLayout& a, size_t index) {
+      return "rank " + std::to_string(index + 1) + " (" + a.choice.describe(cluster.gpus_per_node) + ")";
+    };
+    std::snprintf(buf, sizeof buf,
+                  "\nthe readings disagree on the first row: by bandwidth alone %s leads, %.2f s a step (%.2f s by "
+                  "the fixed cost); by the fixed cost alone %s, %.2f s (%.2f s by bandwidth).\n",
+                  name(bw, r.bandwidth_first).c_str(), bw.time.step_s, bw.time.step_fixed_s,
+                  name(fixed, r.fixed_cost_first).c_str(), fixed.time.step_fixed_s, fixed.time.step_s);
+    out << buf;
+    const char* decides = r.fixed_cost_first == 0  ? "the fixed-cost reading decides rank 1"
+                          : r.bandwidth_first == 0 ? "the bandwidth reading decides rank 1"
+                                                   : "rank 1 leads neither reading alone: it has the lowest worst case";
+    out << "  " << decides
+        << ". The ranking takes each row's slower reading because the model cannot yet say which one the network "
+           "follows: both came in under the one run they were not fitted to (DeepSpeed over TCP, "
+           "docs/performance-model.md), so the slower one is the step a row is least likely to exceed.\n";
+    if (r.crossover_overhead_ms) {
+      std::snprintf(buf, sizeof buf,
+                    "  %s would lead only while a collective across nodes costs less than %.2f ms; this description "
+                    "says %.4g ms (collective_overhead_ms, fitted to a measured run).\n",
+                    bw.choice.layout(cluster.gpus_per_node).c_str(), *r.crossover_overhead_ms,
+                    cluster.collective_overhead_ms);
+      out << buf;
+    }
+  }
   if (std::any_of(advice.ranked.begin(), advice.ranked.end(),
                   [](const AdvisedLayout& a) { return a.nvme_node_bytes > 0; })) {
     out << "NVMe space is not checked: the cluster description has no NVMe capacity\n";
@@ -429,6 +618,11 @@ std::string format_advice(const Advice& advice, const ClusterDesc& cluster, int6
       if (a.reason != reason) continue;
       out << "    " << a.choice.describe(cluster.gpus_per_node) << (a.is_user_config ? " (your config)" : "") << '\n';
     }
+  }
+  if (!sources.empty()) {
+    out << "\nwhere DeepSpeed (microsoft/DeepSpeed, deepspeed/) differs from zero3 for the rows above; zero3 runs "
+           "each layout as configured (docs/config.md, \"DeepSpeed's limits\"):\n";
+    for (size_t i = 0; i < sources.size(); ++i) out << "  [" << i + 1 << "] " << sources[i] << '\n';
   }
   return out.str();
 }
