@@ -9,6 +9,7 @@
 // secondary partition is where the config says, and the engine's counters equal the memory plan's entries for it.
 // zero3-test-ranks: 4
 // zero3-test-nodes: 2x2
+// zero3-test-labels: engine
 #include <gtest/gtest.h>
 
 #include <ostream>

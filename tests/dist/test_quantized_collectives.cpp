@@ -114,46 +114,55 @@ TEST(QuantizedTraffic, TheEngineCountsWhatThePlanPredicts) {
 }
 
 // The weights the forward computes with are the int8 round trip of the bf16 weights: within half a step of each
-// block's scale (plus the roundings), and not all equal to them (the quantization is on).
+// block's scale (plus the roundings), and not all equal to them (the quantization is on). Under every layout: MiCS's
+// gathers (HSDP, and the hierarchical gather through both of its stages) quantize each rank's slice of its shard
+// group as plain ZeRO-3's do, which DeepSpeed's MiCS does not (its gathers never quantize).
 TEST(QuantizedWeights, TheForwardSeesEachWeightWithinTheBlockBound) {
   auto comm = engine_world();
   TrainPlan plan;
   plan.world = comm->size();
-  Config c = bf16_config();
-  tight_schedule(c);
-  qwz(c);
-  Engine engine(resolved_for(c, *comm), comm, cpu_device());
-  MlpUnits units = declare_mlp(engine, plan.dims);
-  engine.materialize();
-  train_step(engine, units, plan, 0);
-  const int w = comm->size();
-  int64_t changed = 0, total = 0;
-  for (UnitId unit : {units.fc1, units.norm, units.fc2, units.head}) {
-    const UnitInfo& info = engine.unit(unit);
-    std::vector<float> master(static_cast<size_t>(info.numel));
-    engine.gather_master_params(unit, master.data());
-    const int64_t slice = info.slice_numel;
-    auto scope = engine.forward_scope(unit);
-    const TensorView flat = scope.flat_params();
-    ASSERT_EQ(flat.dtype, DType::bf16);
-    const auto* got = static_cast<const uint16_t*>(flat.data);
-    for (int r = 0; r < w; ++r) {
-      for (int64_t b0 = r * slice; b0 < (r + 1) * slice; b0 += c.zero3.qwz_block_size) {
-        const int64_t b1 = std::min({b0 + c.zero3.qwz_block_size, (r + 1) * slice, info.numel});
-        float amax = 0;
-        for (int64_t i = b0; i < b1; ++i) amax = std::max(amax, std::fabs(bf16_to_f32(f32_to_bf16(master[i]))));
-        for (int64_t i = b0; i < b1; ++i) {
-          const float x = bf16_to_f32(f32_to_bf16(master[static_cast<size_t>(i)]));
-          const float y = bf16_to_f32(got[i]);
-          const double bound = amax / 127.0 / 2 + amax * std::ldexp(1.0, -21) + std::fabs(y) * std::ldexp(1.0, -8);
-          EXPECT_LE(std::fabs(x - y), bound) << info.name << " element " << i << " (block amax " << amax << ")";
-          changed += x != y;
-          ++total;
+  const std::vector<std::pair<std::string, LayoutSetter>> layouts = {
+      {"plain", plain_layout}, {"hsdp", hsdp_layout}, {"mics_hierarchical", mics_hierarchical_layout}};
+  for (const auto& [name, layout] : layouts) {
+    Config c = bf16_config();
+    tight_schedule(c);
+    qwz(c);
+    if (!layout(c)) continue;
+    SCOPED_TRACE(name);
+    Engine engine(resolved_for(c, *comm), comm, cpu_device());
+    MlpUnits units = declare_mlp(engine, plan.dims);
+    engine.materialize();
+    train_step(engine, units, plan, 0);
+    int64_t changed = 0, total = 0;
+    for (UnitId unit : {units.fc1, units.norm, units.fc2, units.head}) {
+      const UnitInfo& info = engine.unit(unit);
+      std::vector<float> master(static_cast<size_t>(info.numel));
+      engine.gather_master_params(unit, master.data());
+      const int64_t slice = info.slice_numel;
+      const int64_t slices = info.padded_numel / slice;  // the ranks the unit is partitioned over
+      EXPECT_EQ(slices, c.zero.mics_shard_size > 0 ? c.zero.mics_shard_size : comm->size());
+      auto scope = engine.forward_scope(unit);
+      const TensorView flat = scope.flat_params();
+      ASSERT_EQ(flat.dtype, DType::bf16);
+      const auto* got = static_cast<const uint16_t*>(flat.data);
+      for (int64_t r = 0; r < slices; ++r) {
+        for (int64_t b0 = r * slice; b0 < std::min((r + 1) * slice, info.numel); b0 += c.zero3.qwz_block_size) {
+          const int64_t b1 = std::min({b0 + c.zero3.qwz_block_size, (r + 1) * slice, info.numel});
+          float amax = 0;
+          for (int64_t i = b0; i < b1; ++i) amax = std::max(amax, std::fabs(bf16_to_f32(f32_to_bf16(master[i]))));
+          for (int64_t i = b0; i < b1; ++i) {
+            const float x = bf16_to_f32(f32_to_bf16(master[static_cast<size_t>(i)]));
+            const float y = bf16_to_f32(got[i]);
+            const double bound = amax / 127.0 / 2 + amax * std::ldexp(1.0, -21) + std::fabs(y) * std::ldexp(1.0, -8);
+            EXPECT_LE(std::fabs(x - y), bound) << info.name << " element " << i << " (block amax " << amax << ")";
+            changed += x != y;
+            ++total;
+          }
         }
       }
     }
+    EXPECT_GT(changed, total / 4) << "the gathered weights should be the int8 round trip, not the bf16 weights";
   }
-  EXPECT_GT(changed, total / 4) << "the gathered weights should be the int8 round trip, not the bf16 weights";
 }
 
 // With a learning rate of 1e-6 Adam moves each master weight by a few 1e-6 per step; a master that took the

@@ -18,6 +18,7 @@
 #include <string>
 
 #include "support/run_command.hpp"
+#include "zero3/activation_plan.hpp"
 #include "zero3/cluster_desc.hpp"
 #include "zero3/error.hpp"
 #include "zero3/layout_advisor.hpp"
@@ -62,7 +63,7 @@ SeedJob seed_job(const std::string& cluster_file = "g6e-12xlarge-efa.json") {
   j.model = load_model_desc(src + "/configs/models/llama-3-8b.json", &hidden, &j.dims);
   j.cluster = load_cluster_desc(src + "/configs/clusters/" + cluster_file);
   j.options.seq_len = 512;
-  j.options.activation_bytes = kSeedActivationBytes;
+  j.options.checkpointing = false;  // the seed's run; the activations are estimated, not given
   j.options.inputs.micro_batch = 4;
   j.options.inputs.grad_accum = 4;
   j.options.inputs.hidden_size = hidden;
@@ -100,6 +101,9 @@ TEST(LayoutAdvisor, TheSeedsRankingFitsAndIsWhatItsEditsMake) {
   // 4: 7 shapes x 4 quantizations x 4 offloads.
   ASSERT_EQ(a.ranked.size() + a.not_fitting.size() + a.refused.size(), 112u);
   ASSERT_FALSE(a.ranked.empty());
+  EXPECT_TRUE(a.activations_estimated);
+  EXPECT_EQ(a.activation_bytes, kSeedActivationBytes);
+  EXPECT_EQ(a.gpu_headroom_bytes, kDefaultGpuHeadroomBytes);
   EXPECT_EQ(a.gpu_plan_bytes, static_cast<int64_t>((44.99 - 2) * (1 << 30)));
   EXPECT_EQ(a.host_plan_bytes, int64_t{352} << 30);
 
@@ -113,7 +117,8 @@ TEST(LayoutAdvisor, TheSeedsRankingFitsAndIsWhatItsEditsMake) {
     const AdvisedLayout& r = a.ranked[i];
     SCOPED_TRACE(r.choice.describe(4));
     EXPECT_EQ(r.verdict, Verdict::ranked);
-    EXPECT_LE(r.gpu_bytes, a.gpu_plan_bytes);
+    EXPECT_LE(r.gpu_bytes + a.gpu_headroom_bytes, a.gpu_plan_bytes);
+    EXPECT_EQ(r.gpu_free_bytes, a.gpu_plan_bytes - r.gpu_bytes);
     EXPECT_LE(r.host_node_bytes, a.host_plan_bytes);
     if (i > 0) {
       EXPECT_GE(r.time.step_high_s(), a.ranked[i - 1].time.step_high_s());
@@ -137,7 +142,7 @@ TEST(LayoutAdvisor, TheSeedsRankingFitsAndIsWhatItsEditsMake) {
   }
   for (const AdvisedLayout& r : a.not_fitting) {
     SCOPED_TRACE(r.choice.describe(4));
-    EXPECT_TRUE(r.gpu_bytes > a.gpu_plan_bytes || r.host_node_bytes > a.host_plan_bytes);
+    EXPECT_TRUE(r.gpu_bytes + a.gpu_headroom_bytes > a.gpu_plan_bytes || r.host_node_bytes > a.host_plan_bytes);
   }
   // The engine takes every layout enumerated here, hpZ with parameter offload included.
   EXPECT_EQ(a.refused.size(), 0u);
@@ -209,6 +214,214 @@ TEST(LayoutAdvisor, TheSeedsAnswer) {
   EXPECT_TRUE(user.edits.empty());
   EXPECT_GT(*a.user_config_rank, a.ranked.size() * 3 / 4);
   EXPECT_GT(user.time.step_low_s(), 4 * a.ranked[0].time.step_high_s());
+}
+
+// The activations every plan counts are the figure `llama3_train --dry-run` printed for the seed's job (recorded in
+// docs/performance-model.md before the estimate moved into the library), by part; checkpointing keeps one layer's
+// cache instead of 32 and nothing else.
+TEST(LayoutAdvisor, TheSeedsActivationsAreTheDryRunsFigure) {
+  if (source_dir().empty()) GTEST_SKIP() << "ZERO3_SOURCE_DIR is not set (run through ctest)";
+  const SeedJob j = seed_job();
+  ActivationOptions o;
+  o.micro_batch = 4;
+  o.seq_len = 512;
+  o.checkpointing = false;
+  const ActivationEstimate off = estimate_activations(j.dims, o);
+  EXPECT_EQ(off.total(), kSeedActivationBytes);
+  o.checkpointing = true;
+  const ActivationEstimate on = estimate_activations(j.dims, o);
+  EXPECT_EQ(off.layer_caches, 32 * on.layer_caches);
+  EXPECT_EQ(off.total() - on.total(), off.layer_caches - on.layer_caches);
+  EXPECT_EQ(on.layer_inputs, 33 * 2048 * 4096 * 2);  // (L + 1) residual streams of 2048 tokens in bf16
+
+  // The caller's figure replaces the estimate.
+  SeedJob given = seed_job();
+  given.options.activation_bytes = 123 << 20;
+  const Advice a = advise(given);
+  EXPECT_FALSE(a.activations_estimated);
+  EXPECT_EQ(a.activation_bytes, 123 << 20);
+  // The advisor's default is llama3_train's: checkpointing on.
+  SeedJob defaults = seed_job();
+  defaults.options.checkpointing = AdviseOptions{}.checkpointing;
+  EXPECT_EQ(advise(defaults).activation_bytes, on.total());
+
+  // Bad input, each named.
+  LlamaDims bad = j.dims;
+  bad.num_attention_heads = 0;
+  EXPECT_THROW(estimate_activations(bad, o), InvalidArgument);
+  o.micro_batch = 0;
+  try {
+    estimate_activations(j.dims, o);
+    ADD_FAILURE() << "a micro-batch of 0 was taken";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("micro_batch 0"), std::string::npos) << e.what();
+  }
+}
+
+// Without --activation-bytes the seed's job never ranks a layout whose activations do not fit: MiCS/HSDP + qwZ + qgZ
+// without offload, 40.85 GiB of states and buffers, is 47.67 GiB with its 6.82 GiB of activations, over the L40S's
+// 42.99 GiB. A layout fits only with the headroom left free: the one that leaves 0.23 GiB ranks at no headroom and
+// not at the default 1 GiB.
+TEST(LayoutAdvisor, ALayoutWhoseActivationsDoNotFitIsNeverRanked) {
+  if (source_dir().empty()) GTEST_SKIP() << "ZERO3_SOURCE_DIR is not set (run through ctest)";
+  SeedJob j = seed_job();
+  const Advice a = advise(j);
+  auto find = [](const std::vector<AdvisedLayout>& rows, const LayoutChoice& want) -> const AdvisedLayout* {
+    for (const AdvisedLayout& r : rows) {
+      if (r.choice == want) return &r;
+    }
+    return nullptr;
+  };
+  LayoutChoice hsdp_quantized;
+  hsdp_quantized.mics_shard_size = 4;
+  hsdp_quantized.qwz = hsdp_quantized.qgz = true;
+  const AdvisedLayout* over = find(a.not_fitting, hsdp_quantized);
+  ASSERT_NE(over, nullptr);
+  EXPECT_EQ(find(a.ranked, hsdp_quantized), nullptr);
+  EXPECT_NEAR(static_cast<double>(over->gpu_bytes) / (1 << 30), 47.67, 0.005);
+  EXPECT_NEAR(static_cast<double>(over->gpu_bytes - a.activation_bytes) / (1 << 30), 40.85, 0.005);
+  EXPECT_NE(over->reason.find("GPU 47.67 GiB + headroom 1.00 GiB > 42.99 GiB"), std::string::npos) << over->reason;
+
+  LayoutChoice tight;  // MiCS/HSDP + qwZ, parameters offloaded: 42.76 GiB
+  tight.mics_shard_size = 4;
+  tight.qwz = true;
+  tight.offload_param = OffloadDevice::cpu;
+  const AdvisedLayout* at_default = find(a.not_fitting, tight);
+  ASSERT_NE(at_default, nullptr);
+  EXPECT_NEAR(static_cast<double>(at_default->gpu_free_bytes) / (1 << 30), 0.23, 0.005);
+  j.options.gpu_headroom_bytes = 0;
+  const Advice no_headroom = advise(j);
+  EXPECT_NE(find(no_headroom.ranked, tight), nullptr);
+  EXPECT_GT(no_headroom.ranked.size(), a.ranked.size());
+  j.options.gpu_headroom_bytes = -1;
+  EXPECT_THROW(advise(j), InvalidArgument);
+}
+
+// Each row's rank under each reading alone; the readings put different layouts first, and the output says which
+// decides, why the ranking takes the slower one, and the cost per collective at which the first row changes.
+TEST(LayoutAdvisor, BothReadingsAreVisible) {
+  if (source_dir().empty()) GTEST_SKIP() << "ZERO3_SOURCE_DIR is not set (run through ctest)";
+  const SeedJob j = seed_job();
+  const Advice a = advise(j);
+  std::vector<size_t> bandwidth, fixed;
+  for (const AdvisedLayout& r : a.ranked) {
+    bandwidth.push_back(r.rank_bandwidth);
+    fixed.push_back(r.rank_fixed_cost);
+  }
+  std::sort(bandwidth.begin(), bandwidth.end());
+  std::sort(fixed.begin(), fixed.end());
+  for (size_t i = 0; i < a.ranked.size(); ++i) {
+    EXPECT_EQ(bandwidth[i], i + 1);
+    EXPECT_EQ(fixed[i], i + 1);
+  }
+  for (const AdvisedLayout& r : a.ranked) {
+    for (const AdvisedLayout& o : a.ranked) {
+      if (r.time.step_s < o.time.step_s) EXPECT_LT(r.rank_bandwidth, o.rank_bandwidth);
+      if (r.time.step_fixed_s < o.time.step_fixed_s) EXPECT_LT(r.rank_fixed_cost, o.rank_fixed_cost);
+    }
+  }
+  ASSERT_TRUE(a.readings.has_value());
+  const AdvisedLayout& bw = a.ranked[a.readings->bandwidth_first];
+  EXPECT_EQ(bw.rank_bandwidth, 1u);
+  EXPECT_EQ(a.ranked[a.readings->fixed_cost_first].rank_fixed_cost, 1u);
+  EXPECT_EQ(bw.choice.hpz_partition_size, 4);  // hpZ + qwZ + qgZ, as by the bandwidth reading at every efficiency
+  EXPECT_TRUE(bw.choice.qwz && bw.choice.qgz);
+  EXPECT_EQ(a.ranked[0].choice.mics_shard_size, 4);
+  // Re-timed around the crossover: hpZ + qwZ + qgZ leads just below it, and another layout just above.
+  ASSERT_TRUE(a.readings->crossover_overhead_ms.has_value());
+  const double crossover = *a.readings->crossover_overhead_ms;
+  EXPECT_GT(crossover, 0);
+  EXPECT_LT(crossover, j.cluster.collective_overhead_ms);
+  StepTimeOptions timing;
+  timing.seq_len = 512;
+  auto step_high = [&](const AdvisedLayout& r, double overhead) {
+    ClusterDesc c = j.cluster;
+    c.collective_overhead_ms = overhead;
+    return model_step_time(j.model, j.dims, r.config, c, timing).step_high_s();
+  };
+  double best_below = step_high(a.ranked[0], crossover - 0.05), best_above = step_high(a.ranked[0], crossover + 0.05);
+  for (const AdvisedLayout& r : a.ranked) {
+    if (&r == &bw) continue;
+    best_below = std::min(best_below, step_high(r, crossover - 0.05));
+    best_above = std::min(best_above, step_high(r, crossover + 0.05));
+  }
+  EXPECT_LT(step_high(bw, crossover - 0.05), best_below);
+  EXPECT_GT(step_high(bw, crossover + 0.05), best_above);
+
+  const std::string table = format_advice(a, j.cluster, 50);
+  EXPECT_NE(table.find("the readings disagree on the first row: by bandwidth alone rank " +
+                       std::to_string(a.readings->bandwidth_first + 1) + " (hpZ, one node + qwZ + qgZ"),
+            std::string::npos)
+      << table;
+  EXPECT_NE(table.find("the fixed-cost reading decides rank 1"), std::string::npos) << table;
+  EXPECT_NE(table.find("would lead only while a collective across nodes costs less than"), std::string::npos) << table;
+
+  // One reading only (no collective_overhead_ms): the ranks agree and nothing is said.
+  SeedJob one = seed_job();
+  one.cluster.collective_overhead_ms = 0;
+  const Advice single = advise(one);
+  EXPECT_FALSE(single.readings.has_value());
+  for (const AdvisedLayout& r : single.ranked) EXPECT_EQ(r.rank_bandwidth, r.rank_fixed_cost);
+}
+
+// What DeepSpeed refuses or changes, row by row, with where in DeepSpeed; zero3 ranks these layouts all the same.
+TEST(LayoutAdvisor, DeepSpeedsLimitsAreNamed) {
+  LayoutChoice mics;
+  mics.mics_shard_size = 4;
+  EXPECT_TRUE(deepspeed_differences(mics, 16).empty());
+  mics.offload_optimizer = OffloadDevice::nvme;
+  std::vector<DeepSpeedDifference> d = deepspeed_differences(mics, 16);
+  ASSERT_EQ(d.size(), 1u);
+  EXPECT_TRUE(d[0].refuses);
+  EXPECT_NE(d[0].what.find("Local sharding has no support for CPU offloading"), std::string::npos);
+  EXPECT_NE(d[0].where.find("runtime/zero/mics.py"), std::string::npos);
+  mics.mics_shard_size = 16;  // one shard group: no replicas, nothing to all-reduce across them
+  mics.hierarchical = true;
+  EXPECT_TRUE(deepspeed_differences(mics, 16).empty());
+  mics.qwz = mics.qgz = true;
+  d = deepspeed_differences(mics, 16);
+  ASSERT_EQ(d.size(), 2u);
+  EXPECT_FALSE(d[0].refuses || d[1].refuses);
+  EXPECT_NE(d[0].what.find("drops qwZ under MiCS"), std::string::npos);
+  EXPECT_NE(d[1].what.find("drops qgZ under MiCS"), std::string::npos);
+
+  LayoutChoice hpz;
+  hpz.hpz_partition_size = 4;
+  hpz.qwz = hpz.qgz = true;
+  EXPECT_TRUE(deepspeed_differences(hpz, 16).empty());
+  hpz.offload_param = OffloadDevice::cpu;
+  d = deepspeed_differences(hpz, 16);
+  ASSERT_EQ(d.size(), 1u);
+  EXPECT_NE(d[0].what.find("host memory"), std::string::npos);
+  hpz.secondary_on_host = true;  // what DeepSpeed does with parameter offload
+  EXPECT_TRUE(deepspeed_differences(hpz, 16).empty());
+  hpz.offload_param = OffloadDevice::nvme;
+  d = deepspeed_differences(hpz, 16);
+  ASSERT_EQ(d.size(), 1u);
+  EXPECT_TRUE(d[0].refuses);
+  hpz.offload_param = OffloadDevice::none;
+  d = deepspeed_differences(hpz, 16);
+  ASSERT_EQ(d.size(), 1u);
+  EXPECT_NE(d[0].what.find("on the GPU"), std::string::npos);
+
+  if (source_dir().empty()) GTEST_SKIP() << "ZERO3_SOURCE_DIR is not set (run through ctest)";
+  const SeedJob j = seed_job();
+  const Advice a = advise(j);
+  size_t refused_by_deepspeed = 0;
+  for (const AdvisedLayout& r : a.ranked) {
+    EXPECT_EQ(r.deepspeed, deepspeed_differences(r.choice, 16)) << r.choice.describe(4);
+    const bool mics_offload = r.choice.mics_shard_size == 4 && r.choice.offload_optimizer != OffloadDevice::none;
+    refused_by_deepspeed += mics_offload;
+    if (mics_offload) EXPECT_TRUE(!r.deepspeed.empty() && r.deepspeed[0].refuses) << r.choice.describe(4);
+  }
+  EXPECT_GT(refused_by_deepspeed, 0u);
+  const std::string table = format_advice(a, j.cluster, 50);
+  EXPECT_NE(table.find("DeepSpeed refuses this layout: refuses MiCS with replicas and offload_optimizer"),
+            std::string::npos)
+      << table;
+  EXPECT_NE(table.find("DeepSpeed runs another layout: drops qwZ under MiCS silently"), std::string::npos) << table;
+  EXPECT_NE(table.find("] runtime/zero/mics.py, MiCS_Optimizer.allreduce_mics_shard_grads"), std::string::npos)
+      << table;
 }
 
 // A GPU too small for a layout keeps it out of the ranking; so does a node whose host memory cannot hold the
@@ -430,8 +643,8 @@ TEST(LayoutAdvisor, NamedErrors) {
                            "/configs/llama-3-8b-stage3.json --seq-len 512 --micro-batch 4 --grad-accum 4";
   int status = 0;
   std::string out = run_command(base + " --model " + src + "/configs/models/llama-3-8b.json --cluster " + src +
-                            "/configs/clusters/sim-4x2-100mbit.json 2>&1",
-                        &status);
+                                    "/configs/clusters/sim-4x2-100mbit.json 2>&1",
+                                &status);
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 1) << out;
   EXPECT_NE(out.find("sim-4x2-100mbit.json: gpu_memory_gib: missing"), std::string::npos) << out;
   char model_path[] = "/tmp/zero3-advise-model-XXXXXX";
@@ -441,8 +654,8 @@ TEST(LayoutAdvisor, NamedErrors) {
     "num_attention_heads": 4, "vocab_size": 100})";
   ASSERT_EQ(write(fd, bad_model.data(), bad_model.size()), static_cast<ssize_t>(bad_model.size()));
   close(fd);
-  out = run_command(base + " --model " + model_path + " --cluster " + src + "/configs/clusters/g6e-12xlarge-efa.json 2>&1",
-            &status);
+  out = run_command(
+      base + " --model " + model_path + " --cluster " + src + "/configs/clusters/g6e-12xlarge-efa.json 2>&1", &status);
   std::remove(model_path);
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 1) << out;
   EXPECT_NE(out.find(std::string(model_path) + ": intermediate_size: expected a number"), std::string::npos) << out;
@@ -455,12 +668,12 @@ TEST(LayoutAdvisor, CommandPrintsTheRankingAndItsEditsPassConfigCheck) {
   if (!bin || source_dir().empty()) GTEST_SKIP() << "ZERO3_BIN_DIR / ZERO3_SOURCE_DIR are not set (run through ctest)";
   const std::string src = source_dir();
   int status = 0;
-  const std::string out =
-      run_command(std::string(bin) + "/zero3 plan --advise --model " + src + "/configs/models/llama-3-8b.json --config " + src +
-              "/configs/llama-3-8b-stage3.json --cluster " + src +
-              "/configs/clusters/g6e-12xlarge-efa.json --seq-len 512 --micro-batch 4 "
-              "--grad-accum 4 --steps 50 --activation-bytes 7320166404 --top 3 2>/dev/null",
-          &status);
+  const std::string out = run_command(std::string(bin) + "/zero3 plan --advise --model " + src +
+                                          "/configs/models/llama-3-8b.json --config " + src +
+                                          "/configs/llama-3-8b-stage3.json --cluster " + src +
+                                          "/configs/clusters/g6e-12xlarge-efa.json --seq-len 512 --micro-batch 4 "
+                                          "--grad-accum 4 --steps 50 --activation-bytes 7320166404 --top 3 2>/dev/null",
+                                      &status);
   ASSERT_EQ(status, 0) << out;
   EXPECT_NE(out.find("112 layouts of"), std::string::npos) << out;
   EXPECT_NE(out.find("    1  MiCS/HSDP, one node + qwZ"), std::string::npos) << out;
@@ -480,8 +693,8 @@ TEST(LayoutAdvisor, CommandPrintsTheRankingAndItsEditsPassConfigCheck) {
     ASSERT_EQ(write(fd, text.data(), text.size()), static_cast<ssize_t>(text.size()));
     close(fd);
     const std::string check = run_command(std::string(bin) + "/zero3 config check " + path +
-                                      " --world-size 16 --hidden-size 4096 --micro-batch 4 --grad-accum 4 2>&1",
-                                  &status);
+                                              " --world-size 16 --hidden-size 4096 --micro-batch 4 --grad-accum 4 2>&1",
+                                          &status);
     std::remove(path);
     EXPECT_EQ(status, 0) << check;
     EXPECT_NE(check.find("\"mics_shard_size\": 4"), std::string::npos) << check;
@@ -492,12 +705,13 @@ TEST(LayoutAdvisor, CommandPrintsTheRankingAndItsEditsPassConfigCheck) {
   const int fd = mkstemp(path);
   ASSERT_GE(fd, 0);
   close(fd);
-  const std::string written =
-      run_command(std::string(bin) + "/zero3 plan --advise --model " + src + "/configs/models/llama-3-8b.json --config " + src +
-              "/configs/llama-3-8b-stage3.json --cluster " + src +
-              "/configs/clusters/g6e-12xlarge-efa.json --seq-len 512 --micro-batch 4 --grad-accum 4 "
-              "--activation-bytes 7320166404 --top 1 --write-config " + path + " 2>&1",
-          &status);
+  const std::string written = run_command(
+      std::string(bin) + "/zero3 plan --advise --model " + src + "/configs/models/llama-3-8b.json --config " + src +
+          "/configs/llama-3-8b-stage3.json --cluster " + src +
+          "/configs/clusters/g6e-12xlarge-efa.json --seq-len 512 --micro-batch 4 --grad-accum 4 "
+          "--activation-bytes 7320166404 --top 1 --write-config " +
+          path + " 2>&1",
+      &status);
   ASSERT_EQ(status, 0) << written;
   EXPECT_NE(written.find(std::string("wrote ") + path + ": MiCS/HSDP, one node + qwZ"), std::string::npos) << written;
   std::ifstream in(path);
