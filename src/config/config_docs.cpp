@@ -142,6 +142,22 @@ Values that DeepSpeed, Hugging Face or Accelerate accept and that zero3 reads wi
 Environment variables (`ZERO3_*`) are listed by `zero3 env`; they are declared in
 src/core/env_knobs.def.
 
+## DeepSpeed's limits
+
+zero3 runs every combination of the layout keys below as the config says. DeepSpeed (read at
+microsoft/DeepSpeed of 2025-02, `deepspeed/`) refuses some of them or quietly runs something else;
+`zero3 plan --advise` marks each such row with the same words. A config that relies on one of these
+trains under zero3 but not the same way, or not at all, under DeepSpeed.
+
+| Combination | DeepSpeed | Where in DeepSpeed | zero3 |
+|---|---|---|---|
+| `mics_shard_size` below the world size (replicas) with `offload_optimizer` cpu or nvme | refuses at the first optimizer step: "Local sharding has no support for CPU offloading" | `runtime/zero/mics.py`, `MiCS_Optimizer.allreduce_mics_shard_grads`: the gradient partitions to all-reduce across the replicas are in host memory | all-reduces the slices across the replicas on the device, then offloads: the same bits as without offload (`tests/dist/test_mics_offload.cpp`, `ctest -L engine`) |
+| `mics_shard_size` with `zero_quantized_weights` (qwZ) | drops qwZ without a word: MiCS gathers in the compute dtype | `runtime/zero/mics.py`, `MiCS_Init`: its `all_gather_coalesced` never quantizes; `runtime/engine.py` `_return_mics_optimizer` passes no `zero_quantized_weights` | quantizes every gather of the shard group, hierarchical ones through both stages (docs/quantization.md; `QuantizedWeights` in `tests/dist/test_quantized_collectives.cpp`) |
+| `mics_shard_size` with `zero_quantized_gradients` (qgZ) | drops qgZ without a word: reduce-scatter in `communication_data_type` | `runtime/engine.py` `_return_mics_optimizer` passes no `all2all_process_group`, without which `runtime/zero/stage3.py` never calls `all_to_all_quant_reduce` | the int4 all-to-all within the shard group; the replica all-reduce unquantized (docs/quantization.md) |
+| `zero_hpz_partition_size` with `offload_param` cpu | keeps the secondary partition in host memory | `runtime/zero/partition_parameters.py`, `Init._partition_param_sec`: the secondary tensor is allocated on the offload device | keeps it on the GPU unless `zero3.hpz_secondary_memory` is "host" (DeepSpeed's placement) |
+| `zero_hpz_partition_size` with `offload_param` nvme | has no NVMe place for the secondary partition (read in the source, not run) | `runtime/zero/partition_parameters.py`, `Init._partition_param_sec`: `torch.empty` on device "nvme", which is no torch device | fills the secondary partition from the NVMe swap (`tests/dist/test_hpz_offload.cpp`) |
+| `zero3.hpz_secondary_memory` "host" without `offload_param` | keeps the secondary partition on the GPU (the `zero3` section is zero3's) | `Init._partition_param_sec` as above: the offload device is the GPU | pinned host memory, copied up before each gather from it |
+
 ## Fuzzing the reader
 
 `tests/fuzz/fuzz_config.cpp` is a libFuzzer target (built with ASan and UBSan, from the config sources

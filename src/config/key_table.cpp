@@ -898,22 +898,27 @@ std::vector<KeyEntry> build_table() {
               "gather until the next step (backward, and the forward of later micro-steps) reads the secondary "
               "copies within the group. 0 or 1: off; above the world size: the world (no effect, as DeepSpeed's "
               "min). Must divide the world size, and divide or be a multiple of the ranks per node (from the "
-              "launcher, docs/launch.md). Not with mics_shard_size, nor with parameter offload to nvme (or to cpu on "
-              "a GPU). docs/architecture.md has the data flow and bytes."),
+              "launcher, docs/launch.md). Not with mics_shard_size. With offload_param (cpu or nvme) the first gather "
+              "after each step reads the primary slices from host memory or the NVMe swap and fills the secondary "
+              "partition, which stays on the GPU unless zero3.hpz_secondary_memory is \"host\" (DeepSpeed keeps it "
+              "on the offload device: \"DeepSpeed's limits\" above). docs/architecture.md has the data flow and "
+              "bytes."),
       KEY_BOOL("zero_optimization.zero_quantized_weights", c.zero.quantized_weights, "false",
                "ZeRO++ qwZ (stage 3, bf16 or fp16 compute): every all-gather of a non-persistent unit, from the "
                "primary partition or hpZ's secondary one, sends the slices as int8 codes with one fp32 scale per "
                "zero3.qwz_block_size elements and dequantizes them into the unit's 16-bit buffer (about half the "
                "bytes); persistent units are gathered unquantized, as DeepSpeed's. The optimizer's fp32 master "
-               "never sees quantized values. docs/quantization.md has the data flow and error bound."),
+               "never sees quantized values. Under MiCS too (DeepSpeed drops it there: \"DeepSpeed's limits\" "
+               "above). docs/quantization.md has the data flow and error bound."),
       REFUSED("zero_optimization.zero_quantized_nontrainable_weights", "boolean", "false", not_default,
               "Quantized storage of frozen weights changes their values."),
       KEY_BOOL("zero_optimization.zero_quantized_gradients", c.zero.quantized_gradients, "false",
                "ZeRO++ qgZ (stage 3, bf16 or fp16 compute): the gradient reduce-scatter becomes a two-stage "
                "all-to-all of int4 codes with one fp32 scale per zero3.qgz_block_size elements, within each node "
                "first and then across the nodes, each stage summing the dequantized parts in fp32 and quantizing "
-               "again; the result is added into the fp32 gradient accumulator. The MiCS replica all-reduce stays "
-               "unquantized. docs/quantization.md has the data flow and error bound."),
+               "again; the result is added into the fp32 gradient accumulator. Under MiCS within the shard group "
+               "(DeepSpeed drops it there: \"DeepSpeed's limits\" above); the replica all-reduce stays unquantized. "
+               "docs/quantization.md has the data flow and error bound."),
       REFUSED("zero_optimization.zeropp_loco_param", "object", "null", present,
               "LoCo's error feedback for quantized gradients is not implemented."),
       KEY_INT("zero_optimization.mics_shard_size", c.zero.mics_shard_size, "-1", -1,
@@ -922,7 +927,10 @@ std::vector<KeyEntry> build_table() {
               "every micro-step and all-reduced across the groups once per optimizer step. The ranks per node "
               "gives PyTorch FSDP2's HSDP. -1 or 0: off (shard over every rank). Must divide the world size, and "
               "divide or be a multiple of the ranks per node (from the launcher, docs/launch.md). Checkpoints are "
-              "written by the first shard group. docs/architecture.md has the data flow and bytes."),
+              "written by the first shard group. With offload_optimizer (cpu, nvme) the slices are all-reduced "
+              "across the groups on the device before they go to the optimizer: the same bits as without offload "
+              "(DeepSpeed refuses this: \"DeepSpeed's limits\" above). docs/architecture.md has the data flow and "
+              "bytes."),
       KEY_BOOL("zero_optimization.mics_hierarchical_params_gather", c.zero.mics_hierarchical_params_gather, "false",
                "MiCS: all-gather a shard group that spans several nodes in two steps, first between the nodes "
                "(ranks with the same local rank) and then within each node, as DeepSpeed's hierarchical gather. "
@@ -998,14 +1006,16 @@ std::vector<KeyEntry> build_table() {
               "PyTorch module buffers; zero3's model has no separate buffers to cast."),
 
       // ----- monitors -----
-      SECTION("tensorboard", "TensorBoard event files of the steps_per_print figures, written by the training program "
-                             "(llama3_train) as DeepSpeed's monitor writes them."),
+      SECTION("tensorboard",
+              "TensorBoard event files of the steps_per_print figures, written by the training program "
+              "(llama3_train) as DeepSpeed's monitor writes them."),
       KEY_BOOL("tensorboard.enabled", c.tensorboard.enabled, "false",
                "Write event files (events.out.tfevents.*) with the Train/Samples/* scalars."),
       KEY_STRING("tensorboard.output_path", c.tensorboard.output_path, "\"\"", "Directory of the event files."),
       KEY_STRING("tensorboard.job_name", c.tensorboard.job_name, "\"DeepSpeedJobName\"",
                  "Subdirectory under output_path."),
-      SECTION("csv_monitor", "CSV files of the steps_per_print figures, written by the training program (llama3_train)."),
+      SECTION("csv_monitor",
+              "CSV files of the steps_per_print figures, written by the training program (llama3_train)."),
       KEY_BOOL("csv_monitor.enabled", c.csv_monitor.enabled, "false", "Write CSV files."),
       KEY_STRING("csv_monitor.output_path", c.csv_monitor.output_path, "\"\"", "Directory of the CSV files."),
       KEY_STRING("csv_monitor.job_name", c.csv_monitor.job_name, "\"DeepSpeedJobName\"",
