@@ -575,11 +575,18 @@ std::string format_advice(const Advice& advice, const ClusterDesc& cluster, int6
     auto name = [&](const AdvisedLayout& a, size_t index) {
       return "rank " + std::to_string(index + 1) + " (" + a.choice.describe(cluster.gpus_per_node) + ")";
     };
-    std::snprintf(buf, sizeof buf,
-                  "\nthe readings disagree on the first row: by bandwidth alone %s leads, %.2f s a step (%.2f s by "
-                  "the fixed cost); by the fixed cost alone %s, %.2f s (%.2f s by bandwidth).\n",
-                  name(bw, r.bandwidth_first).c_str(), bw.time.step_s, bw.time.step_fixed_s,
-                  name(fixed, r.fixed_cost_first).c_str(), fixed.time.step_fixed_s, fixed.time.step_s);
+    if (r.bandwidth_first != r.fixed_cost_first) {
+      std::snprintf(buf, sizeof buf,
+                    "\nthe readings disagree on the first row: by bandwidth alone %s leads, %.2f s a step (%.2f s by "
+                    "the fixed cost); by the fixed cost alone %s, %.2f s (%.2f s by bandwidth).\n",
+                    name(bw, r.bandwidth_first).c_str(), bw.time.step_s, bw.time.step_fixed_s,
+                    name(fixed, r.fixed_cost_first).c_str(), fixed.time.step_fixed_s, fixed.time.step_s);
+    } else {
+      std::snprintf(buf, sizeof buf,
+                    "\nboth readings alone put %s first, %.2f s and %.2f s a step; rank 1's slower reading is the "
+                    "lower.\n",
+                    name(bw, r.bandwidth_first).c_str(), bw.time.step_s, bw.time.step_fixed_s);
+    }
     out << buf;
     const char* decides = r.fixed_cost_first == 0  ? "the fixed-cost reading decides rank 1"
                           : r.bandwidth_first == 0 ? "the bandwidth reading decides rank 1"

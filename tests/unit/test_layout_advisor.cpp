@@ -659,6 +659,20 @@ TEST(LayoutAdvisor, NamedErrors) {
   std::remove(model_path);
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 1) << out;
   EXPECT_NE(out.find(std::string(model_path) + ": intermediate_size: expected a number"), std::string::npos) << out;
+
+  // A Llama config without a dimension the activations need (the heads size the attention scratch).
+  char heads_path[] = "/tmp/zero3-advise-model-XXXXXX";
+  const int hfd = mkstemp(heads_path);
+  ASSERT_GE(hfd, 0);
+  const std::string no_heads = R"({"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+    "vocab_size": 100})";
+  ASSERT_EQ(write(hfd, no_heads.data(), no_heads.size()), static_cast<ssize_t>(no_heads.size()));
+  close(hfd);
+  out = run_command(base + " --model " + heads_path + " --cluster " + src + "/configs/clusters/g6e-12xlarge-efa.json 2>&1",
+                    &status);
+  std::remove(heads_path);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 1) << out;
+  EXPECT_NE(out.find(std::string(heads_path) + ": num_attention_heads: missing"), std::string::npos) << out;
 }
 
 // `zero3 plan --advise` end to end on the seed's job: the table, and the first rows' edits applied to the seed's
@@ -718,6 +732,100 @@ TEST(LayoutAdvisor, CommandPrintsTheRankingAndItsEditsPassConfigCheck) {
   const std::string file((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   std::remove(path);
   EXPECT_EQ(file, apply_config_edits(j.config_text, a.ranked[0].edits, j.config_path) + "\n");
+}
+
+// --write-config --pick N writes ranked row N, and refuses a row past the last that fits; the flags that need another
+// one are named. `zero3 plan --seq-len` counts the same activations as the advisor; a unit list cannot give them.
+// With llama3_train built beside zero3, its --dry-run prints the same activation bytes for the written config.
+TEST(LayoutAdvisor, PickWritesAnyRankedRowAndTheDryRunAgrees) {
+  const char* bin = std::getenv("ZERO3_BIN_DIR");
+  if (!bin || source_dir().empty()) GTEST_SKIP() << "ZERO3_BIN_DIR / ZERO3_SOURCE_DIR are not set (run through ctest)";
+  const std::string src = source_dir();
+  const std::string model = src + "/configs/models/llama-3-8b.json", config = src + "/configs/llama-3-8b-stage3.json";
+  const std::string advise_cmd = std::string(bin) + "/zero3 plan --advise --model " + model + " --config " + config +
+                                 " --cluster " + src +
+                                 "/configs/clusters/g6e-12xlarge-efa.json --seq-len 512 --micro-batch 4 "
+                                 "--grad-accum 4 --no-grad-checkpointing --top 1";
+  const SeedJob j = seed_job();
+  const Advice a = advise(j);
+  ASSERT_GE(a.ranked.size(), 2u);
+  char path[] = "/tmp/zero3-advise-pick-XXXXXX";
+  const int fd = mkstemp(path);
+  ASSERT_GE(fd, 0);
+  close(fd);
+  int status = 0;
+  std::string out = run_command(advise_cmd + " --write-config " + path + " --pick 2 2>&1", &status);
+  ASSERT_EQ(status, 0) << out;
+  EXPECT_NE(out.find("activations: 6.82 GiB per GPU, micro-batch 4 x seq 512, activation checkpointing off"),
+            std::string::npos)
+      << out;
+  EXPECT_NE(out.find(std::string("wrote ") + path + ": " + a.ranked[1].choice.describe(4) + ", ranked 2"),
+            std::string::npos)
+      << out;
+  {
+    std::ifstream in(path);
+    const std::string file((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    EXPECT_EQ(file, apply_config_edits(j.config_text, a.ranked[1].edits, j.config_path) + "\n");
+  }
+
+  // Past the last row that fits: refused, named, and nothing written over the file.
+  const std::string past = std::to_string(a.ranked.size() + 1);
+  std::remove(path);
+  out = run_command(advise_cmd + " --write-config " + path + " --pick " + past + " 2>&1", &status);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 1) << out;
+  EXPECT_NE(out.find("--pick " + past + ": only " + std::to_string(a.ranked.size()) + " layouts fit"),
+            std::string::npos)
+      << out;
+  EXPECT_NE(access(path, F_OK), 0) << "a file was written for a row that does not exist";
+  out = run_command(advise_cmd + " --pick 2 2>&1", &status);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 2) << out;
+  EXPECT_NE(out.find("--pick goes with --write-config"), std::string::npos) << out;
+  out = run_command(advise_cmd + " --write-config " + path + " --pick 0 2>&1", &status);
+  EXPECT_NE(out.find("--pick: expected a ranked row, 1 or more, got '0'"), std::string::npos) << out;
+
+  // The memory plan of the written config counts the same activations.
+  ASSERT_EQ(run_command(advise_cmd + " --write-config " + path + " 2>&1", &status).empty(), false);
+  ASSERT_EQ(status, 0);
+  const std::string plan_cmd = std::string(bin) + "/zero3 plan --model " + model + " --config " + path +
+                               " --world-size 16 --ranks-per-node 4 --seq-len 512 --micro-batch 4 --grad-accum 4 "
+                               "--no-grad-checkpointing 2>&1";
+  const std::string plan = run_command(plan_cmd, &status);
+  EXPECT_EQ(status, 0) << plan;
+  EXPECT_NE(plan.find("activations per rank: " + std::to_string(kSeedActivationBytes) + " bytes"), std::string::npos)
+      << plan;
+  const std::string llama3_train = std::string(bin) + "/llama3_train";
+  if (access(llama3_train.c_str(), X_OK) == 0) {
+    // Both print the memory plan's table; its activations row is the same line.
+    const std::string dry =
+        run_command(llama3_train + " --dry-run --model " + model + " --deepspeed " + path +
+                        " --world-size 16 --ranks-per-node 4 --seq-len 512 --micro-batch 4 --grad-accum 4 "
+                        "--device cuda --no-grad-checkpointing 2>&1",
+                    &status);
+    EXPECT_EQ(status, 0) << dry;
+    auto activations_row = [](const std::string& text) {
+      const size_t at = text.find("\nactivations  ");  // the table row, not the estimate's line
+      return at == std::string::npos ? std::string() : text.substr(at + 1, text.find('\n', at + 1) - at - 1);
+    };
+    EXPECT_FALSE(activations_row(plan).empty()) << plan;
+    EXPECT_EQ(activations_row(dry), activations_row(plan)) << dry;
+  }
+  std::remove(path);
+
+  // A unit list has no dimensions to estimate activations from.
+  char units_path[] = "/tmp/zero3-advise-units-XXXXXX";
+  const int ufd = mkstemp(units_path);
+  ASSERT_GE(ufd, 0);
+  const std::string units = R"({"units": [{"name": "layer.0", "params": [[64, 64]]}]})";
+  ASSERT_EQ(write(ufd, units.data(), units.size()), static_cast<ssize_t>(units.size()));
+  close(ufd);
+  out = run_command(std::string(bin) + "/zero3 plan --model " + units_path + " --config " + config +
+                        " --world-size 4 --seq-len 512 --micro-batch 4 --grad-accum 4 2>&1",
+                    &status);
+  std::remove(units_path);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 1) << out;
+  EXPECT_NE(out.find(std::string(units_path) + ": --seq-len estimates the activations from a Hugging Face Llama"),
+            std::string::npos)
+      << out;
 }
 
 }  // namespace
