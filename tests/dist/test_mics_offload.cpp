@@ -57,6 +57,7 @@ Config mics_config() {
 struct Trained {
   EngineRun run;
   ScheduleStats stats;
+  MemoryStats memory;
 };
 
 Trained train(Engine& engine, const TrainPlan& plan) {
@@ -65,6 +66,7 @@ Trained train(Engine& engine, const TrainPlan& plan) {
   Trained t;
   t.run = train_mlp(engine, units, plan);
   t.stats = engine.schedule_stats();
+  t.memory = engine.memory();
   return t;
 }
 
@@ -116,6 +118,11 @@ TEST_P(MicsOffload, BitIdenticalToMicsWithoutOffload) {
     expect_same_run(got.run, want.run);
     EXPECT_EQ(got.stats.reduce_traffic.inter_node_bytes, want.stats.reduce_traffic.inter_node_bytes);
     expect_gpu_ordering_rules(device.usage(), *comm);
+    // The offload took place: Adam's state is off the device, in host memory for cpu.
+    EXPECT_EQ(got.memory.optimizer_state, 0) << "Adam's state stayed on the device";
+    if (v.optimizer == Where::cpu) {
+      EXPECT_GT(got.memory.host_optimizer_state, 0);
+    }
     EXPECT_EQ(device.usage().pageable_async_copies, 0) << "an asynchronous copy used pageable memory";
   }
 }
