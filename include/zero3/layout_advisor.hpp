@@ -124,7 +124,7 @@ struct AdviseOptions {
   ResolveInputs inputs;  // what resolves the config's "auto" (batch, hidden size); the world is the cluster's
 };
 
-// Which reading of the network decides the first row, when the two disagree.
+// Which reading of the network decides the first row, when a reading alone would put another layout first.
 struct ReadingsNote {
   size_t bandwidth_first = 0;   // index in Advice::ranked of the first row by the bandwidth reading alone
   size_t fixed_cost_first = 0;  // by the fixed-cost reading alone
@@ -149,7 +149,7 @@ struct Advice {
   std::vector<AdvisedLayout> not_fitting;  // accepted by the engine, over a memory limit
   std::vector<AdvisedLayout> refused;      // by the config reader or the engine
   std::optional<size_t> user_config_rank;  // the user's own config's index in `ranked`, when it is there
-  std::optional<ReadingsNote> readings;    // the two readings put different layouts first
+  std::optional<ReadingsNote> readings;    // a reading alone puts another layout first
 };
 
 // Enumerates, checks, plans and ranks every layout for the user's config text `config_json` (read from
