@@ -67,8 +67,9 @@ if [ "$total" -gt "$LIMIT_BYTES" ]; then
 fi
 
 cat <<EOF
-gpu-prepare: ready. The device call (docs/gpu.md, "The first GPU window"):
-  command:   bash scripts/gpu-run.sh
-  carry:     ["$DEST"]
-  timeout_s: 600
+gpu-prepare: ready. The two device calls (docs/gpu.md, "The first GPU window"):
+  first:   command: bash scripts/gpu-run.sh                   carry: ["$DEST"]  timeout_s: 440
+  second, at once on the warm machine, if its budget_left_s holds ~270 s (else give_back):
+           command: bash scripts/gpu-run.sh --deadline 240 --only model-8b,fsdp2-eager,pipeline-p2p,bench,libtorch
+           carry: ["$DEST"]  timeout_s: 270
 EOF
