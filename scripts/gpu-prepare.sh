@@ -69,7 +69,6 @@ fi
 cat <<EOF
 gpu-prepare: ready. The two device calls (docs/gpu.md, "The first GPU window"):
   first:   command: bash scripts/gpu-run.sh                   carry: ["$DEST"]  timeout_s: 440
-  second, at once on the warm machine, if its budget_left_s holds ~270 s (else give_back):
-           command: bash scripts/gpu-run.sh --deadline 240 --only model-8b,fsdp2-eager,pipeline-p2p,bench,libtorch
-           carry: ["$DEST"]  timeout_s: 270
+  second, at once on the warm machine, if status shows ~270 s left (else give_back):
+           command: bash scripts/gpu-run.sh --deadline 240 --only rest   carry: ["$DEST"]  timeout_s: 270
 EOF

@@ -110,7 +110,10 @@ readonly SUMMARY="$ROOT/scripts/gpu-summary.py" PACK="$ROOT/scripts/gpu-pack.py"
 readonly IMAGE_LD_LIBRARY_PATH="${LD_LIBRARY_PATH:-}"  # the image's own, for the peer
 exec 3>&1  # the call's standard output, for what a failing step prints from inside its log's redirection
 
-rm -f "$OUT_DIR"/{summary.txt,steps.tsv,env.txt,files.tar.gz} 2>/dev/null
+# What an earlier run left in OUT_DIR (a dry run's is in the build tree), this layout's and the one before it.
+rm -rf "$OUT_DIR"/{summary.txt,steps.tsv,env.txt,files.tar.gz,logs,tests,model,bench,peer,run.json,gpu-clocks.csv}
+# The scratch folders of the three calls before this one stay (a second call reads the first's steps).
+find "$BUILD_DIR/gpu-run-files" -mindepth 1 -maxdepth 1 -type d 2>/dev/null | sort | head -n -3 | xargs -r rm -rf
 mkdir -p "$RUN_DIR"/{logs,tests,model,bench,peer,ctest} "$WORK" || exit 2
 printf 'step\tstatus\tseconds\texpected\tnote\n' >"$RUN_DIR/steps.tsv"
 printf '{"mode": "%s", "deadline_s": %d, "only": "%s", "started": "%s"}\n' \
