@@ -192,39 +192,60 @@ Graph backward_graph(const Shape& p) {
 
 const char* name(DataType t) {
   switch (t) {
-    case DataType::f32: return "f32";
-    case DataType::bf16: return "bf16";
-    case DataType::i32: return "i32";
-    case DataType::boolean: return "bool";
+    case DataType::f32:
+      return "f32";
+    case DataType::bf16:
+      return "bf16";
+    case DataType::i32:
+      return "i32";
+    case DataType::boolean:
+      return "bool";
   }
   return "?";
 }
 
 const char* name(Op op) {
   switch (op) {
-    case Op::matmul: return "matmul";
-    case Op::pointwise: return "pointwise";
-    case Op::reduction: return "reduction";
-    case Op::reshape: return "reshape";
+    case Op::matmul:
+      return "matmul";
+    case Op::pointwise:
+      return "pointwise";
+    case Op::reduction:
+      return "reduction";
+    case Op::reshape:
+      return "reshape";
   }
   return "?";
 }
 
 const char* name(Mode m) {
   switch (m) {
-    case Mode::none: return "";
-    case Mode::add: return "ADD";
-    case Mode::sub: return "SUB";
-    case Mode::mul: return "MUL";
-    case Mode::div: return "DIV";
-    case Mode::exp: return "EXP";
-    case Mode::log: return "LOG";
-    case Mode::identity: return "IDENTITY";
-    case Mode::gen_index: return "GEN_INDEX";
-    case Mode::cmp_ge: return "CMP_GE";
-    case Mode::binary_select: return "BINARY_SELECT";
-    case Mode::sum: return "ADD";
-    case Mode::max: return "MAX";
+    case Mode::none:
+      return "";
+    case Mode::add:
+      return "ADD";
+    case Mode::sub:
+      return "SUB";
+    case Mode::mul:
+      return "MUL";
+    case Mode::div:
+      return "DIV";
+    case Mode::exp:
+      return "EXP";
+    case Mode::log:
+      return "LOG";
+    case Mode::identity:
+      return "IDENTITY";
+    case Mode::gen_index:
+      return "GEN_INDEX";
+    case Mode::cmp_ge:
+      return "CMP_GE";
+    case Mode::binary_select:
+      return "BINARY_SELECT";
+    case Mode::sum:
+      return "ADD";
+    case Mode::max:
+      return "MAX";
   }
   return "?";
 }

@@ -76,7 +76,19 @@ struct Shape {
 
 // Unique ids of the tensors the caller binds in the variant pack; intermediates from kVirtual on.
 enum Uid : int64_t {
-  kQ = 1, kK, kV, kO, kStats, kScale, kLowest, kDO, kDQ, kDK, kDV, kOne, kDQAcc,
+  kQ = 1,
+  kK,
+  kV,
+  kO,
+  kStats,
+  kScale,
+  kLowest,
+  kDO,
+  kDQ,
+  kDK,
+  kDV,
+  kOne,
+  kDQAcc,
   kVirtual = 100,
 };
 
