@@ -25,11 +25,11 @@
 #   tests-multi  the tests that start several NCCL processes on the one GPU, NCCL's collectives first
 #   model-8b     Llama-3-8B-shaped models of 2 and 6 layers at sequence 8192: per-layer time, hence the 32-layer
 #                step time and MFU
-#   pipeline-p2p the pipeline's NCCL point-to-point test, where the build has one (else "not built")
 #   fsdp2-eager  the peer, PyTorch FSDP2 on the 1.5B run's model, alone on the machine, in the image's environment
-#   bench        bench_cuda_kernels and bench_cuda_engine
+#   pipeline-p2p the pipeline's NCCL point-to-point test, where the build has one (else "not built")
 #   libtorch     the libtorch adapter's CUDA tests (labels libtorch and gpu), built in a tree of their own against
 #                the image's torch, where the sources have them (else "not built")
+#   bench        bench_cuda_kernels and bench_cuda_engine
 #   fsdp2-compiled  the peer with torch.compile, only if time is left
 # Beside it all, nvidia-smi logs clocks, power and temperature every second (gpu-clocks.csv).
 #
@@ -70,7 +70,7 @@ esac
   { echo "gpu-run: --deadline $DEADLINE: expected seconds (or Nm), at least 60" >&2; exit 2; }
 [ -n "$REUSE_BUILD" ] && [ "$DRY_RUN" = 0 ] && { echo "gpu-run: --reuse-build is for --dry-run" >&2; exit 2; }
 [ -n "$ONLY" ] && [ "$DRY_RUN" = 1 ] && { echo "gpu-run: --only is for a GPU run" >&2; exit 2; }
-readonly STEPS=(configure build gemm model-1.5b tests tests-multi model-8b pipeline-p2p fsdp2-eager bench libtorch
+readonly STEPS=(configure build gemm model-1.5b tests tests-multi model-8b fsdp2-eager pipeline-p2p libtorch bench
   fsdp2-compiled)
 ONLY_STEPS=()
 if [ -n "$ONLY" ] && [ "$ONLY" != rest ]; then
@@ -736,7 +736,7 @@ required() {  # run_step's arguments; a step the rest cannot do without
 run_named() {
   local build_cap
   case $1 in
-    configure) required configure 40 120 step_configure ;;
+    configure) required configure 40 150 step_configure ;;
     build)  # the build may use what the later steps would have had: without it none of them can run
       build_cap=$(($(left) - 60))
       required build 150 $((build_cap > 150 ? build_cap : 150)) step_build ;;
@@ -748,7 +748,7 @@ run_named() {
     pipeline-p2p) run_step pipeline-p2p 30 100 step_pipeline_p2p ;;
     fsdp2-eager) run_step fsdp2-eager 60 120 step_peer_eager ;;
     bench) run_step bench 30 60 step_bench ;;
-    libtorch) run_step libtorch 150 240 step_libtorch ;;
+    libtorch) run_step libtorch 120 200 step_libtorch ;;
     fsdp2-compiled) run_step fsdp2-compiled 150 240 step_peer_compiled ;;
   esac
 }
