@@ -370,15 +370,15 @@ class Summary:
         self.p("PyTorch FSDP2 on the 1.5B run's model, batch and sequence (examples/llama3/tools/fsdp2_reference.py)")
         found = [(kind, r) for kind, r in found if isinstance(r, dict) and number(r.get("tokens_per_s"))]
         for kind, r in found:
-            self.p(f"  {kind:<9}{r['tokens_per_s']:,.0f} tokens/s, {number(r.get('step_time_s'), 0):.3f} s/step, "
+            self.p(f"  {kind:<9}{number(r['tokens_per_s']):,.0f} tokens/s, {number(r.get('step_time_s'), 0):.3f} s/step, "
                    f"{self.mfu_text(number(r.get('mfu')))}, peak GPU {fmt_bytes(number(r.get('peak_gpu_bytes'), 0))} "
                    f" ({r.get('framework', '?')}" + (f"; mean step time of {r['steps_timed']} steps)" if r.get("steps_timed")
                                                 else ")"))
         if self.zero3:
             tps, peak = self.zero3
             for kind, r in found:
-                mem = f"{peak / r['peak_gpu_bytes']:.2f}" if number(r.get("peak_gpu_bytes")) else "n/a"
-                self.p(f"  zero3 / FSDP2 {kind}: tokens/s {tps / r['tokens_per_s']:.2f}, peak memory {mem}")
+                mem = f"{peak / number(r['peak_gpu_bytes']):.2f}" if number(r.get("peak_gpu_bytes")) else "n/a"
+                self.p(f"  zero3 / FSDP2 {kind}: tokens/s {tps / number(r['tokens_per_s']):.2f}, peak memory {mem}")
 
     def bench(self):
         logs = sorted(f for f in os.listdir(self.path("bench")) if f.endswith(".log")) \
@@ -456,6 +456,9 @@ class Summary:
                 if "The following tests FAILED:" in log else []
             for t in failed[:10]:
                 self.p(f"      failed: {t}")
+            if status.get("rc") != "0":
+                for ln in [x for x in tail_lines(log, 400) if FAILURE_LINE.search(x)][-6:]:
+                    self.p(f"        {ln}")
             if status.get("rc") != "0" and not (self.dry and status.get("rc") == "77"):
                 self.fail(f"{name}: exit {status.get('rc', '?')}" + (f", failed {', '.join(failed[:10])}" if failed else
                                                                       ""))
