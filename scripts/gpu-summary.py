@@ -107,7 +107,8 @@ class Summary:
         env = key_values(read(self.path("env.txt")))
         mode = "dry run (no GPU)" if self.dry else "GPU run"
         self.p(f"zero3 GPU window: {mode}, {env.get('date', self.run.get('started', 'date unknown'))}, "
-               f"deadline {self.run.get('deadline_s', '?')} s")
+               f"deadline {self.run.get('deadline_s', '?')} s" +
+               (f", steps {self.run['only']} (--only)" if self.run.get("only") else ""))
         for key in ("gpu", "driver", "cuda", "nvcc_on_path", "cudart", "cublas", "cublasLt", "cudnn", "nccl", "nvrtc",
                     "host", "cpu", "compiler", "cmake", "generator", "python", "carried"):
             if key in env:
