@@ -168,7 +168,9 @@ TEST(SdpaGraph, EveryNodeReadsTensorsWrittenBeforeIt) {
     for (size_t i = 0; i < g.tensors.size(); ++i) ready[i] = !g.tensors[i].is_virtual;
     for (const Node& n : g.nodes) {
       for (int in : {n.x, n.b, n.t}) {
-        if (in >= 0) EXPECT_TRUE(ready[static_cast<size_t>(in)]) << n.name << " reads " << tensor_name(g, in);
+        if (in >= 0) {
+          EXPECT_TRUE(ready[static_cast<size_t>(in)]) << n.name << " reads " << tensor_name(g, in);
+        }
       }
       ASSERT_GE(n.y, 0) << n.name;
       ready[static_cast<size_t>(n.y)] = true;
