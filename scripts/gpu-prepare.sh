@@ -67,8 +67,8 @@ if [ "$total" -gt "$LIMIT_BYTES" ]; then
 fi
 
 cat <<EOF
-gpu-prepare: ready. The device call (docs/gpu.md, "The first GPU window"):
-  command:   bash scripts/gpu-run.sh
-  carry:     ["$DEST"]
-  timeout_s: 600
+gpu-prepare: ready. The two device calls (docs/gpu.md, "The first GPU window"):
+  first:   command: bash scripts/gpu-run.sh                   carry: ["$DEST"]  timeout_s: 440
+  second, at once on the warm machine, if status shows ~270 s left (else give_back):
+           command: bash scripts/gpu-run.sh --deadline 240 --only rest   carry: ["$DEST"]  timeout_s: 270
 EOF

@@ -1,63 +1,89 @@
 #!/usr/bin/env bash
-# The GPU window in one command: everything zero3 needs to learn from one GPU machine, in one device call, inside a
-# hard deadline. Steps run in the order of what they tell us, each with its own time budget; a step that cannot fit
-# in what is left is skipped with a note. Results and logs land in $OUT as they come (a run cut short still returns
-# what it reached), the summary is rewritten after every step and printed last.
+# The GPU window: everything zero3 needs to learn from one GPU machine, in two device calls of one 15-minute window,
+# each inside a hard deadline of its own. Steps run in the order of what they tell us, each with its own time budget;
+# a step that cannot fit in what is left is skipped with a note. Every step's files go to a scratch folder; what the
+# device call returns ($OUT, at most 8 files) is summary.txt, steps.tsv, env.txt and files.tar.gz (the scratch
+# folder, scripts/gpu-pack.py), all rewritten after every step, so a run cut short still returns what it reached.
+# A failing step prints its log's last lines and its tests' failure messages; the summary is printed last.
 #
-#   scripts/gpu-run.sh [--deadline SECONDS] [--out DIR] [--build-dir DIR]
+#   scripts/gpu-run.sh [--deadline SECONDS] [--only STEP[,STEP...] | --only rest] [--out DIR] [--build-dir DIR]
 #   scripts/gpu-run.sh --dry-run [--reuse-build DIR] [--out DIR] [--build-dir DIR]
 #
-# On the GPU machine (docs/gpu.md, "The first GPU window": the call, what it carries, the per-step budget):
-#   env          driver, CUDA, cuDNN, NCCL, NVRTC, each with where it was found (the toolkit at /usr/local/cuda or
-#                the image's Python nvidia-* wheels); a missing one stops the run here, named
+# The first call (docs/gpu.md, "The first GPU window": the calls, what they carry, the per-step budget) runs from
+# the top with a 400 s deadline; the second, on the still-warm machine, reruns or finishes chosen steps with
+# --only, reusing the first call's build (in the order given; env always runs first, it takes a second); --only rest
+# takes the steps the first call did not reach.
+#   env          driver, CUDA, cuBLAS, cudart, cuDNN, NCCL, NVRTC, nvcc, each with where it was found (the toolkit at
+#                /usr/local/cuda or the image's Python nvidia-* wheels); a missing one stops the run here, named
 #   configure    one configure for sm_90 (Release, CUDA + NCCL + cuDNN, optional backends off), nlohmann_json and
 #                GoogleTest from the carried third_party/debs (scripts/gpu-prepare.sh)
-#   build        exactly the programs the run needs; PyTorch FSDP2 eager (the peer) trains beside it on 2 cores
-#                of its own, since it needs none of our build
-#   tests        the GPU tests that run in one process, one program at a time with a short timeout each
+#   build        exactly the programs the run needs
+#   gemm         bench_cuda_gemm: the bf16 GEMM ceiling (8192^3, cuBLAS) that MFU is also read against
 #   model-1.5b   llama3_train on configs/models/llama-3-1b-untied.json: tokens/s, MFU, peak GPU memory, and
-#                whether cuDNN's fused attention ran (the unfused path is a FAILURE)
+#                whether cuDNN's fused attention ran (the unfused path is a FAILURE; cuDNN's log says why)
+#   tests        the GPU tests that run in one process, one program at a time with a short timeout each
+#   tests-multi  the tests that start several NCCL processes on the one GPU, NCCL's collectives first
 #   model-8b     Llama-3-8B-shaped models of 2 and 6 layers at sequence 8192: per-layer time, hence the 32-layer
 #                step time and MFU
+#   fsdp2-eager  the peer, PyTorch FSDP2 on the 1.5B run's model, alone on the machine, in the image's environment
+#   pipeline-p2p the pipeline's NCCL point-to-point test, where the build has one (else "not built")
+#   libtorch     the libtorch adapter's CUDA tests (labels libtorch and gpu), built in a tree of their own against
+#                the image's torch, where the sources have them (else "not built")
 #   bench        bench_cuda_kernels and bench_cuda_engine
-#   tests-multi  the tests that start several NCCL processes on the one GPU (likeliest to hang: last of the tests)
-#   fsdp2-eager  the peer, if it could not run beside the build
 #   fsdp2-compiled  the peer with torch.compile, only if time is left
 # Beside it all, nvidia-smi logs clocks, power and temperature every second (gpu-clocks.csv).
 #
-# --dry-run (no GPU needed; ctest -L gpu_dry_run) runs what needs none: the preparation check, the env report,
-# the configure, the build of the same programs (in the --reuse-build tree when given: the test suite's, already
-# built), the test programs (which report no device), llama3_train's memory plans of the runs (with the runs' own
-# arguments), the peer's parse of its arguments, and the summary writer on the sample runs in scripts/gpu-fixtures/,
-# whose content it asserts.
+# --dry-run (no GPU needed; ctest -L gpu_dry_run) runs what needs none: the summary writer and the packer on the
+# sample runs in scripts/gpu-fixtures/ (each summary's expected lines; what comes back: files, depth, sizes), the
+# preparation check, the env report, the configure, the build of the same programs (in the --reuse-build tree when
+# given: the test suite's, already built), the test programs (which report no device), llama3_train's memory plans
+# of the runs (with the runs' own arguments), the peer's parse of its arguments, the search for the libtorch and
+# pipeline tests, and at the end what its own $OUT would return.
 #
 # Environment: OUT (where results go, unless --out; the device tool sets it; default <build dir>/gpu-run-out),
 # JOBS (default: all cores), CUDA_HOME (default /usr/local/cuda), CUDNN_HOME and NCCL_HOME (searched first when set).
 set -uo pipefail
 
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
-DEADLINE=540
+DEADLINE=400
+DEADLINE_GIVEN=0
 DRY_RUN=0
+ONLY=""
 REUSE_BUILD=""
 BUILD_DIR=""
 OUT_DIR=""
 while [ $# -gt 0 ]; do
   case "$1" in
-    --deadline) DEADLINE="${2:?--deadline needs seconds}"; shift 2 ;;
+    --deadline) DEADLINE="${2:?--deadline needs seconds}"; DEADLINE_GIVEN=1; shift 2 ;;
     --out) OUT_DIR="${2:?--out needs a directory}"; shift 2 ;;
     --build-dir) BUILD_DIR="${2:?--build-dir needs a directory}"; shift 2 ;;
     --dry-run) DRY_RUN=1; shift ;;
+    --only) ONLY="${2:?--only needs STEP[,STEP...]}"; shift 2 ;;
     --reuse-build) REUSE_BUILD="${2:?--reuse-build needs a build directory}"; shift 2 ;;
     -h | --help) sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     *) echo "gpu-run: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
+# A dry run checks what runs, not how fast: on a 2-core machine shared with other builds its caps are 4 times the
+# GPU machine's and its deadline 840 s (ctest gives it 900), unless --deadline says otherwise.
+[ "$DRY_RUN" = 1 ] && [ "$DEADLINE_GIVEN" = 0 ] && DEADLINE=840
 case "$DEADLINE" in
   *m) DEADLINE=$((${DEADLINE%m} * 60)) ;;
 esac
 [[ "$DEADLINE" =~ ^[0-9]+$ ]] && [ "$DEADLINE" -ge 60 ] ||
   { echo "gpu-run: --deadline $DEADLINE: expected seconds (or Nm), at least 60" >&2; exit 2; }
 [ -n "$REUSE_BUILD" ] && [ "$DRY_RUN" = 0 ] && { echo "gpu-run: --reuse-build is for --dry-run" >&2; exit 2; }
+[ -n "$ONLY" ] && [ "$DRY_RUN" = 1 ] && { echo "gpu-run: --only is for a GPU run" >&2; exit 2; }
+readonly STEPS=(configure build gemm model-1.5b tests tests-multi model-8b fsdp2-eager pipeline-p2p libtorch bench
+  fsdp2-compiled)
+ONLY_STEPS=()
+if [ -n "$ONLY" ] && [ "$ONLY" != rest ]; then
+  IFS=, read -r -a ONLY_STEPS <<<"$ONLY"
+  for s in "${ONLY_STEPS[@]}"; do
+    printf '%s\n' "${STEPS[@]}" env | grep -qx -- "$s" ||
+      { echo "gpu-run: --only $s: no such step; the steps: env ${STEPS[*]}, or rest" >&2; exit 2; }
+  done
+fi
 if [ -z "$BUILD_DIR" ]; then
   if [ "$DRY_RUN" = 1 ]; then BUILD_DIR="$ROOT/build-gpu-dry"; else BUILD_DIR="$ROOT/build-gpu"; fi
 fi
@@ -68,26 +94,62 @@ BUILD_DIR="$(cd "$BUILD_DIR" && pwd)"
 # The programs run from here: the GPU configuration's tree, or in a dry run the suite's own tree when reused.
 RUN_TREE="${REUSE_BUILD:-$BUILD_DIR}"
 JOBS="${JOBS:-$(nproc)}"
-WORK="$BUILD_DIR/gpu-run-work"  # generated inputs: token file, model and DeepSpeed configs
-readonly T0=$(date +%s) RESERVE=15  # seconds kept for the last summary
-readonly SUMMARY="$ROOT/scripts/gpu-summary.py"
+# --only rest: the steps after the build that the latest earlier call in this build tree did not run (skipped, or
+# not reached before its deadline), in the usual order.
+if [ "$ONLY" = rest ]; then
+  previous=$(find "$BUILD_DIR/gpu-run-files" -mindepth 2 -maxdepth 2 -name steps.tsv 2>/dev/null | sort | tail -1)
+  [ -n "$previous" ] || { echo "gpu-run: --only rest: no earlier call in $BUILD_DIR/gpu-run-files" >&2; exit 2; }
+  for s in "${STEPS[@]:2}"; do
+    awk -F'\t' -v s="$s" '$1 == s && $2 != "skipped" {found = 1} END {exit !found}' "$previous" || ONLY_STEPS+=("$s")
+  done
+  [ ${#ONLY_STEPS[@]} -gt 0 ] || { echo "gpu-run: --only rest: $previous ran every step" >&2; exit 2; }
+  ONLY=$(IFS=,; echo "${ONLY_STEPS[*]}")
+fi
+WORK="$BUILD_DIR/gpu-run-work"  # generated inputs and what the configure found, kept for a later --only call
+# Every file a step writes goes under RUN_DIR (one per call); OUT_DIR gets summary.txt, steps.tsv, env.txt and
+# files.tar.gz, the whole of RUN_DIR, after every step (scripts/gpu-pack.py).
+RUN_DIR="$BUILD_DIR/gpu-run-files/$(date -u +%Y%m%d-%H%M%S)-$$"
+readonly T0=$(date +%s) RESERVE=15  # seconds kept for the last summary and archive
+readonly SUMMARY="$ROOT/scripts/gpu-summary.py" PACK="$ROOT/scripts/gpu-pack.py"
+readonly IMAGE_LD_LIBRARY_PATH="${LD_LIBRARY_PATH:-}"  # the image's own, for the peer
+exec 3>&1  # the call's standard output, for what a failing step prints from inside its log's redirection
 
-rm -rf "$OUT_DIR"/{logs,tests,model,bench,peer} "$OUT_DIR"/{steps.tsv,env.txt,summary.txt,run.json,gpu-clocks.csv} 2>/dev/null
-mkdir -p "$OUT_DIR"/{logs,tests,model,bench,peer} "$WORK"
-printf 'step\tstatus\tseconds\texpected\tnote\n' >"$OUT_DIR/steps.tsv"
-printf '{"mode": "%s", "deadline_s": %d, "started": "%s"}\n' "$([ "$DRY_RUN" = 1 ] && echo dry-run || echo gpu)" \
-  "$DEADLINE" "$(date -u '+%Y-%m-%d %H:%M:%S UTC')" >"$OUT_DIR/run.json"
+# What an earlier run left in OUT_DIR (a dry run's is in the build tree), this layout's and the one before it.
+rm -rf "$OUT_DIR"/{summary.txt,steps.tsv,env.txt,files.tar.gz,logs,tests,model,bench,peer,run.json,gpu-clocks.csv}
+# The scratch folders of the three calls before this one stay (a second call reads the first's steps).
+find "$BUILD_DIR/gpu-run-files" -mindepth 1 -maxdepth 1 -type d 2>/dev/null | sort | head -n -3 | xargs -r rm -rf
+mkdir -p "$RUN_DIR"/{logs,tests,model,bench,peer,ctest} "$WORK" || exit 2
+printf 'step\tstatus\tseconds\texpected\tnote\n' >"$RUN_DIR/steps.tsv"
+printf '{"mode": "%s", "deadline_s": %d, "only": "%s", "started": "%s"}\n' \
+  "$([ "$DRY_RUN" = 1 ] && echo dry-run || echo gpu)" "$DEADLINE" "$ONLY" "$(date -u '+%Y-%m-%d %H:%M:%S UTC')" \
+  >"$RUN_DIR/run.json"
 
 elapsed() { echo $(($(date +%s) - T0)); }
 left() { echo $((T0 + DEADLINE - RESERVE - $(date +%s))); }
-say() { echo "[gpu-run +$(elapsed)s] $*" | tee -a "$OUT_DIR/logs/run.log"; }
-summarize() { python3 "$SUMMARY" "$OUT_DIR" >"$OUT_DIR/summary.txt" 2>"$OUT_DIR/logs/summary.err" || true; }
+say() { echo "[gpu-run +$(elapsed)s] $*" | tee -a "$RUN_DIR/logs/run.log" >&3; }
+# The summary, then what comes back: both never fail the run (a summary that cannot be written says so itself).
+publish() {
+  python3 "$SUMMARY" "$RUN_DIR" >"$RUN_DIR/summary.txt.part" 2>"$RUN_DIR/logs/summary.err"
+  mv -f "$RUN_DIR/summary.txt.part" "$RUN_DIR/summary.txt"
+  python3 "$PACK" "$RUN_DIR" "$OUT_DIR" 2>"$RUN_DIR/logs/pack.err" || say "packing the results failed: $(tail -1 "$RUN_DIR/logs/pack.err")"
+}
 # A line for the summary's notes of the step running now.
-note() { echo "$*" >>"$OUT_DIR/logs/$STEP.note"; }
+note() { echo "$*" >>"$RUN_DIR/logs/$STEP.note"; }
+# Up to MAX characters of the end of stdin, to the call's output (which returns its last 12,000 characters).
+show() {  # title [max]
+  local text
+  text=$(tail -c "${2:-1500}")
+  [ -n "$text" ] && printf -- '--- %s\n%s\n' "$1" "$text" >&3
+}
+# The gtest failure reports and errors in a test program's output (what the summary shows too).
+failure_lines() { grep -E 'Failure$|: error|[Ee]rror:|\[  FAILED  \]|terminate called|what\(\):|CUDNN_STATUS|NCCL WARN|CudaError|CommError' "$@" 2>/dev/null; }
 record() {  # step status seconds expected note
-  printf '%s\t%s\t%s\t%s\t%s\n' "$1" "$2" "$3" "$4" "$5" >>"$OUT_DIR/steps.tsv"
+  printf '%s\t%s\t%s\t%s\t%s\n' "$1" "$2" "$3" "$4" "$5" >>"$RUN_DIR/steps.tsv"
   say "$1: $2 ($3 s of ~$4 s)${5:+: $5}"
-  summarize
+  if [ "$2" = FAILED ] || [ "$2" = TIMEOUT ]; then
+    { failure_lines "$RUN_DIR/logs/$1.log" | tail -8; tail -n 12 "$RUN_DIR/logs/$1.log"; } | show "$1: the end of logs/$1.log"
+  fi
+  publish
 }
 
 # run_step NAME EXPECTED CAP FUNCTION: runs FUNCTION (output to logs/NAME.log) when at least EXPECTED seconds are
@@ -97,7 +159,7 @@ FAILED_REQUIRED=""
 run_step() {
   local name=$1 expected=$2 cap=$3 func=$4 have limit start rc status
   STEP=$name
-  : >"$OUT_DIR/logs/$name.note"
+  : >"$RUN_DIR/logs/$name.note"
   LAST_STATUS=skipped
   if [ -n "$FAILED_REQUIRED" ]; then
     record "$name" skipped 0 "$expected" "needs the $FAILED_REQUIRED step, which failed"
@@ -108,11 +170,12 @@ run_step() {
     record "$name" skipped 0 "$expected" "needs ~$expected s, $have s left before the deadline"
     return 0
   fi
+  [ "$DRY_RUN" = 1 ] && cap=$((cap * 4))
   limit=$((cap < have ? cap : have))
   export STEP_LIMIT=$limit
   start=$(date +%s)
   set -m  # the step in a process group of its own, so a timeout ends everything it started
-  ("$func") >"$OUT_DIR/logs/$name.log" 2>&1 &
+  ("$func") >"$RUN_DIR/logs/$name.log" 2>&1 &
   local pid=$!
   STEP_PID=$pid
   set +m
@@ -129,7 +192,7 @@ run_step() {
   rc=$?
   STEP_PID=""
   local took=$(($(date +%s) - start)) why
-  why=$(paste -sd '|' "$OUT_DIR/logs/$name.note" | sed 's/|/; /g')
+  why=$(paste -sd '|' "$RUN_DIR/logs/$name.note" | sed 's/|/; /g')
   if [ "$took" -ge "$limit" ] && [ "$rc" -ne 0 ]; then
     status=TIMEOUT
     why="stopped after $limit s${why:+; $why}"
@@ -200,7 +263,7 @@ header_version() {  # FILE MAJOR-MACRO MINOR-MACRO PATCH-MACRO
 
 # ---- Steps. Each prints what it does to its log; note adds a line to the summary. ----
 
-ENV_FILE="$OUT_DIR/env.txt"
+ENV_FILE="$RUN_DIR/env.txt"
 envline() { echo "$1: $2" >>"$ENV_FILE"; }
 
 step_env() {
@@ -224,7 +287,15 @@ step_env() {
   else
     missing+=("nvcc ($TOOLKIT/bin/nvcc; set CUDA_HOME)")
   fi
-  local ld=()
+  envline nvcc_on_path "$(command -v nvcc || echo "none (the run uses $TOOLKIT/bin/nvcc)")"
+  local ld=() lib
+  for lib in 'cudart:libcudart.so.13*' 'cublas:libcublas.so.13*' 'cublasLt:libcublasLt.so.13*'; do
+    if find_component "${lib%%:*}" "${lib#*:}"; then
+      envline "${lib%%:*}" "$(basename "$(readlink -f "$FOUND_LIB")") ($FOUND_WHERE: $FOUND_LIB)"
+    else
+      missing+=("${lib%%:*} (${lib#*:}: the model's GEMMs and every CUDA program need it)")
+    fi
+  done
   if find_component NVRTC 'libnvrtc.so.13*'; then
     local builtins
     builtins=$(first_file 'libnvrtc-builtins.so.13*' "$(dirname "$FOUND_LIB")") ||
@@ -266,9 +337,7 @@ step_env() {
   envline generator "$(command -v ninja >/dev/null && echo "ninja $(ninja --version)" || echo "Unix Makefiles (no ninja)")"
   envline compiler "$(${CXX:-c++} --version 2>/dev/null | head -1 || echo missing)"
   command -v "${CXX:-c++}" >/dev/null || missing+=("a C++ compiler (c++)")
-  envline python "$(python3 --version 2>&1)"
-  envline torch "$(python3 -c 'import torch; print(torch.__version__, "CUDA", torch.version.cuda, "cuDNN", torch.backends.cudnn.version(), "NCCL", ".".join(map(str, torch.cuda.nccl.version())))' 2>/dev/null || echo 'not importable: the FSDP2 peer will not run')"
-  envline transformers "$(python3 -c 'import transformers; print(transformers.__version__)' 2>/dev/null || echo 'not importable: the FSDP2 peer will not run')"
+  envline python "$(python3 --version 2>&1)"  # torch and transformers: the peer's step says (importing them is slow)
   envline carried "$([ -f "$ROOT/third_party/debs/root/usr/src/googletest/CMakeLists.txt" ] && echo "third_party/debs (nlohmann_json, GoogleTest)" || echo 'third_party/debs MISSING')"
   [ -f "$ROOT/third_party/debs/root/usr/share/cmake/nlohmann_json/nlohmann_jsonConfig.cmake" ] &&
     [ -f "$ROOT/third_party/debs/root/usr/src/googletest/CMakeLists.txt" ] ||
@@ -287,86 +356,47 @@ with_found_libraries() {  # puts the directories of NVRTC, cuDNN and NCCL on LD_
   [ -n "$dirs" ] && export LD_LIBRARY_PATH="$dirs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 }
 
+# The GPU configuration's CMake arguments (in CMAKE_ARGS), but for ZERO3_CUDNN: Release, sm_90, CUDA and NCCL on,
+# the optional CPU backends off, nlohmann_json and GoogleTest from the carried packages, cuDNN and NCCL where the
+# env step found them.
+set_cmake_args() {
+  local debs="$ROOT/third_party/debs/root" found=()
+  mapfile -t found < <(sed 's/^/-D/' "$WORK/found.env")
+  CMAKE_ARGS=(-G Ninja)
+  command -v ninja >/dev/null || CMAKE_ARGS=(-G "Unix Makefiles")
+  CMAKE_ARGS+=(-DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 -DCMAKE_CUDA_COMPILER="$TOOLKIT/bin/nvcc"
+    -DZERO3_CUDA=ON -DZERO3_NCCL=ON -DZERO3_GLOO=OFF -DZERO3_LIBFABRIC=OFF -DZERO3_AIO=OFF -DZERO3_BLAS=OFF
+    "-DCMAKE_PREFIX_PATH=$debs/usr;$BUILD_DIR/_deps/gtest" "${found[@]}")
+  command -v ccache >/dev/null &&
+    CMAKE_ARGS+=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache)
+}
+
 step_configure() {
-  local debs="$ROOT/third_party/debs/root" gtest_prefix="$BUILD_DIR/_deps/gtest" gen=(-G Ninja) launcher=()
-  command -v ninja >/dev/null || gen=(-G "Unix Makefiles")
-  command -v ccache >/dev/null && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache)
+  local debs="$ROOT/third_party/debs/root" gtest_prefix="$BUILD_DIR/_deps/gtest"
+  set_cmake_args
   if [ ! -f "$gtest_prefix/.built" ]; then
     echo "== GoogleTest from $debs/usr/src/googletest"
-    cmake -S "$debs/usr/src/googletest" -B "$BUILD_DIR/_deps/gtest-build" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release \
-      -DBUILD_GMOCK=OFF -DINSTALL_GTEST=ON -DCMAKE_POSITION_INDEPENDENT_CODE=ON \
-      -DCMAKE_INSTALL_PREFIX="$gtest_prefix" "${launcher[@]:0:1}" &&
+    cmake -S "$debs/usr/src/googletest" -B "$BUILD_DIR/_deps/gtest-build" "${CMAKE_ARGS[@]:0:2}" \
+      -DCMAKE_BUILD_TYPE=Release -DBUILD_GMOCK=OFF -DINSTALL_GTEST=ON -DCMAKE_POSITION_INDEPENDENT_CODE=ON \
+      -DCMAKE_INSTALL_PREFIX="$gtest_prefix" &&
       cmake --build "$BUILD_DIR/_deps/gtest-build" -j "$JOBS" && cmake --install "$BUILD_DIR/_deps/gtest-build" &&
       touch "$gtest_prefix/.built" || return 1
   fi
-  local found=()
-  mapfile -t found < <(sed 's/^/-D/' "$WORK/found.env")
   echo "== zero3 for sm_90"
-  cmake -S "$ROOT" -B "$BUILD_DIR" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 \
-    -DCMAKE_CUDA_COMPILER="$TOOLKIT/bin/nvcc" -DZERO3_CUDA=ON -DZERO3_NCCL=ON -DZERO3_CUDNN=ON -DZERO3_GLOO=OFF \
-    -DZERO3_LIBFABRIC=OFF -DZERO3_AIO=OFF -DZERO3_BLAS=OFF "-DCMAKE_PREFIX_PATH=$debs/usr;$gtest_prefix" \
-    "${found[@]}" "${launcher[@]}" || return 1
+  cmake -S "$ROOT" -B "$BUILD_DIR" "${CMAKE_ARGS[@]}" -DZERO3_CUDNN=ON || return 1
   # The run's programs: the gpu-labelled tests' (a test gpu.NAME runs the program NAME), the training program
   # and the GPU benchmarks.
   ctest --test-dir "$BUILD_DIR" -N -L '^gpu$' | sed -n 's/.*Test *#[0-9]*: gpu\.\([A-Za-z0-9_]*\).*/\1/p' \
     >"$WORK/test_programs"
   [ -s "$WORK/test_programs" ] || { note "no gpu-labelled tests in the configured tree"; return 1; }
-  { cat "$WORK/test_programs"; echo llama3_train; echo bench_cuda_kernels; echo bench_cuda_engine; } >"$WORK/targets"
+  { cat "$WORK/test_programs"; echo llama3_train; echo bench_cuda_gemm; echo bench_cuda_kernels; echo bench_cuda_engine
+  } >"$WORK/targets"
   note "$(wc -l <"$WORK/targets") programs to build: $(paste -sd' ' "$WORK/targets")"
 }
 
-# FSDP2 eager beside the build: it needs none of our programs, and the GPU is idle while we compile. It gets the
-# last 2 cores, the build the others (taskset), so neither slows the other's host side.
-PEER_PID=""
-PEER_CORES=""
-start_peer_beside_build() {
-  [ -n "$FAILED_REQUIRED" ] && return
-  local cores
-  cores=$(nproc)
-  if ! command -v taskset >/dev/null || [ "$cores" -lt 8 ]; then
-    echo "no taskset or fewer than 8 cores: FSDP2 eager runs after the tests instead" >"$OUT_DIR/peer/beside_build.note"
-    return
-  fi
-  PEER_CORES="$((cores - 2))-$((cores - 1))"
-  STEP=fsdp2-eager
-  set -m  # a process group of its own, as a step's
-  (peer_run eager) >"$OUT_DIR/logs/fsdp2-eager.log" 2>&1 &
-  PEER_PID=$!
-  set +m
-  PEER_START=$(date +%s)
-  say "fsdp2-eager: started beside the build on cores $PEER_CORES"
-}
-finish_peer_beside_build() {
-  [ -z "$PEER_PID" ] && return
-  local cap=240 rc
-  while kill -0 "$PEER_PID" 2>/dev/null && [ $(($(date +%s) - PEER_START)) -lt "$cap" ] && [ "$(left)" -gt 60 ]; do
-    sleep 1
-  done
-  if kill -0 "$PEER_PID" 2>/dev/null; then
-    kill -TERM -- "-$PEER_PID" 2>/dev/null
-    wait "$PEER_PID" 2>/dev/null
-    PEER_PID=""
-    record fsdp2-eager TIMEOUT $(($(date +%s) - PEER_START)) 60 "beside the build on cores $PEER_CORES; stopped before the GPU tests"
-  else
-    wait "$PEER_PID"
-    rc=$?
-    PEER_PID=""
-    local status=ok
-    [ "$rc" -eq 77 ] && status=skipped
-    [ "$rc" -ne 0 ] && [ "$rc" -ne 77 ] && status=FAILED
-    record fsdp2-eager "$status" $(($(date +%s) - PEER_START)) 60 \
-      "beside the build on cores $PEER_CORES$([ -s "$OUT_DIR/logs/fsdp2-eager.note" ] && echo "; $(paste -sd'|' "$OUT_DIR/logs/fsdp2-eager.note" | sed 's/|/; /g')")"
-  fi
-  PEER_DONE=1
-}
-
 step_build() {
-  local targets=() pin=() jobs=$JOBS
+  local targets=() jobs=$JOBS
   mapfile -t targets <"$WORK/targets"
-  if [ -n "$PEER_CORES" ]; then
-    pin=(taskset -c "0-$(($(nproc) - 3))")
-    jobs=$((JOBS > $(nproc) - 2 ? $(nproc) - 2 : JOBS))
-  fi
   if [ -n "$REUSE_BUILD" ]; then
     # Every program exists in the GPU configuration; they are built (or found up to date) in the suite's tree.
     local t
@@ -375,15 +405,18 @@ step_build() {
       grep -qE "^($t: |\.\.\. $t\$)" "$WORK/target_help" || { note "no target $t in the GPU configuration"; return 1; }
     done
     note "dry run: the $(wc -l <"$WORK/targets") programs built in $REUSE_BUILD (the test suite's tree)"
-    "${pin[@]}" cmake --build "$REUSE_BUILD" -j "$jobs" --target "${targets[@]}"
+    cmake --build "$REUSE_BUILD" -j "$jobs" --target "${targets[@]}"
   else
-    "${pin[@]}" cmake --build "$BUILD_DIR" -j "$jobs" --target "${targets[@]}"
+    cmake --build "$BUILD_DIR" -j "$jobs" --target "${targets[@]}" || {
+      grep -E 'error|FAILED:' "$RUN_DIR/logs/build.log" | head -20 | show "build: the first errors" 2500
+      return 1
+    }
   fi
 }
 
 # Runs one GPU test program with a gtest filter and a timeout; the result in tests/NAME[.TAG].{json,log,status}.
 run_test_program() {  # program filter tag limit
-  local prog=$1 filter=$2 tag=$3 limit=$4 exe="$RUN_TREE/bin/$1" base="$OUT_DIR/tests/$1$3" start rc
+  local prog=$1 filter=$2 tag=$3 limit=$4 exe="$RUN_TREE/bin/$1" base="$RUN_DIR/tests/$1$3" start rc
   [ -x "$exe" ] || { echo "missing $exe" >"$base.log"; echo "rc=127 seconds=0" >"$base.status"; return; }
   if ! "$exe" --gtest_list_tests --gtest_filter="$filter" 2>/dev/null | grep -q '^  '; then
     echo "rc=none seconds=0 (no test matches $filter)" >"$base.status"
@@ -391,57 +424,72 @@ run_test_program() {  # program filter tag limit
   fi
   start=$(date +%s)
   ZERO3_SOURCE_DIR="$ROOT" ZERO3_BIN_DIR="$RUN_TREE/bin" LLAMA3_GOLDEN_DIR="$ROOT/examples/llama3/tests/golden" \
+    CUDNN_LOGLEVEL_DBG=2 CUDNN_LOGDEST_DBG="$base.cudnn.log" \
     timeout -k 5 "$limit" "$exe" --gtest_filter="$filter" --gtest_output="json:$base.json" >"$base.log" 2>&1
   rc=$?
   echo "rc=$rc seconds=$(($(date +%s) - start)) limit=$limit" >"$base.status"
   echo "$prog$tag: exit $rc in $(($(date +%s) - start)) s"
+  [ -s "$base.cudnn.log" ] || rm -f "$base.cudnn.log"
+  if [ "$rc" != 0 ] && [ "$rc" != 77 ]; then
+    { failure_lines "$base.log" | tail -6; [ "$rc" -gt 128 ] && tail -n 4 "$base.log"; } |
+      show "$prog$tag: exit $rc (tests/$prog$tag.log)" 1200
+  fi
 }
 
-# The order tells the most first: the model's kernels, cuDNN's attention, the model, then the library's.
+# The order tells the most first: the model's kernels, cuDNN's attention, the model, then the library's. Among the
+# several-process tests NCCL's collectives come first: the engine's 2- and 3-rank tests take longer.
+# shellcheck disable=SC2034  # read through ordered_test_programs' name reference
 TEST_ORDER=(llama3_gpu_test_cuda_ops llama3_gpu_test_cudnn_attention llama3_gpu_test_cuda_model test_cuda_kernels
   test_cuda_engine test_cuda_allocator test_cuda_streams test_cuda_quantize test_nccl_collectives)
+# shellcheck disable=SC2034
+MULTI_ORDER=(test_nccl_collectives test_cuda_engine)
 readonly MULTI_PROCESS='*RanksOnOneGpu*'
-ordered_test_programs() {
+# The pipeline's NCCL point-to-point test, by name among the gpu-labelled tests: its own step, not the tests step's.
+readonly PIPELINE_P2P='[Pp]2[Pp]|point_to_point|PointToPoint'
+ordered_test_programs() {  # [ORDER-ARRAY-NAME]
+  local -n order=${1:-TEST_ORDER}
   local p
-  for p in "${TEST_ORDER[@]}"; do grep -qx "$p" "$WORK/test_programs" && echo "$p"; done
-  grep -vxF -f <(printf '%s\n' "${TEST_ORDER[@]}") "$WORK/test_programs"
+  grep -vE "$PIPELINE_P2P" "$WORK/test_programs" >"$WORK/test_programs.general"
+  for p in "${order[@]}"; do grep -qx "$p" "$WORK/test_programs.general" && echo "$p"; done
+  grep -vxF -f <(printf '%s\n' "${order[@]}") "$WORK/test_programs.general"
 }
 
-test_step() {  # filter tag per-program-limit
-  local filter=$1 tag=$2 per=$3 budget=$((STEP_LIMIT - 5)) start p spent
+test_step() {  # filter tag per-program-limit [ORDER-ARRAY-NAME]
+  local filter=$1 tag=$2 per=$3 order=${4:-TEST_ORDER} budget=$((STEP_LIMIT - 5)) start p spent
   start=$(date +%s)
   while read -r p; do
     spent=$(($(date +%s) - start))
     if [ $((budget - spent)) -lt 10 ]; then
-      echo "rc=skipped seconds=0 (step budget spent)" >"$OUT_DIR/tests/$p$tag.status"
+      echo "rc=skipped seconds=0 (step budget spent)" >"$RUN_DIR/tests/$p$tag.status"
       continue
     fi
     run_test_program "$p" "$filter" "$tag" $((per < budget - spent ? per : budget - spent))
-  done < <(ordered_test_programs)
+  done < <(ordered_test_programs "$order")
   # A run without a device: the programs say so and exit 77 (what a dry run must see).
   if [ "$DRY_RUN" = 1 ]; then
     local bad
-    bad=$(grep -L 'rc=77\|rc=none' "$OUT_DIR"/tests/*"$tag".status 2>/dev/null | xargs -r -n1 basename | paste -sd' ')
+    bad=$(grep -L 'rc=77\|rc=none' "$RUN_DIR"/tests/*"$tag".status 2>/dev/null | xargs -r -n1 basename | paste -sd' ')
     [ -z "$bad" ] || { note "without a GPU these did not report 'no device' (exit 77): $bad"; return 1; }
     note "dry run: every program started and reported no CUDA device (exit 77)"
     return 77
   fi
   # The step ran; each program's result is its own line in the summary (a failing one a FAILURE).
   local ran failed
-  ran=$(grep -l 'rc=[0-9]' "$OUT_DIR"/tests/*"$tag".status 2>/dev/null | wc -l)
-  failed=$(grep -L 'rc=0 \|rc=none\|rc=skipped' "$OUT_DIR"/tests/*"$tag".status 2>/dev/null | wc -l)
+  ran=$(grep -l 'rc=[0-9]' "$RUN_DIR"/tests/*"$tag".status 2>/dev/null | wc -l)
+  failed=$(grep -L 'rc=0 \|rc=none\|rc=skipped' "$RUN_DIR"/tests/*"$tag".status 2>/dev/null | wc -l)
   note "$ran programs ran, $failed of them failed or timed out"
 }
 # 90 s a program: cuDNN's attention test builds a plan (NVRTC compiles its kernels) for each of its many shapes.
+# The engine's several-process tests take turns on the GPU: 60 s each.
 step_tests() { test_step "-$MULTI_PROCESS" "" 90; }
 step_tests_multi() {
   # The several-process tests must exist where the run looks for them (checked without a GPU too).
   local p n=0
   while read -r p; do
     "$RUN_TREE/bin/$p" --gtest_list_tests --gtest_filter="$MULTI_PROCESS" 2>/dev/null | grep -q '^  ' && n=$((n + 1))
-  done < <(ordered_test_programs)
+  done < <(ordered_test_programs MULTI_ORDER)
   [ "$n" -ge 2 ] || { note "expected the several-process tests of test_cuda_engine and test_nccl_collectives, found $n programs"; return 1; }
-  test_step "$MULTI_PROCESS" ".multi" 45
+  test_step "$MULTI_PROCESS" ".multi" 60 MULTI_ORDER
 }
 
 # ---- The model runs. ----
@@ -471,14 +519,14 @@ EOF
 train() {  # RUN MODEL MICRO SEQ STEPS WARMUP (the first WARMUP steps are not timed)
   local run=$1 model=$2 micro=$3 seq=$4 steps=$5 warmup=$6 exe="$RUN_TREE/bin/llama3_train" plan_bytes gpu_bytes
   printf 'model=%s\nmicro_batch=%s\nseq_len=%s\nsteps=%s\nwarmup=%s\n' "$(basename "$model")" "$micro" "$seq" "$steps" \
-    "$warmup" >"$OUT_DIR/model/$run.meta"
+    "$warmup" >"$RUN_DIR/model/$run.meta"
   local args=(--device cuda --model "$model" --deepspeed "$WORK/zero-stage3-auto.json" --precision bf16
     --micro-batch "$micro" --grad-accum 1 --seq-len "$seq" --grad-checkpointing --steps "$steps" --warmup-steps 0
-    --lr 1e-4 --data "$WORK/tokens.u32" --metrics "$OUT_DIR/model/$run.csv")
+    --lr 1e-4 --data "$WORK/tokens.u32" --metrics "$RUN_DIR/model/$run.csv")
   echo "== $run: memory plan (the run's own arguments)"
-  "$exe" --dry-run --world-size 1 "${args[@]}" >"$OUT_DIR/model/$run.plan" 2>&1 ||
+  "$exe" --dry-run --world-size 1 "${args[@]}" >"$RUN_DIR/model/$run.plan" 2>&1 ||
     { note "$run: llama3_train --dry-run failed (model/$run.plan)"; return 1; }
-  plan_bytes=$(awk '$1 == "device" && NF >= 4 {gsub(",", "", $2); v = $2} END {print v + 0}' "$OUT_DIR/model/$run.plan")
+  plan_bytes=$(awk '$1 == "device" && NF >= 4 {gsub(",", "", $2); v = $2} END {print v + 0}' "$RUN_DIR/model/$run.plan")
   gpu_bytes=$(sed -n 's/^gpu_memory_mib: \([0-9]*\).*/\1/p' "$ENV_FILE" | head -1)
   gpu_bytes=$((${gpu_bytes:-0} * 1048576))
   note "$run: planned $(awk -v b="$plan_bytes" 'BEGIN {printf "%.1f", b / 2^30}') GiB per GPU"
@@ -488,9 +536,14 @@ train() {  # RUN MODEL MICRO SEQ STEPS WARMUP (the first WARMUP steps are not ti
     return 77
   fi
   echo "== $run: $steps steps"
-  "$exe" "${args[@]}" >"$OUT_DIR/model/$run.log" 2>&1
+  # cuDNN's own log at level 2 (warnings and errors): why it refuses a graph, if it does (cuDNN 9's variables).
+  CUDNN_LOGLEVEL_DBG=2 CUDNN_LOGDEST_DBG="$RUN_DIR/model/$run.cudnn.log" "$exe" "${args[@]}" >"$RUN_DIR/model/$run.log" 2>&1
   local rc=$?
-  tail -5 "$OUT_DIR/model/$run.log"
+  tail -5 "$RUN_DIR/model/$run.log"
+  [ -s "$RUN_DIR/model/$run.cudnn.log" ] || rm -f "$RUN_DIR/model/$run.cudnn.log"
+  grep -q "falls back to the cuBLAS path\|cuDNN attention unavailable" "$RUN_DIR/model/$run.log" &&
+    { grep "falls back to the cuBLAS path\|cuDNN attention unavailable" "$RUN_DIR/model/$run.log" | head -3
+      tail -n 6 "$RUN_DIR/model/$run.cudnn.log" 2>/dev/null; } | show "$run: cuDNN's fused attention refused a graph" 1500
   return $rc
 }
 
@@ -512,10 +565,10 @@ step_bench() {
   local b rc worst=0
   for b in bench_cuda_kernels bench_cuda_engine; do
     echo "== $b"
-    timeout -k 5 $((STEP_LIMIT / 2)) "$RUN_TREE/bin/$b" >"$OUT_DIR/bench/$b.log" 2>&1
+    timeout -k 5 $((STEP_LIMIT / 2)) "$RUN_TREE/bin/$b" >"$RUN_DIR/bench/$b.log" 2>&1
     rc=$?
     echo "$b: exit $rc"
-    echo "rc=$rc" >"$OUT_DIR/bench/$b.status"
+    echo "rc=$rc" >"$RUN_DIR/bench/$b.status"
     if [ "$rc" -eq 77 ] && [ "$DRY_RUN" = 1 ]; then continue; fi
     [ "$rc" -ne 0 ] && worst=$rc
   done
@@ -523,14 +576,30 @@ step_bench() {
   return $worst
 }
 
+# The bf16 GEMM ceiling: what cuBLAS reaches on this GPU at its clocks, for MFU beside the datasheet's 989 TFLOP/s.
+step_gemm() {
+  timeout -k 5 $((STEP_LIMIT - 5)) "$RUN_TREE/bin/bench_cuda_gemm" --n 8192 --reps 20 \
+    >"$RUN_DIR/bench/bench_cuda_gemm.log" 2>&1
+  local rc=$?
+  cat "$RUN_DIR/bench/bench_cuda_gemm.log"
+  if [ "$rc" = 77 ] && [ "$DRY_RUN" = 1 ]; then note "dry run: no CUDA device (exit 77)"; return 77; fi
+  [ "$rc" = 0 ] && note "$(grep -o '[0-9.]* TFLOP/s' "$RUN_DIR/bench/bench_cuda_gemm.log")"
+  return $rc
+}
+
 # ---- The PyTorch FSDP2 peer on the 1.5B run's model, batch and sequence (examples/llama3/tools/fsdp2_reference.py).
+# Alone on the machine, after the build, with the image's own library path: torch loads its own wheels' cuDNN and
+# NCCL, not the ones the run found for zero3. Its timed steps are zero3's: 15 steps, the first 5 not timed.
+
+image_env() {  # COMMAND...: run it with the image's LD_LIBRARY_PATH
+  if [ -n "$IMAGE_LD_LIBRARY_PATH" ]; then env LD_LIBRARY_PATH="$IMAGE_LD_LIBRARY_PATH" "$@"; else env -u LD_LIBRARY_PATH "$@"; fi
+}
 
 peer_run() {  # eager | compiled
-  local kind=$1 pin=() tools="$ROOT/examples/llama3/tools"
+  local kind=$1 tools="$ROOT/examples/llama3/tools" rc
   local args=(--model "$ROOT/configs/models/llama-3-1b-untied.json" --micro-batch 4 --seq-len 1024 --steps 15 --warmup 5
-    --grad-checkpointing --out "$OUT_DIR/peer/fsdp2_$kind.json")
+    --grad-checkpointing --out "$RUN_DIR/peer/fsdp2_$kind.json")
   [ "$kind" = compiled ] && args+=(--compile --fused-adamw)
-  [ -n "$PEER_CORES" ] && [ "$kind" = eager ] && pin=(taskset -c "$PEER_CORES")
   if [ "$DRY_RUN" = 1 ]; then
     # The peer reads its arguments before importing torch: these exact ones must parse.
     python3 -c 'import sys; sys.path.insert(0, sys.argv[1]); import fsdp2_reference as f; f.parse_args(sys.argv[2:])' \
@@ -538,17 +607,102 @@ peer_run() {  # eager | compiled
     note "dry run: the peer takes the run's arguments; no training without a GPU"
     return 77
   fi
-  python3 -c 'import torch, transformers' 2>/dev/null ||
-    { note "torch or transformers not importable in the image: no FSDP2 peer"; return 77; }
-  "${pin[@]}" python3 "$tools/fsdp2_reference.py" "${args[@]}"
+  # torch and transformers are imported here, in this step's time (cold, they take seconds); without them the
+  # script says so and exits 77.
+  image_env python3 "$tools/fsdp2_reference.py" "${args[@]}"
+  rc=$?
+  [ "$rc" = 77 ] && note "torch or transformers not importable in the image: no FSDP2 peer"
+  return $rc
 }
 step_peer_eager() { peer_run eager; }
 step_peer_compiled() { peer_run compiled; }
 
-# ---- The summary writer on the sample runs (scripts/gpu-fixtures/*: a run dir and expected.txt). ----
+# ---- Steps run through ctest, for tests this run finds by label or name: ctest/STEP.{log,status}. ----
+
+ctest_names() {  # TREE CTEST-ARGS...: the names of the tests they select, one a line
+  local tree=$1
+  shift
+  ctest --test-dir "$tree" -N "$@" 2>/dev/null | sed -n 's/^ *Test *#[0-9]*: //p'
+}
+not_built() {  # STEP WHY
+  echo "rc=none why=${2// /_}" >"$RUN_DIR/ctest/$1.status"
+  note "not built: $2"
+  return 77
+}
+run_ctest() {  # STEP TREE CTEST-ARGS...
+  local step=$1 tree=$2 start rc
+  shift 2
+  start=$(date +%s)
+  ctest --test-dir "$tree" "$@" --timeout 90 --output-on-failure >"$RUN_DIR/ctest/$step.log" 2>&1
+  rc=$?
+  echo "rc=$rc seconds=$(($(date +%s) - start))" >"$RUN_DIR/ctest/$step.status"
+  tail -n 5 "$RUN_DIR/ctest/$step.log"
+  [ "$rc" = 0 ] ||
+    { sed -n '/The following tests FAILED/,$p' "$RUN_DIR/ctest/$step.log"; failure_lines "$RUN_DIR/ctest/$step.log" |
+      tail -6; } | show "$step: ctest exit $rc (ctest/$step.log)" 1200
+  return $rc
+}
+
+# The pipeline's NCCL point-to-point test: a gpu-labelled test (gpu.<program>, built with the others) whose name
+# matches $PIPELINE_P2P. Where the sources have none yet, "not built".
+step_pipeline_p2p() {
+  local names
+  names=$(ctest_names "$RUN_TREE" -L '^gpu$' -R "$PIPELINE_P2P")
+  [ -n "$names" ] || { not_built pipeline-p2p "no gpu-labelled test named p2p or point_to_point in this build"; return; }
+  note "$(echo "$names" | paste -sd' ')"
+  run_ctest pipeline-p2p "$RUN_TREE" -L '^gpu$' -R "$PIPELINE_P2P" || return
+  [ "$DRY_RUN" = 1 ] && { note "dry run: the test reports no CUDA device (skipped)"; return 77; }
+  return 0
+}
+
+# The libtorch adapter on the CUDA device: its tests labelled both libtorch and gpu, in a tree of their own
+# (<build>/libtorch) configured like the run's with the adapter on, against the image's torch (its wheel ships
+# libtorch's headers, libraries and CMake package: Torch_DIR from torch.utils.cmake_prefix_path). Its CPU tests
+# need Gloo, which the GPU configuration leaves off. Where the sources have no such test, "not built".
+readonly LIBTORCH_LABELS=(-L libtorch -L '^gpu$')
+step_libtorch() {
+  local tree="$BUILD_DIR/libtorch" torch_dir names targets=()
+  if [ "$DRY_RUN" = 1 ]; then
+    names=$(ctest_names "$RUN_TREE" "${LIBTORCH_LABELS[@]}")
+    [ -n "$names" ] || { not_built libtorch "no test has the labels libtorch and gpu in these sources"; return; }
+    run_ctest libtorch "$RUN_TREE" "${LIBTORCH_LABELS[@]}" || return
+    note "dry run: $(echo "$names" | wc -l) tests in the suite's tree, no CUDA device"
+    return 77
+  fi
+  torch_dir=$(image_env python3 -c 'import os, torch; print(os.path.join(torch.utils.cmake_prefix_path, "Torch"))') ||
+    { not_built libtorch "python3 cannot import torch in the image"; return; }
+  echo "== the adapter against $torch_dir"
+  set_cmake_args
+  cmake -S "$ROOT" -B "$tree" "${CMAKE_ARGS[@]}" -DZERO3_CUDNN=OFF -DZERO3_LIBTORCH=ON -DTorch_DIR="$torch_dir" ||
+    { note "the configure with libtorch failed (logs/libtorch.log)"; return 1; }
+  names=$(ctest_names "$tree" "${LIBTORCH_LABELS[@]}")
+  [ -n "$names" ] || { not_built libtorch "no test has the labels libtorch and gpu in these sources"; return; }
+  # Each test's program (and zero3_cli, which launches the several-rank ones) is a target of the same name.
+  mapfile -t targets < <(ctest --test-dir "$tree" --show-only=json-v1 "${LIBTORCH_LABELS[@]}" | python3 -c '
+import json, os, sys
+names = {os.path.basename(t["command"][0]) for t in json.load(sys.stdin).get("tests", []) if t.get("command")}
+print("\n".join(sorted("zero3_cli" if n == "zero3" else n for n in names)))')
+  cmake --build "$tree" -j "$JOBS" --target "${targets[@]}" || { note "the libtorch build failed (logs/libtorch.log)"; return 1; }
+  run_ctest libtorch "$tree" "${LIBTORCH_LABELS[@]}"
+}
+
+# ---- The sample runs (scripts/gpu-fixtures/*: a run dir and expected.txt): their summaries and what comes back. ----
 
 step_summary_fixtures() {
   python3 "$SUMMARY" --check-fixtures "$ROOT/scripts/gpu-fixtures"
+}
+step_pack_fixtures() {
+  python3 "$PACK" --check-fixtures "$ROOT/scripts/gpu-fixtures"
+}
+
+# --only without configure and build: the first call's build must be here.
+step_reuse_build() {
+  local t missing=()
+  [ -s "$WORK/targets" ] && [ -s "$WORK/test_programs" ] ||
+    { note "no build from an earlier call in $BUILD_DIR: run without --only first, or add configure,build"; return 1; }
+  while read -r t; do [ -x "$BUILD_DIR/bin/$t" ] || missing+=("$t"); done <"$WORK/targets"
+  [ ${#missing[@]} = 0 ] || { note "not built in $BUILD_DIR: ${missing[*]} (add build to --only)"; return 1; }
+  note "the $(wc -l <"$WORK/targets") programs built by an earlier call"
 }
 
 # ---- The run. ----
@@ -559,23 +713,21 @@ start_clock_log() {
   local fields=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,utilization.gpu,memory.used
   local reasons=clocks_event_reasons.active
   nvidia-smi --query-gpu="$reasons" --format=csv,noheader >/dev/null 2>&1 || reasons=clocks_throttle_reasons.active
-  nvidia-smi --query-gpu="$fields,$reasons" --format=csv -l 1 >"$OUT_DIR/gpu-clocks.csv" 2>/dev/null &
+  nvidia-smi --query-gpu="$fields,$reasons" --format=csv -l 1 >"$RUN_DIR/gpu-clocks.csv" 2>/dev/null &
   CLOCKS_PID=$!
 }
 stop_clock_log() { [ -n "$CLOCKS_PID" ] && kill "$CLOCKS_PID" 2>/dev/null && wait "$CLOCKS_PID" 2>/dev/null; }
-# Stopped from outside (the device tool's own timeout, ^C): the running step's process group and the peer go too.
+# Stopped from outside (the device tool's own timeout, ^C): the running step's process group goes too.
 STEP_PID=""
 stop_all() {
   [ -n "$STEP_PID" ] && kill -TERM -- "-$STEP_PID" 2>/dev/null
-  [ -n "$PEER_PID" ] && kill -TERM -- "-$PEER_PID" 2>/dev/null
   stop_clock_log
 }
 trap 'stop_all' EXIT
 trap 'stop_all; exit 143' INT TERM
 
-say "$([ "$DRY_RUN" = 1 ] && echo "dry run" || echo "GPU run"): deadline ${DEADLINE} s, out $OUT_DIR, build $BUILD_DIR"
+say "$([ "$DRY_RUN" = 1 ] && echo "dry run" || echo "GPU run")${ONLY:+ of $ONLY}: deadline ${DEADLINE} s, out $OUT_DIR, files $RUN_DIR"
 start_clock_log
-PEER_DONE=0
 
 step_prepare() { bash "$ROOT/scripts/gpu-prepare.sh"; }
 
@@ -585,27 +737,49 @@ required() {  # run_step's arguments; a step the rest cannot do without
   [ "$LAST_STATUS" = ok ] || FAILED_REQUIRED=${FAILED_REQUIRED:-$1}
 }
 
-[ "$DRY_RUN" = 1 ] && run_step summary-fixtures 3 60 step_summary_fixtures
-[ "$DRY_RUN" = 1 ] && required prepare 5 120 step_prepare
-required env 10 30 step_env
+# Each step with its expected seconds and its cap (docs/gpu.md, "The steps and their budget").
+run_named() {
+  local build_cap
+  case $1 in
+    configure) required configure 40 150 step_configure ;;
+    build)  # the build may use what the later steps would have had: without it none of them can run
+      build_cap=$(($(left) - 60))
+      required build 150 $((build_cap > 150 ? build_cap : 150)) step_build ;;
+    gemm) run_step gemm 10 40 step_gemm ;;
+    model-1.5b) run_step model-1.5b 45 90 step_model_small ;;
+    tests) run_step tests 90 150 step_tests ;;
+    tests-multi) run_step tests-multi 45 130 step_tests_multi ;;
+    model-8b) run_step model-8b 75 120 step_model_8b ;;
+    pipeline-p2p) run_step pipeline-p2p 30 100 step_pipeline_p2p ;;
+    fsdp2-eager) run_step fsdp2-eager 60 120 step_peer_eager ;;
+    bench) run_step bench 30 60 step_bench ;;
+    libtorch) run_step libtorch 120 200 step_libtorch ;;
+    fsdp2-compiled) run_step fsdp2-compiled 150 240 step_peer_compiled ;;
+  esac
+}
+
+if [ "$DRY_RUN" = 1 ]; then
+  run_step summary-fixtures 3 60 step_summary_fixtures
+  run_step pack-fixtures 3 60 step_pack_fixtures
+  required prepare 5 120 step_prepare
+fi
+required env 5 20 step_env
 with_found_libraries
-required configure 40 150 step_configure
-start_peer_beside_build
-# The build may use what the later steps would have had: without it none of them can run.
-build_cap=$(($(left) - 60))
-required build 150 $((build_cap > 150 ? build_cap : 150)) step_build
-finish_peer_beside_build
-run_step tests 90 150 step_tests
-run_step model-1.5b 45 90 step_model_small
-run_step model-8b 75 120 step_model_8b
-run_step bench 30 60 step_bench
-run_step tests-multi 45 70 step_tests_multi
-[ "$PEER_DONE" = 1 ] || run_step fsdp2-eager 40 120 step_peer_eager
-run_step fsdp2-compiled 150 240 step_peer_compiled
+if [ -z "$ONLY" ]; then
+  for step in "${STEPS[@]}"; do run_named "$step"; done
+else
+  printf '%s\n' "${ONLY_STEPS[@]}" | grep -qxE 'configure|build' || required reuse-build 1 10 step_reuse_build
+  for step in "${ONLY_STEPS[@]}"; do [ "$step" = env ] || run_named "$step"; done
+fi
 
 stop_clock_log
-summarize
+publish
 echo
-cat "$OUT_DIR/summary.txt"
+cat "$RUN_DIR/summary.txt"
+# What comes back must fit the device call's limits (a dry run checks its own).
+if [ "$DRY_RUN" = 1 ] && ! python3 "$PACK" --check "$OUT_DIR"; then
+  echo "FAILURE: what $OUT_DIR would return exceeds the device call's limits"
+  exit 1
+fi
 # The run's verdict is the summary's: any FAILURE line fails it (a dry run's skipped GPU steps are not failures).
-! grep -q '^FAILURE' "$OUT_DIR/summary.txt" && [ -s "$OUT_DIR/summary.txt" ]
+! grep -q '^FAILURE' "$RUN_DIR/summary.txt" && [ -s "$RUN_DIR/summary.txt" ]

@@ -6,9 +6,16 @@
                                             "+ text" that the summary must contain, "- text" that it must not
 
 A run folder holds run.json (mode, deadline), env.txt ("key: value"), steps.tsv (step, status, seconds, expected,
-note), tests/PROGRAM[.multi].{status,json,log}, model/RUN.{meta,csv,log,plan}, peer/fsdp2_*.json, bench/*.log and
-gpu-clocks.csv (nvidia-smi, once a second). Any of them may be missing: a run cut at its deadline is summarised as
-far as it went. Every problem is a line that starts with "FAILURE:"; a step that was skipped is not a failure.
+note), tests/PROGRAM[.multi].{status,json,log,cudnn.log}, model/RUN.{meta,csv,log,plan,cudnn.log},
+ctest/STEP.{log,status} (the libtorch and pipeline steps, run through ctest), peer/fsdp2_*.json, bench/*.log and
+gpu-clocks.csv (nvidia-smi, once a second). Any of them may be missing, empty or cut short: a run stopped at its
+deadline, a program that crashed or hung is summarised as far as it went. Every problem is a line that starts with
+"FAILURE:"; a step that was skipped is not a failure. The writer never raises: a section it cannot read becomes a
+FAILURE line naming the section and the error, and the other sections are still written.
+
+Throughput and MFU are the runs' figures over the mean step time of the timed steps (tokens per step / mean step
+time), as the FSDP2 peer reports its own; MFU is against the datasheet's dense bf16 peak (llama3_train's and the
+peer's) and, when the run measured one (bench_cuda_gemm), against the bf16 GEMM ceiling of this GPU.
 
 The 8B extrapolation: step time is linear in the layer count, t(L) = a + b L, so with runs of 2 and 6 layers
 b = (t6 - t2) / 4 (the per-layer time) and t32 = t2 + 30 b. MFU x t is the run's model FLOPs over the peak rate,
@@ -26,6 +33,7 @@ import re
 import sys
 
 STATUS_WORDS = ("ok", "FAILED", "TIMEOUT", "skipped")
+DATASHEET_BF16 = 989e12  # H100 SXM / H200 dense bf16 FLOP/s, the peak llama3_train's and the peer's MFU use
 
 
 def read(path, default=""):
@@ -49,13 +57,40 @@ def fmt_bytes(n):
     return f"{n / 2**30:.2f} GiB"
 
 
+def number(value, default=None):
+    """float(value), or default when it is empty or not a number."""
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        return default
+    return v if math.isfinite(v) else default
+
+
+def tail_lines(text, n, width=240):
+    lines = [ln.rstrip()[:width] for ln in text.splitlines() if ln.strip()]
+    return lines[-n:]
+
+
+# The test output lines worth showing for a failure: gtest's failure reports and errors.
+FAILURE_LINE = re.compile(r"Failure$|: error|Error:|error:|\[  FAILED  \]|terminate called|what\(\):|Segmentation fault"
+                          r"|CUDNN_STATUS|NCCL (WARN|error)|CudaError|CommError")
+
+
 class Summary:
     def __init__(self, run_dir):
         self.dir = run_dir
         self.lines = []
         self.failures = []
-        self.run = json.loads(read(os.path.join(run_dir, "run.json"), "{}") or "{}")
+        try:
+            self.run = json.loads(read(os.path.join(run_dir, "run.json"), "{}") or "{}")
+        except ValueError:
+            self.run = {}
+        if not isinstance(self.run, dict):
+            self.run = {}
         self.dry = self.run.get("mode") == "dry-run"
+        self.step_status = {}
+        self.zero3 = None
+        self.ceiling = None
 
     def p(self, text=""):
         self.lines.append(text)
@@ -72,9 +107,10 @@ class Summary:
         env = key_values(read(self.path("env.txt")))
         mode = "dry run (no GPU)" if self.dry else "GPU run"
         self.p(f"zero3 GPU window: {mode}, {env.get('date', self.run.get('started', 'date unknown'))}, "
-               f"deadline {self.run.get('deadline_s', '?')} s")
-        for key in ("gpu", "driver", "cuda", "cudnn", "nccl", "nvrtc", "host", "cpu", "compiler", "cmake",
-                    "generator", "python", "torch", "transformers", "carried"):
+               f"deadline {self.run.get('deadline_s', '?')} s" +
+               (f", steps {self.run['only']} (--only)" if self.run.get("only") else ""))
+        for key in ("gpu", "driver", "cuda", "nvcc_on_path", "cudart", "cublas", "cublasLt", "cudnn", "nccl", "nvrtc",
+                    "host", "cpu", "compiler", "cmake", "generator", "python", "carried"):
             if key in env:
                 self.p(f"  {key:<13}{env[key]}")
         if not env:
@@ -89,8 +125,8 @@ class Summary:
         self.p()
         self.p("steps (seconds taken of the budget)")
         total = 0
-        for name, status, seconds, expected, note in rows:
-            total += int(seconds or 0)
+        for name, status, seconds, expected, note in rows[:64]:
+            total += int(number(seconds, 0))
             self.p(f"  {name:<18}{status:<9}{seconds:>4} s of ~{expected} s{'   ' + note if note else ''}")
             if status in ("FAILED", "TIMEOUT"):
                 self.fail(f"{name}: {status.lower()}{': ' + note if note else ''}")
@@ -111,6 +147,7 @@ class Summary:
             status = key_values(read(self.path("tests", f)).replace(" ", "\n"))
             rc, secs = status.get("rc", "?"), status.get("seconds", "?")
             counts, failed = self.gtest_counts(self.path("tests", prog + ".json"))
+            running = ""
             if counts is None:  # killed before gtest wrote its JSON: what its output says so far
                 counts, failed, running = self.gtest_log_counts(self.path("tests", prog + ".log"))
             if rc == "none":  # the program has no test of this kind
@@ -124,9 +161,17 @@ class Summary:
                        (f"; running {running})" if running else ")")
             elif rc == "77":
                 what = "no CUDA device (exit 77)" + (": " + self.first_line(prog, "skipped:") if self.dry else "")
+            elif rc.isdigit() and int(rc) > 128:
+                what = f"crashed: killed by signal {int(rc) - 128} ({what} before" + \
+                       (f"; running {running})" if running else ")")
             self.p(f"  {prog:<40}{what}, {secs} s")
-            for name in failed:
+            for name in failed[:10]:
                 self.p(f"      failed: {name}")
+            if failed or (rc not in ("0", "77") and not (self.dry and rc == "77")):
+                for ln in self.failure_lines(prog):
+                    self.p(f"        {ln}")
+                if "cudnn" in prog:
+                    self.cudnn_tail(self.path("tests", prog + ".cudnn.log"))
             if self.dry and rc == "77":
                 continue
             if rc in ("124", "137"):
@@ -135,6 +180,31 @@ class Summary:
                 self.fail(f"{step}: {prog}: found no CUDA device")
             elif rc != "0" or failed:
                 self.fail(f"{step}: {prog}: exit {rc}" + (f", failed {', '.join(failed)}" if failed else ""))
+
+    def failure_lines(self, prog, n=6):
+        """The last failure reports of a test program: gtest's JSON messages, else its output's error lines."""
+        out = []
+        try:
+            data = json.loads(read(self.path("tests", prog + ".json")))
+            for suite in data.get("testsuites", []):
+                for t in suite.get("testsuite", []):
+                    for f in t.get("failures") or []:
+                        out += tail_lines(str(f.get("failure", "")), 2)
+        except (ValueError, AttributeError, TypeError):
+            pass
+        if not out:
+            out = [ln for ln in tail_lines(read(self.path("tests", prog + ".log")), 400) if FAILURE_LINE.search(ln)]
+        if not out:
+            out = tail_lines(read(self.path("tests", prog + ".log")), 3)
+        return out[-n:]
+
+    def cudnn_tail(self, path, n=6):
+        """cuDNN's own reasons (its debug log, CUDNN_LOGLEVEL_DBG): the last warning and error lines."""
+        lines = [ln for ln in tail_lines(read(path), 2000) if re.search(r"E!|W!|ERROR|WARN|NOT_SUPPORTED|status", ln)]
+        if lines:
+            self.p(f"      cuDNN's log ({os.path.relpath(path, self.dir)}), last lines:")
+            for ln in lines[-n:]:
+                self.p(f"        {ln}")
 
     def first_line(self, prog, prefix):
         for line in read(self.path("tests", prog + ".log")).splitlines():
@@ -170,6 +240,8 @@ class Summary:
             data = json.loads(read(path))
         except ValueError:
             return None, []
+        if not isinstance(data, dict):
+            return None, []
         passed = failed = skipped = 0
         names = []
         for suite in data.get("testsuites", []):
@@ -188,20 +260,37 @@ class Summary:
     def model_run(self, run):
         """(meta, timed rows) of model/RUN, or (meta, None) when it has no metrics."""
         meta = key_values(read(self.path("model", run + ".meta")))
-        try:
-            rows = list(csv.DictReader(open(self.path("model", run + ".csv"))))
-        except OSError:
-            return meta, None
-        warmup = int(meta.get("warmup", "0") or 0)
-        return meta, rows[warmup:]
+        rows = list(csv.DictReader(read(self.path("model", run + ".csv")).splitlines()))
+        warmup = int(number(meta.get("warmup"), 0))
+        timed = [r for r in rows[warmup:] if number(r.get("step_time_s"), 0) > 0]
+        return meta, timed or None
 
     @staticmethod
     def mean(rows, key):
-        vals = [float(r[key]) for r in rows if r.get(key) not in (None, "", "n/a")]
+        vals = [v for v in (number(r.get(key)) for r in rows) if v is not None]
         return sum(vals) / len(vals) if vals else None
 
+    @classmethod
+    def rates(cls, rows):
+        """(mean step time, tokens/s, MFU) over the timed steps: tokens per step and model FLOPs per step (MFU x step
+        time, a constant of the run) over the mean step time, as the FSDP2 peer computes its figures."""
+        step = cls.mean(rows, "step_time_s")
+        tokens = cls.mean([{"x": number(r.get("tokens_per_s"), 0) * number(r.get("step_time_s"), 0)} for r in rows], "x")
+        mfu_rows = [r for r in rows if number(r.get("mfu")) is not None]
+        work = cls.mean([{"x": number(r["mfu"]) * number(r.get("step_time_s"), 0)} for r in mfu_rows], "x")
+        return step, tokens / step, (work / step if work is not None else None)
+
+    def mfu_text(self, mfu):
+        if mfu is None:
+            return "MFU n/a"
+        text = f"MFU {100 * mfu:.1f}%"
+        if self.ceiling:
+            text += f" ({100 * mfu * DATASHEET_BF16 / self.ceiling:.1f}% of the measured GEMM ceiling)"
+        return text
+
     def attention(self):
-        runs = sorted(f[:-4] for f in os.listdir(self.path("model")) if f.endswith(".log")) \
+        runs = sorted(f[:-4] for f in os.listdir(self.path("model")) if f.endswith(".log") and
+                      not f.endswith(".cudnn.log")) \
             if os.path.isdir(self.path("model")) else []
         if not runs:
             return
@@ -216,14 +305,16 @@ class Summary:
                         if "falls back to the cuBLAS path" in ln or "cuDNN attention unavailable" in ln]
             if not m:
                 self.p(f"  {run:<14}not reported (the run ended before its model ops were destroyed)")
+                self.cudnn_tail(self.path("model", run + ".cudnn.log"))
                 self.fail(f"attention: {run}: no 'attention paths' line in model/{run}.log")
                 continue
             act, cudnn, ff, fb, uf, ub = m.groups()
             self.p(f"  {run:<14}fused {ff} forward, {fb} backward; unfused {uf} forward, {ub} backward "
                    f"({act}, cuDNN {cudnn})")
             for ln in fallback[:3]:
-                self.p(f"      {ln}")
+                self.p(f"      {ln[:300]}")
             if act == "bf16" and (int(uf) or int(ub) or cudnn != "loaded" or fallback):
+                self.cudnn_tail(self.path("model", run + ".cudnn.log"))
                 self.fail(f"attention: {run}: fell back to the unfused cuBLAS path "
                           f"({uf} forward, {ub} backward calls; cuDNN {cudnn})")
 
@@ -233,30 +324,29 @@ class Summary:
         self.p("llama3_train, one GPU, ZeRO-3, bf16, activation checkpointing")
         self.zero3 = None
         if small:
-            tps, step = self.mean(small, "tokens_per_s"), self.mean(small, "step_time_s")
-            mfu, peak = self.mean(small, "mfu"), max(int(float(r["mem_device_peak"] or 0)) for r in small)
+            step, tps, mfu = self.rates(small)
+            peak = max(int(number(r.get("mem_device_peak"), 0)) for r in small)
             self.zero3 = (tps, peak)
             self.p(f"  1.5B ({small_meta.get('model', '?')}, micro-batch {small_meta.get('micro_batch')} x seq "
-                   f"{small_meta.get('seq_len')}): {tps:,.0f} tokens/s, {step:.3f} s/step, MFU "
-                   f"{'n/a' if mfu is None else f'{100 * mfu:.1f}%'}, peak GPU {fmt_bytes(peak)} "
-                   f"(mean of {len(small)} steps after {small_meta.get('warmup')})")
+                   f"{small_meta.get('seq_len')}): {tps:,.0f} tokens/s, {step:.3f} s/step, {self.mfu_text(mfu)}, "
+                   f"peak GPU {fmt_bytes(peak)} (mean step time of {len(small)} steps after {small_meta.get('warmup')})")
             self.check_losses("llama-1.5b", small)
         else:
             self.p("  1.5B: not measured")
         _, two = self.model_run("llama-8b-2l")
         meta6, six = self.model_run("llama-8b-6l")
         if two and six:
-            t2, t6 = self.mean(two, "step_time_s"), self.mean(six, "step_time_s")
-            m2, m6 = self.mean(two, "mfu"), self.mean(six, "mfu")
+            t2, _, m2 = self.rates(two)
+            t6, _, m6 = self.rates(six)
             per_layer = (t6 - t2) / 4
             t32 = t2 + 30 * per_layer
-            tokens = int(meta6.get("micro_batch", 1)) * int(meta6.get("seq_len", 0))
+            tokens = int(number(meta6.get("micro_batch"), 1)) * int(number(meta6.get("seq_len"), 0))
             self.p(f"  8B shape, seq {meta6.get('seq_len')}, micro-batch {meta6.get('micro_batch')}: 2 layers "
                    f"{t2:.4f} s/step, 6 layers {t6:.4f} s/step; per layer {per_layer:.4f} s")
             line = f"  8B extrapolated to 32 layers: {t32:.3f} s/step, {tokens / t32:,.0f} tokens/s"
             if m2 is not None and m6 is not None:
                 mfu32 = (m2 * t2 + 30 * (m6 * t6 - m2 * t2) / 4) / t32
-                line += f", MFU {100 * mfu32:.1f}%"
+                line += f", {self.mfu_text(mfu32)}"
             self.p(line + " (one GPU, no communication: compute per GPU of the 8B step)")
             for run, rows in (("llama-8b-2l", two), ("llama-8b-6l", six)):
                 self.check_losses(run, rows)
@@ -264,7 +354,7 @@ class Summary:
             self.p("  8B shape: not measured")
 
     def check_losses(self, run, rows):
-        bad = [r["step"] for r in rows if not math.isfinite(float(r.get("loss") or "nan"))]
+        bad = [str(r.get("step", "?")) for r in rows if number(r.get("loss")) is None]
         if bad:
             self.fail(f"{run}: loss not finite at step(s) {', '.join(bad)}")
 
@@ -279,15 +369,17 @@ class Summary:
             return
         self.p()
         self.p("PyTorch FSDP2 on the 1.5B run's model, batch and sequence (examples/llama3/tools/fsdp2_reference.py)")
+        found = [(kind, r) for kind, r in found if isinstance(r, dict) and number(r.get("tokens_per_s"))]
         for kind, r in found:
-            mfu = "n/a" if r.get("mfu") is None else f"{100 * r['mfu']:.1f}%"
-            self.p(f"  {kind:<9}{r['tokens_per_s']:,.0f} tokens/s, {r['step_time_s']:.3f} s/step, MFU {mfu}, "
-                   f"peak GPU {fmt_bytes(r.get('peak_gpu_bytes') or 0)}  ({r.get('framework', '?')})")
+            self.p(f"  {kind:<9}{number(r['tokens_per_s']):,.0f} tokens/s, {number(r.get('step_time_s'), 0):.3f} s/step, "
+                   f"{self.mfu_text(number(r.get('mfu')))}, peak GPU {fmt_bytes(number(r.get('peak_gpu_bytes'), 0))} "
+                   f" ({r.get('framework', '?')}" + (f"; mean step time of {r['steps_timed']} steps)" if r.get("steps_timed")
+                                                else ")"))
         if self.zero3:
             tps, peak = self.zero3
             for kind, r in found:
-                mem = f"{peak / r['peak_gpu_bytes']:.2f}" if r.get("peak_gpu_bytes") else "n/a"
-                self.p(f"  zero3 / FSDP2 {kind}: tokens/s {tps / r['tokens_per_s']:.2f}, peak memory {mem}")
+                mem = f"{peak / number(r['peak_gpu_bytes']):.2f}" if number(r.get("peak_gpu_bytes")) else "n/a"
+                self.p(f"  zero3 / FSDP2 {kind}: tokens/s {tps / number(r['tokens_per_s']):.2f}, peak memory {mem}")
 
     def bench(self):
         logs = sorted(f for f in os.listdir(self.path("bench")) if f.endswith(".log")) \
@@ -337,20 +429,60 @@ class Summary:
                f"power up to {max(power, default=0):.0f} W, temperature up to {max(temp, default=0):.0f} C; "
                f"clock limits seen: {', '.join(sorted(reasons)) or 'none'}")
 
+    def gemm(self):
+        """The bf16 GEMM ceiling measured in this run (bench_cuda_gemm), which the MFU lines are also read against."""
+        m = re.search(r"bf16 GEMM (\d+)\^3 .*?([0-9.]+) TFLOP/s", read(self.path("bench", "bench_cuda_gemm.log")))
+        if m and number(m.group(2)):
+            self.ceiling = number(m.group(2)) * 1e12
+            self.p()
+            self.p(f"bf16 GEMM ceiling: {m.group(2)} TFLOP/s measured ({m.group(1)}^3, cuBLAS), "
+                   f"{100 * self.ceiling / DATASHEET_BF16:.1f}% of the datasheet's {DATASHEET_BF16 / 1e12:.0f} TFLOP/s")
+
+    def ctest_steps(self):
+        """The steps run through ctest (the libtorch adapter on CUDA, the pipeline's NCCL point-to-point test)."""
+        d = self.path("ctest")
+        names = sorted(f[:-len(".status")] for f in os.listdir(d) if f.endswith(".status")) if os.path.isdir(d) else []
+        for name in names:
+            status = key_values(read(os.path.join(d, name + ".status")).replace(" ", "\n"))
+            log = read(os.path.join(d, name + ".log"))
+            self.p()
+            self.p(f"{name} (ctest)")
+            if status.get("rc") == "none":
+                self.p(f"  not built: {status.get('why', 'no such test in this build').replace('_', ' ')}")
+                continue
+            m = re.search(r"(\d+)% tests passed, (\d+) tests? failed out of (\d+)", log)
+            self.p(f"  {m.group(0) if m else 'no ctest result line'} (exit {status.get('rc', '?')}, "
+                   f"{status.get('seconds', '?')} s)")
+            failed = re.findall(r"^\s+\d+ - (\S+) \(", log.split("The following tests FAILED:")[-1], re.M) \
+                if "The following tests FAILED:" in log else []
+            for t in failed[:10]:
+                self.p(f"      failed: {t}")
+            if status.get("rc") != "0":
+                for ln in [x for x in tail_lines(log, 400) if FAILURE_LINE.search(x)][-6:]:
+                    self.p(f"        {ln}")
+            if status.get("rc") != "0" and not (self.dry and status.get("rc") == "77"):
+                self.fail(f"{name}: exit {status.get('rc', '?')}" + (f", failed {', '.join(failed[:10])}" if failed else
+                                                                      ""))
+
+    def section(self, title, method):
+        try:
+            method()
+        except Exception as e:  # noqa: BLE001 -- the summary is written whatever a file holds
+            self.fail(f"summary: the {title} section could not be read ({type(e).__name__}: {e})")
+
     def write(self):
-        self.header()
-        self.steps()
-        self.tests("", "tests in one process (pass / fail / skip)", "tests")
-        self.tests(".multi", "tests with several NCCL processes on the GPU", "tests-multi")
-        self.attention()
-        self.models()
-        self.peer()
-        self.bench()
-        self.clocks()
+        for title, method in (("environment", self.header), ("steps", self.steps), ("GEMM ceiling", self.gemm),
+                              ("tests", lambda: self.tests("", "tests in one process (pass / fail / skip)", "tests")),
+                              ("several-process tests", lambda: self.tests(
+                                  ".multi", "tests with several NCCL processes on the GPU", "tests-multi")),
+                              ("ctest steps", self.ctest_steps), ("attention", self.attention),
+                              ("model", self.models), ("peer", self.peer), ("bench", self.bench),
+                              ("clocks", self.clocks)):
+            self.section(title, method)
         self.p()
         for f in self.failures:
             self.p(f)
-        skipped = sum(1 for s in getattr(self, "step_status", {}).values() if s == "skipped")
+        skipped = sum(1 for s in self.step_status.values() if s == "skipped")
         self.p(f"result: {len(self.failures)} failure(s), {skipped} step(s) skipped")
         return "\n".join(self.lines) + "\n"
 
@@ -382,7 +514,11 @@ def main(argv):
     if len(argv) != 2:
         print(__doc__.split("\n\n")[1], file=sys.stderr)
         return 2
-    sys.stdout.write(Summary(argv[1]).write())
+    try:
+        sys.stdout.write(Summary(argv[1]).write())
+    except Exception as e:  # noqa: BLE001 -- never leave summary.txt empty
+        sys.stdout.write(f"zero3 GPU window: the summary writer failed ({type(e).__name__}: {e}); see the archive\n"
+                         f"FAILURE: summary: {type(e).__name__}: {e}\n")
     return 0
 
 

@@ -1,20 +1,7 @@
 // cuDNN fused attention (cudnn_attention.hpp): the operation graphs, the per-shape plan cache, execution.
 //
-// Tensors as cuDNN sees them (row-major token layout of the fused projections; b = batch, h = query heads,
-// k = kv heads, s = seq, d = head_dim; element (b, h, t, e) of Q at b*s*ldq + t*ldq + h*d + e):
-//   Q, O, dO, dQ  dims (b, h, s, d)  strides (s*ld, d, ld, 1)
-//   K^T           dims (b, k, d, s)  strides (s*ldk, d, 1, ldk)       (cuDNN's matmul takes K transposed)
-//   V             dims (b, k, s, d)  strides (s*ldv, d, ldv, 1)       (forward);  V^T like K^T (backward)
-//   dK, dV        dims (b, k, s, d)
-//   Stats (lse)   dims (b, h, s, 1)  f32, strides (h*s, s, 1, 1)
-// The matmuls broadcast the k kv heads over the h query heads (h a multiple of k), which is grouped-query
-// attention; in backward the per-query-head dK and dV are summed over each group by a reduction.
-//
-// Forward graph:  S = Q K^T (f32), S *= scale, causal mask (row index >= column index keeps, else the lowest
-// float), M = rowmax, E = exp(S - M), Z = rowsum(E), Stats = M + log(Z), P = E / Z (bf16), O = P V.
-// Backward graph: D = rowsum(dO * O) (f32, in the workspace), S = scale * Q K^T, P = exp(mask(S - Stats)),
-// dV = sum over the group of P^T dO, dP = dO V^T, dS = scale * P * (dP - D), dK = sum over the group of dS^T Q,
-// dQ = dS K accumulated in f32 (workspace, zeroed first) and converted to bf16.
+// The graphs themselves (tensors, nodes, the cudnn-frontend release they follow) are sdpa_graph.hpp's; this file
+// turns them into cuDNN backend descriptors, plans them once per shape and executes them.
 #include "cuda/cudnn_attention.hpp"
 
 #include <cudnn_graph.h>
@@ -31,6 +18,7 @@
 #include <vector>
 
 #include "cuda/cuda_check.hpp"
+#include "sdpa_graph.hpp"
 #include "zero3/error.hpp"
 #include "zero3/log.hpp"
 
@@ -82,95 +70,25 @@ class Desc {
   cudnnBackendDescriptor_t d_ = nullptr;
 };
 
-using Dims = std::array<int64_t, 4>;
-
-// The operations of one graph and the tensors they name (kept alive until the plan is finalised).
+// A graph of sdpa_graph.hpp as cuDNN backend descriptors: each tensor once, each node as its operation, in order.
+// Nothing is added here; what sdpa_graph builds (and tests/test_sdpa_graph.cpp checks) is what cuDNN receives.
 class GraphBuilder {
  public:
-  const Desc& tensor(int64_t uid, cudnnDataType_t type, Dims dims, Dims strides, bool is_virtual,
-                     bool by_value = false) {
-    Desc t(CUDNN_BACKEND_TENSOR_DESCRIPTOR);
-    const int64_t alignment = 16;
-    const bool virt = is_virtual, value = by_value;
-    t.set(CUDNN_ATTR_TENSOR_DATA_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &type)
-        .set(CUDNN_ATTR_TENSOR_DIMENSIONS, CUDNN_TYPE_INT64, 4, dims.data())
-        .set(CUDNN_ATTR_TENSOR_STRIDES, CUDNN_TYPE_INT64, 4, strides.data())
-        .set(CUDNN_ATTR_TENSOR_UNIQUE_ID, CUDNN_TYPE_INT64, 1, &uid)
-        .set(CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT, CUDNN_TYPE_INT64, 1, &alignment)
-        .set(CUDNN_ATTR_TENSOR_IS_VIRTUAL, CUDNN_TYPE_BOOLEAN, 1, &virt);
-    if (value) t.set(CUDNN_ATTR_TENSOR_IS_BY_VALUE, CUDNN_TYPE_BOOLEAN, 1, &value);
-    t.finalize();
-    keep_.push_back(std::move(t));
-    return keep_.back();
-  }
-  // A scalar f32 passed by value in the variant pack.
-  const Desc& scalar(int64_t uid) {
-    return tensor(uid, CUDNN_DATA_FLOAT, {1, 1, 1, 1}, {1, 1, 1, 1}, false, true);
-  }
-
-  void matmul(const Desc& a, const Desc& b, const Desc& c) {
-    Desc mm(CUDNN_BACKEND_MATMUL_DESCRIPTOR);
-    const cudnnDataType_t f32 = CUDNN_DATA_FLOAT;
-    mm.set(CUDNN_ATTR_MATMUL_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &f32).finalize();
-    Desc op(CUDNN_BACKEND_OPERATION_MATMUL_DESCRIPTOR);
-    op.set(CUDNN_ATTR_OPERATION_MATMUL_ADESC, a)
-        .set(CUDNN_ATTR_OPERATION_MATMUL_BDESC, b)
-        .set(CUDNN_ATTR_OPERATION_MATMUL_CDESC, c)
-        .set(CUDNN_ATTR_OPERATION_MATMUL_DESC, mm)
-        .finalize();
-    add_op(std::move(mm), std::move(op));
-  }
-
-  // y = mode(x [, b] [, t]); axis >= 0 for GEN_INDEX.
-  void pointwise(cudnnPointwiseMode_t mode, const Desc& x, const Desc* b, const Desc& y, const Desc* t = nullptr,
-                 cudnnDataType_t precision = CUDNN_DATA_FLOAT, int64_t axis = -1) {
-    Desc pw(CUDNN_BACKEND_POINTWISE_DESCRIPTOR);
-    pw.set(CUDNN_ATTR_POINTWISE_MODE, CUDNN_TYPE_POINTWISE_MODE, 1, &mode)
-        .set(CUDNN_ATTR_POINTWISE_MATH_PREC, CUDNN_TYPE_DATA_TYPE, 1, &precision);
-    if (axis >= 0) pw.set(CUDNN_ATTR_POINTWISE_AXIS, CUDNN_TYPE_INT64, 1, &axis);
-    pw.finalize();
-    Desc op(CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR);
-    op.set(CUDNN_ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR, pw).set(CUDNN_ATTR_OPERATION_POINTWISE_XDESC, x);
-    if (b != nullptr) op.set(CUDNN_ATTR_OPERATION_POINTWISE_BDESC, *b);
-    op.set(CUDNN_ATTR_OPERATION_POINTWISE_YDESC, y);
-    if (t != nullptr) op.set(CUDNN_ATTR_OPERATION_POINTWISE_TDESC, *t);
-    op.finalize();
-    add_op(std::move(pw), std::move(op));
-  }
-
-  void reduction(cudnnReduceTensorOp_t mode, const Desc& x, const Desc& y) {
-    Desc red(CUDNN_BACKEND_REDUCTION_DESCRIPTOR);
-    const cudnnDataType_t f32 = CUDNN_DATA_FLOAT;
-    red.set(CUDNN_ATTR_REDUCTION_OPERATOR, CUDNN_TYPE_REDUCTION_OPERATOR_TYPE, 1, &mode)
-        .set(CUDNN_ATTR_REDUCTION_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &f32)
-        .finalize();
-    Desc op(CUDNN_BACKEND_OPERATION_REDUCTION_DESCRIPTOR);
-    op.set(CUDNN_ATTR_OPERATION_REDUCTION_XDESC, x)
-        .set(CUDNN_ATTR_OPERATION_REDUCTION_YDESC, y)
-        .set(CUDNN_ATTR_OPERATION_REDUCTION_DESC, red)
-        .finalize();
-    add_op(std::move(red), std::move(op));
-  }
-
-  void reshape(const Desc& x, const Desc& y) {
-    Desc op(CUDNN_BACKEND_OPERATION_RESHAPE_DESCRIPTOR);
-    op.set(CUDNN_ATTR_OPERATION_RESHAPE_XDESC, x).set(CUDNN_ATTR_OPERATION_RESHAPE_YDESC, y).finalize();
-    ops_.push_back(op.get());
-    keep_.push_back(std::move(op));
-  }
-
-  // The causal mask of `scores` (dims (b, h, s, s)): entries with row index >= column index keep their value,
-  // the others become the lowest float (exp gives exactly 0). uid0.. uid0+3 name the intermediates.
-  const Desc& causal_mask(const Desc& scores, const Desc& lowest, int64_t uid0, Dims dims, Dims strides) {
-    const Desc& row = tensor(uid0, CUDNN_DATA_INT32, dims, strides, true);
-    const Desc& col = tensor(uid0 + 1, CUDNN_DATA_INT32, dims, strides, true);
-    const Desc& keep = tensor(uid0 + 2, CUDNN_DATA_BOOLEAN, dims, strides, true);
-    const Desc& masked = tensor(uid0 + 3, CUDNN_DATA_FLOAT, dims, strides, true);
-    pointwise(CUDNN_POINTWISE_GEN_INDEX, scores, nullptr, row, nullptr, CUDNN_DATA_FLOAT, 2);
-    pointwise(CUDNN_POINTWISE_GEN_INDEX, scores, nullptr, col, nullptr, CUDNN_DATA_FLOAT, 3);
-    pointwise(CUDNN_POINTWISE_CMP_GE, row, &col, keep, nullptr, CUDNN_DATA_BOOLEAN);
-    pointwise(CUDNN_POINTWISE_BINARY_SELECT, scores, &lowest, masked, &keep);
-    return masked;
+  explicit GraphBuilder(const sdpa_graph::Graph& graph) {
+    for (const sdpa_graph::Tensor& t : graph.tensors) tensors_.push_back(&tensor(t));
+    for (const sdpa_graph::Node& n : graph.nodes) {
+      switch (n.op) {
+        case sdpa_graph::Op::matmul: matmul(at(n.x), at(n.b), at(n.y)); break;
+        case sdpa_graph::Op::pointwise:
+          pointwise(pointwise_mode(n.mode), at(n.x), n.b >= 0 ? &at(n.b) : nullptr, at(n.y),
+                    n.t >= 0 ? &at(n.t) : nullptr, data_type(n.compute), n.axis);
+          break;
+        case sdpa_graph::Op::reduction:
+          reduction(n.mode == sdpa_graph::Mode::max ? CUDNN_REDUCE_TENSOR_MAX : CUDNN_REDUCE_TENSOR_ADD, at(n.x), at(n.y));
+          break;
+        case sdpa_graph::Op::reshape: reshape(at(n.x), at(n.y)); break;
+      }
+    }
   }
 
   // The operation graph, cuDNN's heuristics (mode A), and the first engine configuration whose plan finalises.
@@ -223,6 +141,107 @@ class GraphBuilder {
   }
 
  private:
+  static cudnnDataType_t data_type(sdpa_graph::DataType t) {
+    switch (t) {
+      case sdpa_graph::DataType::f32: return CUDNN_DATA_FLOAT;
+      case sdpa_graph::DataType::bf16: return CUDNN_DATA_BFLOAT16;
+      case sdpa_graph::DataType::i32: return CUDNN_DATA_INT32;
+      case sdpa_graph::DataType::boolean: return CUDNN_DATA_BOOLEAN;
+    }
+    throw zero3::InvalidArgument("cuDNN attention: unknown tensor data type");
+  }
+
+  static cudnnPointwiseMode_t pointwise_mode(sdpa_graph::Mode m) {
+    switch (m) {
+      case sdpa_graph::Mode::add: return CUDNN_POINTWISE_ADD;
+      case sdpa_graph::Mode::sub: return CUDNN_POINTWISE_SUB;
+      case sdpa_graph::Mode::mul: return CUDNN_POINTWISE_MUL;
+      case sdpa_graph::Mode::div: return CUDNN_POINTWISE_DIV;
+      case sdpa_graph::Mode::exp: return CUDNN_POINTWISE_EXP;
+      case sdpa_graph::Mode::log: return CUDNN_POINTWISE_LOG;
+      case sdpa_graph::Mode::identity: return CUDNN_POINTWISE_IDENTITY;
+      case sdpa_graph::Mode::gen_index: return CUDNN_POINTWISE_GEN_INDEX;
+      case sdpa_graph::Mode::cmp_ge: return CUDNN_POINTWISE_CMP_GE;
+      case sdpa_graph::Mode::binary_select: return CUDNN_POINTWISE_BINARY_SELECT;
+      default: break;
+    }
+    throw zero3::InvalidArgument(std::string("cuDNN attention: ") + sdpa_graph::name(m) + " is not a pointwise mode");
+  }
+
+  const Desc& at(int i) const { return *tensors_.at(static_cast<size_t>(i)); }
+
+  const Desc& tensor(const sdpa_graph::Tensor& spec) {
+    Desc t(CUDNN_BACKEND_TENSOR_DESCRIPTOR);
+    const int64_t alignment = 16;
+    const bool virt = spec.is_virtual, value = spec.by_value;
+    const cudnnDataType_t type = data_type(spec.type);
+    t.set(CUDNN_ATTR_TENSOR_DATA_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &type)
+        .set(CUDNN_ATTR_TENSOR_DIMENSIONS, CUDNN_TYPE_INT64, 4, spec.dims.data())
+        .set(CUDNN_ATTR_TENSOR_STRIDES, CUDNN_TYPE_INT64, 4, spec.strides.data())
+        .set(CUDNN_ATTR_TENSOR_UNIQUE_ID, CUDNN_TYPE_INT64, 1, &spec.uid)
+        .set(CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT, CUDNN_TYPE_INT64, 1, &alignment)
+        .set(CUDNN_ATTR_TENSOR_IS_VIRTUAL, CUDNN_TYPE_BOOLEAN, 1, &virt);
+    if (value) t.set(CUDNN_ATTR_TENSOR_IS_BY_VALUE, CUDNN_TYPE_BOOLEAN, 1, &value);
+    if (spec.reordering == sdpa_graph::Reordering::f16x16) {
+      const cudnnBackendTensorReordering_t reorder = CUDNN_TENSOR_REORDERING_F16x16;
+      t.set(CUDNN_ATTR_TENSOR_REORDERING_MODE, CUDNN_TYPE_TENSOR_REORDERING_MODE, 1, &reorder);
+    }
+    t.finalize();
+    keep_.push_back(std::move(t));
+    return keep_.back();
+  }
+
+  void matmul(const Desc& a, const Desc& b, const Desc& c) {
+    Desc mm(CUDNN_BACKEND_MATMUL_DESCRIPTOR);
+    const cudnnDataType_t f32 = CUDNN_DATA_FLOAT;
+    mm.set(CUDNN_ATTR_MATMUL_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &f32).finalize();
+    Desc op(CUDNN_BACKEND_OPERATION_MATMUL_DESCRIPTOR);
+    op.set(CUDNN_ATTR_OPERATION_MATMUL_ADESC, a)
+        .set(CUDNN_ATTR_OPERATION_MATMUL_BDESC, b)
+        .set(CUDNN_ATTR_OPERATION_MATMUL_CDESC, c)
+        .set(CUDNN_ATTR_OPERATION_MATMUL_DESC, mm)
+        .finalize();
+    add_op(std::move(mm), std::move(op));
+  }
+
+  // y = mode(x [, b] [, t]); axis >= 0 for GEN_INDEX.
+  void pointwise(cudnnPointwiseMode_t mode, const Desc& x, const Desc* b, const Desc& y, const Desc* t,
+                 cudnnDataType_t precision, int64_t axis) {
+    Desc pw(CUDNN_BACKEND_POINTWISE_DESCRIPTOR);
+    pw.set(CUDNN_ATTR_POINTWISE_MODE, CUDNN_TYPE_POINTWISE_MODE, 1, &mode)
+        .set(CUDNN_ATTR_POINTWISE_MATH_PREC, CUDNN_TYPE_DATA_TYPE, 1, &precision);
+    if (axis >= 0) pw.set(CUDNN_ATTR_POINTWISE_AXIS, CUDNN_TYPE_INT64, 1, &axis);
+    pw.finalize();
+    Desc op(CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR);
+    op.set(CUDNN_ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR, pw).set(CUDNN_ATTR_OPERATION_POINTWISE_XDESC, x);
+    if (b != nullptr) op.set(CUDNN_ATTR_OPERATION_POINTWISE_BDESC, *b);
+    op.set(CUDNN_ATTR_OPERATION_POINTWISE_YDESC, y);
+    if (t != nullptr) op.set(CUDNN_ATTR_OPERATION_POINTWISE_TDESC, *t);
+    op.finalize();
+    add_op(std::move(pw), std::move(op));
+  }
+
+  void reduction(cudnnReduceTensorOp_t mode, const Desc& x, const Desc& y) {
+    Desc red(CUDNN_BACKEND_REDUCTION_DESCRIPTOR);
+    const cudnnDataType_t f32 = CUDNN_DATA_FLOAT;
+    red.set(CUDNN_ATTR_REDUCTION_OPERATOR, CUDNN_TYPE_REDUCTION_OPERATOR_TYPE, 1, &mode)
+        .set(CUDNN_ATTR_REDUCTION_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &f32)
+        .finalize();
+    Desc op(CUDNN_BACKEND_OPERATION_REDUCTION_DESCRIPTOR);
+    op.set(CUDNN_ATTR_OPERATION_REDUCTION_XDESC, x)
+        .set(CUDNN_ATTR_OPERATION_REDUCTION_YDESC, y)
+        .set(CUDNN_ATTR_OPERATION_REDUCTION_DESC, red)
+        .finalize();
+    add_op(std::move(red), std::move(op));
+  }
+
+  void reshape(const Desc& x, const Desc& y) {
+    Desc op(CUDNN_BACKEND_OPERATION_RESHAPE_DESCRIPTOR);
+    op.set(CUDNN_ATTR_OPERATION_RESHAPE_XDESC, x).set(CUDNN_ATTR_OPERATION_RESHAPE_YDESC, y).finalize();
+    ops_.push_back(op.get());
+    keep_.push_back(std::move(op));
+  }
+
   void add_op(Desc&& desc, Desc&& op) {
     ops_.push_back(op.get());
     keep_.push_back(std::move(desc));
@@ -230,14 +249,23 @@ class GraphBuilder {
   }
 
   std::deque<Desc> keep_;  // a deque: tensor() hands out references that later pushes must not move
+  std::vector<const Desc*> tensors_;  // sdpa_graph::Graph::tensors, by index
   std::vector<cudnnBackendDescriptor_t> ops_;
 };
 
-// Unique ids of the graphs' tensors.
-enum Uid : int64_t {
-  kQ = 1, kK, kV, kO, kStats, kScale, kLowest, kDO, kDQ, kDK, kDV, kOne, kRowSum, kDQAcc,
-  kVirtual = 100,  // intermediates from here on
-};
+using sdpa_graph::kDK;
+using sdpa_graph::kDO;
+using sdpa_graph::kDQ;
+using sdpa_graph::kDQAcc;
+using sdpa_graph::kDV;
+using sdpa_graph::kK;
+using sdpa_graph::kLowest;
+using sdpa_graph::kO;
+using sdpa_graph::kOne;
+using sdpa_graph::kQ;
+using sdpa_graph::kScale;
+using sdpa_graph::kStats;
+using sdpa_graph::kV;
 
 struct Key {
   bool backward;
@@ -264,116 +292,10 @@ std::string shape_name(const Key& k) {
          ", head_dim " + std::to_string(k.d);
 }
 
-// The forward graph (see the top of the file).
-Desc build_forward(cudnnHandle_t handle, const Key& key, int64_t& workspace) {
-  const int64_t b = key.b, s = key.s, h = key.h, k = key.k, d = key.d;
-  GraphBuilder g;
-  const Dims scores{b, h, s, s}, scores_st{h * s * s, s * s, s, 1}, row{b, h, s, 1}, row_st{h * s, s, 1, 1};
-  const Desc& q = g.tensor(kQ, CUDNN_DATA_BFLOAT16, {b, h, s, d}, {s * key.ldq, d, key.ldq, 1}, false);
-  const Desc& kt = g.tensor(kK, CUDNN_DATA_BFLOAT16, {b, k, d, s}, {s * key.ldk, d, 1, key.ldk}, false);
-  const Desc& v = g.tensor(kV, CUDNN_DATA_BFLOAT16, {b, k, s, d}, {s * key.ldv, d, key.ldv, 1}, false);
-  const Desc& o = g.tensor(kO, CUDNN_DATA_BFLOAT16, {b, h, s, d}, {s * key.ldo, d, key.ldo, 1}, false);
-  const Desc& stats = g.tensor(kStats, CUDNN_DATA_FLOAT, row, row_st, false);
-  const Desc& scale = g.scalar(kScale);
-  const Desc& lowest = g.scalar(kLowest);
-  int64_t uid = kVirtual;
-  const Desc& s_raw = g.tensor(uid++, CUDNN_DATA_FLOAT, scores, scores_st, true);
-  const Desc& s_scaled = g.tensor(uid++, CUDNN_DATA_FLOAT, scores, scores_st, true);
-  g.matmul(q, kt, s_raw);
-  g.pointwise(CUDNN_POINTWISE_MUL, s_raw, &scale, s_scaled);
-  const Desc& masked = g.causal_mask(s_scaled, lowest, uid, scores, scores_st);
-  uid += 4;
-  const Desc& mx = g.tensor(uid++, CUDNN_DATA_FLOAT, row, row_st, true);
-  const Desc& centred = g.tensor(uid++, CUDNN_DATA_FLOAT, scores, scores_st, true);
-  const Desc& e = g.tensor(uid++, CUDNN_DATA_FLOAT, scores, scores_st, true);
-  const Desc& z = g.tensor(uid++, CUDNN_DATA_FLOAT, row, row_st, true);
-  const Desc& log_z = g.tensor(uid++, CUDNN_DATA_FLOAT, row, row_st, true);
-  const Desc& p = g.tensor(uid++, CUDNN_DATA_BFLOAT16, scores, scores_st, true);  // bf16: the second matmul's A
-  g.reduction(CUDNN_REDUCE_TENSOR_MAX, masked, mx);
-  g.pointwise(CUDNN_POINTWISE_SUB, masked, &mx, centred);
-  g.pointwise(CUDNN_POINTWISE_EXP, centred, nullptr, e);
-  g.reduction(CUDNN_REDUCE_TENSOR_ADD, e, z);
-  g.pointwise(CUDNN_POINTWISE_LOG, z, nullptr, log_z);
-  g.pointwise(CUDNN_POINTWISE_ADD, mx, &log_z, stats);
-  g.pointwise(CUDNN_POINTWISE_DIV, e, &z, p);
-  g.matmul(p, v, o);
-  return g.plan(handle, workspace);
-}
-
-// The backward graph (see the top of the file).
-Desc build_backward(cudnnHandle_t handle, const Key& key, int64_t& workspace) {
-  const int64_t b = key.b, s = key.s, h = key.h, k = key.k, d = key.d;
-  const bool grouped = h != k;
-  GraphBuilder g;
-  const Dims scores{b, h, s, s}, scores_st{h * s * s, s * s, s, 1}, row{b, h, s, 1}, row_st{h * s, s, 1, 1};
-  const Dims scores_t_st{h * s * s, s * s, 1, s};  // the same scores read transposed
-  const Dims per_q_head{b, h, s, d}, per_q_head_st{h * s * d, s * d, d, 1};
-  const Desc& q = g.tensor(kQ, CUDNN_DATA_BFLOAT16, {b, h, s, d}, {s * key.ldq, d, key.ldq, 1}, false);
-  const Desc& kt = g.tensor(kK, CUDNN_DATA_BFLOAT16, {b, k, d, s}, {s * key.ldk, d, 1, key.ldk}, false);
-  const Desc& vt = g.tensor(kV, CUDNN_DATA_BFLOAT16, {b, k, d, s}, {s * key.ldv, d, 1, key.ldv}, false);
-  const Desc& o = g.tensor(kO, CUDNN_DATA_BFLOAT16, {b, h, s, d}, {s * key.ldo, d, key.ldo, 1}, false);
-  const Desc& stats = g.tensor(kStats, CUDNN_DATA_FLOAT, row, row_st, false);
-  const Desc& scale = g.scalar(kScale);
-  const Desc& lowest = g.scalar(kLowest);
-  const Desc& one = g.scalar(kOne);
-  const Desc& dout = g.tensor(kDO, CUDNN_DATA_BFLOAT16, {b, h, s, d}, {s * key.lddo, d, key.lddo, 1}, false);
-  const Desc& dq = g.tensor(kDQ, CUDNN_DATA_BFLOAT16, {b, h, s, d}, {s * key.lddq, d, key.lddq, 1}, false);
-  const Desc& dk = g.tensor(kDK, CUDNN_DATA_BFLOAT16, {b, k, s, d}, {s * key.lddk, d, key.lddk, 1}, false);
-  const Desc& dv = g.tensor(kDV, CUDNN_DATA_BFLOAT16, {b, k, s, d}, {s * key.lddv, d, key.lddv, 1}, false);
-  const Desc& row_sum = g.tensor(kRowSum, CUDNN_DATA_FLOAT, row, row_st, false);
-  const Desc& dq_acc = g.tensor(kDQAcc, CUDNN_DATA_FLOAT, per_q_head, per_q_head_st, false);
-  int64_t uid = kVirtual;
-  // D = rowsum(dO * O)
-  const Desc& do_o = g.tensor(uid++, CUDNN_DATA_FLOAT, per_q_head, {h * s * d, s * d, h * d, 1}, true);
-  const Desc& do_o_sum = g.tensor(uid++, CUDNN_DATA_FLOAT, row, row_st, true);
-  g.pointwise(CUDNN_POINTWISE_MUL, dout, &o, do_o);
-  g.reduction(CUDNN_REDUCE_TENSOR_ADD, do_o, do_o_sum);
-  g.pointwise(CUDNN_POINTWISE_MUL, do_o_sum, &one, row_sum);
-  // P = exp(mask(scale * Q K^T - Stats))
-  const Desc& s_raw = g.tensor(uid++, CUDNN_DATA_FLOAT, scores, scores_st, true);
-  const Desc& s_scaled = g.tensor(uid++, CUDNN_DATA_FLOAT, scores, scores_st, true);
-  const Desc& centred = g.tensor(uid++, CUDNN_DATA_FLOAT, scores, scores_st, true);
-  g.matmul(q, kt, s_raw);
-  g.pointwise(CUDNN_POINTWISE_MUL, s_raw, &scale, s_scaled);
-  g.pointwise(CUDNN_POINTWISE_SUB, s_scaled, &stats, centred);
-  const Desc& masked = g.causal_mask(centred, lowest, uid, scores, scores_st);
-  uid += 4;
-  const Desc& p = g.tensor(uid++, CUDNN_DATA_FLOAT, scores, scores_st, true);
-  g.pointwise(CUDNN_POINTWISE_EXP, masked, nullptr, p);
-  // dV = sum over the group of P^T dO
-  const Desc& p_t = g.tensor(uid++, CUDNN_DATA_BFLOAT16, scores, scores_t_st, true);
-  g.reshape(p, p_t);
-  if (grouped) {
-    const Desc& dv_full = g.tensor(uid++, CUDNN_DATA_BFLOAT16, per_q_head, per_q_head_st, true);
-    g.matmul(p_t, dout, dv_full);
-    g.reduction(CUDNN_REDUCE_TENSOR_ADD, dv_full, dv);
-  } else {
-    g.matmul(p_t, dout, dv);
-  }
-  // dS = scale * P * (dO V^T - D)
-  const Desc& dp = g.tensor(uid++, CUDNN_DATA_FLOAT, scores, scores_st, true);
-  const Desc& dp_centred = g.tensor(uid++, CUDNN_DATA_FLOAT, scores, scores_st, true);
-  const Desc& ds_unscaled = g.tensor(uid++, CUDNN_DATA_FLOAT, scores, scores_st, true);
-  const Desc& ds = g.tensor(uid++, CUDNN_DATA_FLOAT, scores, scores_st, true);
-  g.matmul(dout, vt, dp);
-  g.pointwise(CUDNN_POINTWISE_SUB, dp, &row_sum, dp_centred);
-  g.pointwise(CUDNN_POINTWISE_MUL, dp_centred, &p, ds_unscaled);
-  g.pointwise(CUDNN_POINTWISE_MUL, ds_unscaled, &scale, ds);
-  // dK = sum over the group of dS^T Q
-  const Desc& ds_t = g.tensor(uid++, CUDNN_DATA_BFLOAT16, scores, scores_t_st, true);
-  g.reshape(ds, ds_t);
-  if (grouped) {
-    const Desc& dk_full = g.tensor(uid++, CUDNN_DATA_BFLOAT16, per_q_head, per_q_head_st, true);
-    g.matmul(ds_t, q, dk_full);
-    g.reduction(CUDNN_REDUCE_TENSOR_ADD, dk_full, dk);
-  } else {
-    g.matmul(ds_t, q, dk);
-  }
-  // dQ = dS K, in f32, then to bf16
-  const Desc& k_rows = g.tensor(uid++, CUDNN_DATA_BFLOAT16, {b, k, s, d}, {s * key.ldk, d, key.ldk, 1}, true);
-  g.reshape(kt, k_rows);
-  g.matmul(ds, k_rows, dq_acc);
-  g.pointwise(CUDNN_POINTWISE_IDENTITY, dq_acc, nullptr, dq);
+Desc build_plan(cudnnHandle_t handle, const Key& key, int64_t& workspace) {
+  const sdpa_graph::Shape shape{key.b,   key.s,   key.h,    key.k,    key.d,    key.ldq,  key.ldk,
+                                key.ldv, key.ldo, key.lddo, key.lddq, key.lddk, key.lddv};
+  GraphBuilder g(key.backward ? sdpa_graph::backward_graph(shape) : sdpa_graph::forward_graph(shape));
   return g.plan(handle, workspace);
 }
 
@@ -396,7 +318,7 @@ struct CudnnAttention::Impl {
       Plan p;
       try {
         int64_t ws = 0;
-        p.plan = std::make_unique<Desc>(key.backward ? build_backward(handle, key, ws) : build_forward(handle, key, ws));
+        p.plan = std::make_unique<Desc>(build_plan(handle, key, ws));
         p.workspace = ws;
         ++plans_built;
       } catch (const zero3::CudaError& e) {
@@ -510,18 +432,17 @@ bool CudnnAttention::backward(const AttentionDims& d, const void* q, int64_t ldq
   Desc* plan = impl_->plan_for(key, ws_size);
   if (plan == nullptr) return false;
   const int64_t rows = d.batch * d.n_heads * d.seq;
-  const int64_t row_sum_bytes = align_up(rows * 4), dq_acc_bytes = align_up(rows * d.head_dim * 4);
-  char* ws = impl_->reserve(row_sum_bytes + dq_acc_bytes + std::max<int64_t>(ws_size, 1));
-  void* row_sum = ws;
-  void* dq_acc = ws + row_sum_bytes;
+  const int64_t dq_acc_bytes = align_up(rows * d.head_dim * 4);
+  char* ws = impl_->reserve(dq_acc_bytes + std::max<int64_t>(ws_size, 1));
+  void* dq_acc = ws;
   LLAMA3_CUDA_CHECK(cudaMemsetAsync(dq_acc, 0, static_cast<size_t>(rows * d.head_dim * 4), impl_->stream));
   float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(d.head_dim)));
   float lowest = std::numeric_limits<float>::lowest();
   float one = 1.0f;
-  impl_->execute(*plan, {kQ, kK, kV, kO, kStats, kScale, kLowest, kOne, kDO, kDQ, kDK, kDV, kRowSum, kDQAcc},
+  impl_->execute(*plan, {kQ, kK, kV, kO, kStats, kScale, kLowest, kOne, kDO, kDQ, kDK, kDV, kDQAcc},
                  {const_cast<void*>(q), const_cast<void*>(k), const_cast<void*>(v), const_cast<void*>(out),
-                  const_cast<float*>(lse), &scale, &lowest, &one, const_cast<void*>(dout), dq, dk, dv, row_sum, dq_acc},
-                 ws + row_sum_bytes + dq_acc_bytes);
+                  const_cast<float*>(lse), &scale, &lowest, &one, const_cast<void*>(dout), dq, dk, dv, dq_acc},
+                 ws + dq_acc_bytes);
   ++impl_->backward_runs;
   return true;
 }

@@ -7,18 +7,17 @@
 // cuDNN computes both matmuls with f32 accumulation and the softmax and its statistics in f32; it never
 // materialises the seq x seq scores (flash attention), and skips the masked half.
 //
-// The graphs are written with cuDNN's graph (backend) C API (cudnn_graph.h), as the operation graphs that
-// cuDNN's runtime-fusion engines recognise as scaled dot-product attention (the same graphs NVIDIA's
-// cudnn-frontend builds for SDPA in its "composite" form, which works on every cuDNN 9 release; the single-node
-// SDPA descriptor has no causal mask before cuDNN 9.21). A graph is built, its engine chosen by cuDNN's heuristics
-// (mode A) and its execution plan finalised once per shape (dims and row strides) and kept; later calls with the
-// same shape only execute the plan.
+// The graphs (sdpa_graph.hpp) are the operation graphs NVIDIA's cudnn-frontend builds for SDPA in its "composite"
+// form, which cuDNN's runtime-fusion engines recognise as flash attention, written with cuDNN's graph (backend) C API
+// (cudnn_graph.h); the single-node SDPA descriptor has no causal mask before cuDNN 9.21. A graph is built, its
+// engine chosen by cuDNN's heuristics (mode A) and its execution plan finalised once per shape (dims and row
+// strides) and kept; later calls with the same shape only execute the plan.
 //
 // forward()/backward() return false, queue nothing and remember the shape when cuDNN has no engine for it (or the
 // combination is one this file routes away from, see supported()): the caller then runs the cuBLAS path.
 // A failure while executing a plan throws zero3::CudaError naming the cuDNN call and status.
 //
-// Workspace: cuDNN's own workspace and, in backward, the f32 dQ accumulator and rowsum(dO * O), in one buffer
+// Workspace: cuDNN's own workspace and, in backward, the f32 dQ accumulator, in one buffer
 // from the allocator given at construction (the zero3 device's caching allocator), grown on demand and freed
 // stream-ordered. All work runs on `stream`.
 #pragma once

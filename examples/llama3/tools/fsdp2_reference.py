@@ -32,7 +32,9 @@ bf16 FLOP/s (--peak-flops, or known from the device name).
 
 Runs as one process (world size 1; torchrun sets the variables for more). On a machine without a GPU it runs
 on the CPU with gloo (for checking the script; its figures mean nothing there). torch and transformers are
-imported after the arguments are read, so --help works without them.
+imported after the arguments are read, so --help works without them; where they cannot be imported it prints
+"skipped: ..." and exits 77. The JSON also names the versions of torch, CUDA, cuDNN, NCCL and transformers it ran
+with (the image's own wheels: scripts/gpu-run.sh starts it with the image's library path).
 
 Usage: python3 examples/llama3/tools/fsdp2_reference.py --model configs/models/llama-3-1b-untied.json \
            --micro-batch 4 --seq-len 1024 --steps 20 --warmup 3 [--grad-checkpointing] \
@@ -42,6 +44,7 @@ Usage: python3 examples/llama3/tools/fsdp2_reference.py --model configs/models/l
 import argparse
 import json
 import os
+import sys
 import time
 
 # Dense bf16 peak FLOP/s by device name (the figures llama3_train uses).
@@ -124,12 +127,33 @@ def chunked_loss_model(lm, chunks):
     return ChunkedLossCausalLM()
 
 
+def build_model(LlamaForCausalLM, config, attention, dtype):
+    """LlamaForCausalLM from a config with random weights: transformers 4.56 and later take dtype=, earlier releases
+    torch_dtype= (the image's release is whatever PyTorch's image ships)."""
+    try:
+        return LlamaForCausalLM._from_config(config, attn_implementation=attention, dtype=dtype)
+    except TypeError:
+        return LlamaForCausalLM._from_config(config, attn_implementation=attention, torch_dtype=dtype)
+
+
+def versions(torch, transformers):
+    cuda = torch.cuda.is_available()
+    nccl = ".".join(map(str, torch.cuda.nccl.version())) if cuda else None
+    return {"torch": torch.__version__, "cuda": torch.version.cuda, "cudnn": torch.backends.cudnn.version(),
+            "nccl": nccl, "transformers": transformers.__version__}
+
+
 def main():
     args = parse_args()
-    import torch
-    import torch.distributed as dist
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-    from transformers import LlamaConfig, LlamaForCausalLM
+    try:
+        import torch
+        import torch.distributed as dist
+        import transformers
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+        from transformers import LlamaConfig, LlamaForCausalLM
+    except ImportError as e:
+        print(f"skipped: cannot import what the peer needs: {e}", flush=True)
+        return 77
 
     cuda = torch.cuda.is_available()
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
@@ -147,7 +171,7 @@ def main():
     config.use_cache = False
     torch.manual_seed(args.seed)
     with torch.device(device):
-        lm = LlamaForCausalLM._from_config(config, attn_implementation=args.attention, dtype=torch.float32)
+        lm = build_model(LlamaForCausalLM, config, args.attention, torch.float32)
     if args.grad_checkpointing:
         lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     n_params = sum(p.numel() for p in lm.parameters())
@@ -224,6 +248,7 @@ def main():
         "mfu": flops_per_token * per_gpu / peak if peak > 0 else None,
         "peak_gpu_bytes": torch.cuda.max_memory_allocated(device) if cuda else None,
         "losses": losses,
+        "versions": versions(torch, transformers),
     }
     if rank == 0:
         text = json.dumps(result)
@@ -232,7 +257,8 @@ def main():
             with open(args.out, "w") as f:
                 f.write(text + "\n")
     dist.destroy_process_group()
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
