@@ -9,8 +9,8 @@ namespace zero3 {
 std::string describe_transfer(const PeerTransfer& t) {
   const bool send = t.direction == PeerTransfer::Direction::send;
   return std::string(send ? "send" : "recv") + "(count=" + std::to_string(t.count) +
-         ", dtype=" + std::string(dtype_name(t.dtype)) + ", tag=" + std::to_string(t.tag) + ") " + (send ? "to" : "from") +
-         " rank " + std::to_string(t.peer);
+         ", dtype=" + std::string(dtype_name(t.dtype)) + ", tag=" + std::to_string(t.tag) + ") " +
+         (send ? "to" : "from") + " rank " + std::to_string(t.peer);
 }
 
 WorkPtr Communicator::send_recv(const std::vector<PeerTransfer>&, Stream) {

@@ -21,6 +21,7 @@ std::vector<std::pair<size_t, size_t>> check_transfers(const std::vector<PeerTra
                                                        const std::string& what);
 
 // Copies each self pair's send buffer into its receive buffer.
-void copy_self_transfers(const std::vector<PeerTransfer>& transfers, const std::vector<std::pair<size_t, size_t>>& self);
+void copy_self_transfers(const std::vector<PeerTransfer>& transfers,
+                         const std::vector<std::pair<size_t, size_t>>& self);
 
 }  // namespace zero3::comm

@@ -1039,10 +1039,19 @@ std::vector<KeyEntry> build_table() {
               "mirror PipelineModule's constructor arguments; zero3 reads them as the pipeline's settings. Read, "
               "checked and used by the batch arithmetic; an engine with more than one stage is not built yet and "
               "is refused with that reason."),
-      KEY_INT_AUTO("pipeline.stages", c.pipeline.stages, "\"auto\"", 1,
-                   "Pipeline stages; the world size over it is the data-parallel size each stage's ZeRO runs over, "
-                   "and it must divide the world size. \"auto\" (DeepSpeed's default): the program's value "
-                   "(ResolveInputs::pipeline_stages), else 1 (no pipeline)."),
+      {.path = "pipeline.stages",
+       .type = "integer or \"auto\"",
+       .default_json = "\"auto\"",
+       .doc = "Pipeline stages; the world size over it is the data-parallel size each stage's ZeRO runs over, and "
+              "it must divide the world size. \"auto\" (DeepSpeed's default, also when absent): the program's value "
+              "(ResolveInputs::pipeline_stages), else 1 (no pipeline).",
+       .auto_ok = true,
+       .apply =
+           [](ReadContext& ctx, const Value& v) {
+             set_or_auto(ctx, v, ctx.config.pipeline.stages, v.is_auto() ? int64_t{0} : v.as_int(1));
+           },
+       // Unset means "auto" whether or not the file said so.
+       .emit = [](const Config& c) -> Emitted { return c.pipeline.stages ? J(*c.pipeline.stages) : J("auto"); }},
       {.path = "pipeline.partition",
        .type = "string",
        .default_json = "\"parameters\"",

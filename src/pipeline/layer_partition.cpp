@@ -13,7 +13,8 @@ namespace {
 std::vector<int> uniform(int layers, int stages) {
   std::vector<int> bounds(static_cast<size_t>(stages) + 1, 0);
   const int base = layers / stages, extra = layers % stages;
-  for (int s = 0; s < stages; ++s) bounds[static_cast<size_t>(s) + 1] = bounds[static_cast<size_t>(s)] + base + (s < extra);
+  for (int s = 0; s < stages; ++s)
+    bounds[static_cast<size_t>(s) + 1] = bounds[static_cast<size_t>(s)] + base + (s < extra);
   return bounds;
 }
 
@@ -69,8 +70,8 @@ std::vector<int> partition_layers(const std::vector<LayerInfo>& layers, int stag
   if (method == "parameters") {
     for (const LayerInfo& l : layers) {
       if (l.parameters < 0) {
-        throw ConfigError(log::concat("pipeline.partition \"parameters\": layer '", l.name, "' has ", l.parameters,
-                                      " parameters"));
+        throw ConfigError(
+            log::concat("pipeline.partition \"parameters\": layer '", l.name, "' has ", l.parameters, " parameters"));
       }
       weight.push_back(l.parameters);
     }

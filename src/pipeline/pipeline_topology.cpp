@@ -57,7 +57,8 @@ int PipelineTopology::next_stage_rank(int rank) const {
 
 std::string PipelineTopology::describe() const {
   const bool stage_per_nodes = order == StageOrder::stages_across_nodes && data_parallel() % nodes.ranks_per_node == 0;
-  const bool stages_share_node = order == StageOrder::stages_across_nodes && nodes.ranks_per_node % data_parallel() == 0;
+  const bool stages_share_node =
+      order == StageOrder::stages_across_nodes && nodes.ranks_per_node % data_parallel() == 0;
   std::string where;
   if (stage_per_nodes) {
     where = data_parallel() == nodes.ranks_per_node ? ": a stage per node" : ": a stage spans nodes";
@@ -65,8 +66,7 @@ std::string PipelineTopology::describe() const {
     where = ": several stages per node";
   }
   return log::concat(stages, " stage", stages == 1 ? "" : "s", " x ", data_parallel(), " data-parallel rank",
-                     data_parallel() == 1 ? "" : "s", " (", stage_order_name(order), where, ") on ",
-                     nodes.describe());
+                     data_parallel() == 1 ? "" : "s", " (", stage_order_name(order), where, ") on ", nodes.describe());
 }
 
 PipelineTopology make_pipeline_topology(const detail::NodeLayout& nodes, int stages, StageOrder order) {
@@ -91,11 +91,12 @@ PipelineGroups make_pipeline_groups(const std::shared_ptr<Communicator>& world, 
   g.topology = topology;
   g.stage = topology.stage_of(rank);
   const std::string layout = topology.describe();
-  g.data_parallel =
-      detail::split_process_group(*world, topology.nodes, topology.data_parallel_group(rank), "stage's data-parallel "
-                                                                                             "group", layout);
-  g.pipeline = detail::split_process_group(*world, topology.nodes, topology.pipeline_group(rank), "pipeline group",
-                                           layout);
+  g.data_parallel = detail::split_process_group(*world, topology.nodes, topology.data_parallel_group(rank),
+                                                "stage's data-parallel "
+                                                "group",
+                                                layout);
+  g.pipeline =
+      detail::split_process_group(*world, topology.nodes, topology.pipeline_group(rank), "pipeline group", layout);
   g.previous_rank = topology.previous_stage_rank(rank);
   g.next_rank = topology.next_stage_rank(rank);
   g.previous_peer = g.stage > 0 ? g.stage - 1 : -1;

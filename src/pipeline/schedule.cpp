@@ -22,7 +22,8 @@ std::string plural(int n, const char* one, const char* many) { return std::to_st
 
 void check_shape(ScheduleKind kind, int ranks, int micro_batches, int stages_per_rank) {
   const std::string name = schedule_name(kind);
-  if (ranks < 1) throw ConfigError("pipeline.stages: " + std::to_string(ranks) + " pipeline ranks; expected at least 1");
+  if (ranks < 1)
+    throw ConfigError("pipeline.stages: " + std::to_string(ranks) + " pipeline ranks; expected at least 1");
   if (ranks > 2047) throw ConfigError("pipeline.stages: " + std::to_string(ranks) + "; at most 2047 are supported");
   if (micro_batches < 1) {
     throw ConfigError("gradient_accumulation_steps: " + std::to_string(micro_batches) +
@@ -44,8 +45,8 @@ void check_shape(ScheduleKind kind, int ranks, int micro_batches, int stages_per
     }
     if (micro_batches % ranks != 0) {
       throw ConfigError("gradient_accumulation_steps: schedule " + name + " needs the micro-batches to be a multiple " +
-                        "of pipeline.stages, got " + plural(micro_batches, "micro-batch", "micro-batches") +
-                        " over " + plural(ranks, "stage", "stages") + " (" + std::to_string(micro_batches % ranks) +
+                        "of pipeline.stages, got " + plural(micro_batches, "micro-batch", "micro-batches") + " over " +
+                        plural(ranks, "stage", "stages") + " (" + std::to_string(micro_batches % ranks) +
                         " left over)");
     }
   } else if (stages_per_rank != 1) {

@@ -109,8 +109,9 @@ Partners check_and_match(const Schedule& s) {
           const int expected_peer_stage = activation == is_send(a) ? st + 1 : st - 1;
           if (a.peer_stage != expected_peer_stage || expected_peer_stage < 0 || expected_peer_stage >= stages ||
               a.peer_rank != s.rank_of_stage(a.peer_stage) || a.peer_rank == r) {
-            fail(s, r, i, describe(a) + ": expected the neighbouring stage " + std::to_string(expected_peer_stage) +
-                              " on another rank");
+            fail(s, r, i,
+                 describe(a) + ": expected the neighbouring stage " + std::to_string(expected_peer_stage) +
+                     " on another rank");
           }
           if (a.kind == ActionKind::send_activation && !has(ActionKind::forward, m, st)) {
             fail(s, r, i, describe(a) + " comes before its forward");
@@ -127,15 +128,17 @@ Partners check_and_match(const Schedule& s) {
     for (int m = 0; m < s.micro_batches; ++m) {
       for (int st = r; st < stages; st += s.ranks) {
         if (!has(ActionKind::forward, m, st) || !has(ActionKind::backward, m, st)) {
-          fail(s, r, list.size(), "micro-batch " + std::to_string(m) + " on stage " + std::to_string(st) + " has no " +
-                                      (has(ActionKind::forward, m, st) ? "backward" : "forward"));
+          fail(s, r, list.size(),
+               "micro-batch " + std::to_string(m) + " on stage " + std::to_string(st) + " has no " +
+                   (has(ActionKind::forward, m, st) ? "backward" : "forward"));
         }
       }
     }
     seen.clear();
   }
   Partners partner(static_cast<size_t>(s.ranks));
-  for (int r = 0; r < s.ranks; ++r) partner[static_cast<size_t>(r)].assign(s.actions[static_cast<size_t>(r)].size(), {-1, 0});
+  for (int r = 0; r < s.ranks; ++r)
+    partner[static_cast<size_t>(r)].assign(s.actions[static_cast<size_t>(r)].size(), {-1, 0});
   for (const auto& [key, sends] : transfers) {
     const auto [r, peer, send] = key;
     if (!send) continue;
@@ -145,23 +148,24 @@ Partners check_and_match(const Schedule& s) {
     for (size_t k = 0; k < std::max(sends.size(), recvs.size()); ++k) {
       if (k >= recvs.size()) {
         const Action& a = s.actions[static_cast<size_t>(r)][sends[k]];
-        fail(s, r, sends[k], describe(a) + " is never received: rank " + std::to_string(peer) + " has " +
-                                 std::to_string(recvs.size()) + " receive(s) from rank " + std::to_string(r) + " for " +
-                                 std::to_string(sends.size()) + " send(s)");
+        fail(s, r, sends[k],
+             describe(a) + " is never received: rank " + std::to_string(peer) + " has " + std::to_string(recvs.size()) +
+                 " receive(s) from rank " + std::to_string(r) + " for " + std::to_string(sends.size()) + " send(s)");
       }
       if (k >= sends.size()) {
         const Action& a = s.actions[static_cast<size_t>(peer)][recvs[k]];
-        fail(s, peer, recvs[k], describe(a) + " is never sent: rank " + std::to_string(r) + " has " +
-                                    std::to_string(sends.size()) + " send(s) to rank " + std::to_string(peer));
+        fail(s, peer, recvs[k],
+             describe(a) + " is never sent: rank " + std::to_string(r) + " has " + std::to_string(sends.size()) +
+                 " send(s) to rank " + std::to_string(peer));
       }
       const Action& a = s.actions[static_cast<size_t>(r)][sends[k]];
       const Action& b = s.actions[static_cast<size_t>(peer)][recvs[k]];
       Action expected = counterpart(a, r);
       expected.joins_previous = b.joins_previous;
       if (!(expected == b)) {
-        fail(s, r, sends[k], describe(a) + " (send #" + std::to_string(k) + " to rank " + std::to_string(peer) +
-                                 ") meets rank " + std::to_string(peer) + "'s " + describe(b) + " (action " +
-                                 std::to_string(recvs[k]) + ")");
+        fail(s, r, sends[k],
+             describe(a) + " (send #" + std::to_string(k) + " to rank " + std::to_string(peer) + ") meets rank " +
+                 std::to_string(peer) + "'s " + describe(b) + " (action " + std::to_string(recvs[k]) + ")");
       }
       partner[static_cast<size_t>(r)][sends[k]] = {peer, recvs[k]};
       partner[static_cast<size_t>(peer)][recvs[k]] = {r, sends[k]};
@@ -171,8 +175,9 @@ Partners check_and_match(const Schedule& s) {
     const auto [r, peer, send] = key;
     if (!send && transfers.find({peer, r, true}) == transfers.end()) {
       const Action& a = s.actions[static_cast<size_t>(r)][recvs[0]];
-      fail(s, r, recvs[0], describe(a) + " is never sent: rank " + std::to_string(peer) + " sends nothing to rank " +
-                               std::to_string(r));
+      fail(
+          s, r, recvs[0],
+          describe(a) + " is never sent: rank " + std::to_string(peer) + " sends nothing to rank " + std::to_string(r));
     }
   }
   return partner;
@@ -235,8 +240,8 @@ int run(const Schedule& s, const Partners& partner) {
       waiting += (waiting.empty() ? "" : "; ") + std::string("rank ") + std::to_string(r) + " at action " +
                  std::to_string(i) + " (" + describe(list(r)[i]) + ")";
     }
-    throw InvalidArgument(std::string(schedule_name(s.kind)) + " schedule deadlocks: every rank waits for another: " +
-                          waiting);
+    throw InvalidArgument(std::string(schedule_name(s.kind)) +
+                          " schedule deadlocks: every rank waits for another: " + waiting);
   }
 }
 

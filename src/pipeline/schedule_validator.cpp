@@ -4,9 +4,7 @@
 
 namespace zero3::pipeline {
 
-void validate_schedule(const Schedule& schedule) {
-  detail::run(schedule, detail::check_and_match(schedule));
-}
+void validate_schedule(const Schedule& schedule) { detail::run(schedule, detail::check_and_match(schedule)); }
 
 double bubble_fraction(const Schedule& schedule) {
   const int rounds = detail::run(schedule, detail::check_and_match(schedule));

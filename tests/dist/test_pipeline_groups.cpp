@@ -42,8 +42,8 @@ TEST(PipelineGroups, EveryStageCountAndOrderSplitsAndPassesActivations) {
   auto world = engine_world();
   const int rank = world->rank();
   const detail::NodeLayout nodes = launcher_nodes();
-  for (pipeline::StageOrder order : {pipeline::StageOrder::stages_across_nodes,
-                                     pipeline::StageOrder::stages_within_node}) {
+  for (pipeline::StageOrder order :
+       {pipeline::StageOrder::stages_across_nodes, pipeline::StageOrder::stages_within_node}) {
     for (int stages = 1; stages <= nodes.world; ++stages) {
       if (nodes.world % stages != 0) continue;
       const auto topology = pipeline::make_pipeline_topology(nodes, stages, order);

@@ -93,8 +93,9 @@ TEST_F(SendRecv, RingShiftInOneCall) {
   for (size_t count : {size_t{1}, size_t{7}, size_t{300}, size_t{1} << 20}) {
     std::vector<float> out(count), in(count, -1.0f);
     for (size_t i = 0; i < count; ++i) out[i] = value(rank_, 0, i);
-    comm_->send_recv({PeerTransfer::send_to(right, out.data(), count, DType::f32, 3),
-                      PeerTransfer::recv_from(left, in.data(), count, DType::f32, 3)})
+    comm_
+        ->send_recv({PeerTransfer::send_to(right, out.data(), count, DType::f32, 3),
+                     PeerTransfer::recv_from(left, in.data(), count, DType::f32, 3)})
         ->wait();
     for (size_t i = 0; i < count; ++i) ASSERT_EQ(in[i], value(left, 0, i)) << "count " << count << " element " << i;
   }
@@ -167,8 +168,9 @@ TEST_F(SendRecv, InterleavedWithCollectives) {
 TEST_F(SendRecv, ToItself) {
   std::vector<float> out(100), in(100, 0.0f);
   for (size_t i = 0; i < out.size(); ++i) out[i] = value(rank_, 9, i);
-  comm_->send_recv({PeerTransfer::recv_from(rank_, in.data(), 100, DType::f32, 4),
-                    PeerTransfer::send_to(rank_, out.data(), 100, DType::f32, 4)})
+  comm_
+      ->send_recv({PeerTransfer::recv_from(rank_, in.data(), 100, DType::f32, 4),
+                   PeerTransfer::send_to(rank_, out.data(), 100, DType::f32, 4)})
       ->wait();
   EXPECT_EQ(in, out);
   comm_->send_recv({})->wait();  // nothing to do
@@ -180,10 +182,10 @@ TEST_F(SendRecv, BadArgumentsAreNamedBeforeAnythingMoves) {
     comm_->send(&x, 1, DType::f32, size_, 0);
     ADD_FAILURE() << "a peer outside the ranks was accepted";
   } catch (const InvalidArgument& e) {
-    EXPECT_NE(std::string(e.what()).find("send(count=1, dtype=f32, tag=0) to rank " + std::to_string(size_) +
-                                         " names a peer outside the communicator's ranks 0.." +
-                                         std::to_string(size_ - 1)),
-              std::string::npos)
+    EXPECT_NE(
+        std::string(e.what()).find("send(count=1, dtype=f32, tag=0) to rank " + std::to_string(size_) +
+                                   " names a peer outside the communicator's ranks 0.." + std::to_string(size_ - 1)),
+        std::string::npos)
         << e.what();
   }
   try {
@@ -209,11 +211,11 @@ TEST_F(SendRecv, DisagreeingSidesAreNamedOnBoth) {
   std::vector<float> a(64, static_cast<float>(rank_ + 1)), b(64, 0.0f), c(64, 0.0f);
   std::vector<PeerTransfer> call;
   if (rank_ == 0) {
-    call = {PeerTransfer::send_to(peer, a.data(), 64, DType::f32, 5), PeerTransfer::recv_from(peer, c.data(), 64,
-                                                                                              DType::f32, 8)};
+    call = {PeerTransfer::send_to(peer, a.data(), 64, DType::f32, 5),
+            PeerTransfer::recv_from(peer, c.data(), 64, DType::f32, 8)};
   } else {
-    call = {PeerTransfer::recv_from(peer, b.data(), 64, DType::f32, 6), PeerTransfer::send_to(peer, a.data(), 64,
-                                                                                              DType::f32, 8)};
+    call = {PeerTransfer::recv_from(peer, b.data(), 64, DType::f32, 6),
+            PeerTransfer::send_to(peer, a.data(), 64, DType::f32, 8)};
   }
   try {
     comm_->send_recv(call)->wait();

@@ -10,9 +10,9 @@
 
 #include "zero3/comm.hpp"
 #include "zero3/config.hpp"
+#include "zero3/device.hpp"
 #include "zero3/engine.hpp"
 #include "zero3/error.hpp"
-#include "zero3/device.hpp"
 
 using namespace zero3;
 
@@ -96,19 +96,19 @@ TEST(ConfigPipeline, BadInputsAreNamedWithTheirKeysAndNumbers) {
             "pipeline.stages, got 6 micro-batches over 4 stages (2 left over) (in p.json)");
   EXPECT_EQ(error_of(R"({"train_batch_size": 8, "pipeline": {"stages": 2}})", world(4, 4)),
             "pipeline.stages: got 2, but the program passes 4; expected the same value, or \"auto\" (in p.json)");
-  EXPECT_NE(error_of(R"({"train_batch_size": 8, "pipeline": {"partition": "type:("}})").find(
-                "pipeline.partition: \"type:(\": the regular expression does not compile"),
+  EXPECT_NE(error_of(R"({"train_batch_size": 8, "pipeline": {"partition": "type:("}})")
+                .find("pipeline.partition: \"type:(\": the regular expression does not compile"),
             std::string::npos);
-  EXPECT_NE(error_of(R"({"train_batch_size": 8, "pipeline": {"partition": "profile"}})").find(
-                "pipeline.partition: \"profile\" is not implemented"),
+  EXPECT_NE(error_of(R"({"train_batch_size": 8, "pipeline": {"partition": "profile"}})")
+                .find("pipeline.partition: \"profile\" is not implemented"),
             std::string::npos);
   EXPECT_NE(error_of(R"({"train_batch_size": 8, "pipeline": {"partition": "layers"}})").find("pipeline.partition"),
             std::string::npos);
   EXPECT_NE(error_of(R"({"train_batch_size": 8, "pipeline": {"stage": 2}})").find("pipeline.stage"),
             std::string::npos);  // unknown key, with a hint
-  EXPECT_NE(error_of(R"({"train_batch_size": 8, "zero3": {"pipeline_schedule": "zb"}})")
-                .find("zero3.pipeline_schedule"),
-            std::string::npos);
+  EXPECT_NE(
+      error_of(R"({"train_batch_size": 8, "zero3": {"pipeline_schedule": "zb"}})").find("zero3.pipeline_schedule"),
+      std::string::npos);
 }
 
 TEST(ConfigPipeline, DeepSpeedsOwnDefaultsAreAcceptedAndSaidWhatTheyDo) {
@@ -117,11 +117,13 @@ TEST(ConfigPipeline, DeepSpeedsOwnDefaultsAreAcceptedAndSaidWhatTheyDo) {
                           "p.json");
   EXPECT_EQ(c.pipeline.partition, "parameters");
   bool warned = false;
-  for (const std::string& w : c.warnings) warned = warned || w.find("\"best\" is DeepSpeed's config default") != std::string::npos;
+  for (const std::string& w : c.warnings)
+    warned = warned || w.find("\"best\" is DeepSpeed's config default") != std::string::npos;
   EXPECT_TRUE(warned);
   Config off = parse_config(R"({"train_batch_size": 8, "pipeline": {"pipe_partitioned": false}})", "p.json");
   bool ignored = false;
-  for (const std::string& w : off.warnings) ignored = ignored || w.find("pipeline.pipe_partitioned") != std::string::npos;
+  for (const std::string& w : off.warnings)
+    ignored = ignored || w.find("pipeline.pipe_partitioned") != std::string::npos;
   EXPECT_TRUE(ignored);
 }
 

@@ -61,8 +61,9 @@ TEST(LayerPartition, InputsThatCannotBeCutAreNamed) {
             "pipeline.partition: \"type:Attention\" matches none of the layers (embedding, layers.0.DecoderLayer, "
             "layers.1.DecoderLayer, layers.2.DecoderLayer, layers.3.DecoderLayer, layers.4.DecoderLayer, ... (9 "
             "layers))");
-  EXPECT_NE(error_of(llama_like(), 2, "type:[").find("pipeline.partition: \"type:[\": the regular expression does "
-                                                     "not compile"),
+  EXPECT_NE(error_of(llama_like(), 2, "type:[")
+                .find("pipeline.partition: \"type:[\": the regular expression does "
+                      "not compile"),
             std::string::npos);
   EXPECT_EQ(error_of(llama_like(), 2, "best"),
             "pipeline.partition: \"best\"; expected \"parameters\", \"uniform\" or \"type:REGEX\"");

@@ -114,11 +114,12 @@ TEST(PipelineSchedule, BrokenSchedulesAreNamed) {
   for (auto& list : split.actions) {
     for (Action& a : list) a.joins_previous = false;
   }
-  EXPECT_NE(error_of([&] { validate_schedule(split); }).find("1f1b schedule deadlocks: every rank waits for another: "
-                                                             "rank 0 at action 3 (send of the activation of "
-                                                             "micro-batch 1 on stage 0 to rank 1); rank 1 at action 3 "
-                                                             "(send of the gradient of micro-batch 0 on stage 1 to "
-                                                             "rank 0)"),
+  EXPECT_NE(error_of([&] { validate_schedule(split); })
+                .find("1f1b schedule deadlocks: every rank waits for another: "
+                      "rank 0 at action 3 (send of the activation of "
+                      "micro-batch 1 on stage 0 to rank 1); rank 1 at action 3 "
+                      "(send of the gradient of micro-batch 0 on stage 1 to "
+                      "rank 0)"),
             std::string::npos)
       << error_of([&] { validate_schedule(split); });
 
@@ -136,9 +137,10 @@ TEST(PipelineSchedule, BrokenSchedulesAreNamed) {
   Schedule wrong_order = good;  // rank 0 sends micro-batch 1 before micro-batch 0
   wrong_order.actions[0][1].micro_batch = 1;
   wrong_order.actions[0][3].micro_batch = 0;
-  EXPECT_NE(error_of([&] { validate_schedule(wrong_order); }).find("rank 0, action 1: send of the activation of "
-                                                                   "micro-batch 1 on stage 0 to rank 1 comes before "
-                                                                   "its forward"),
+  EXPECT_NE(error_of([&] { validate_schedule(wrong_order); })
+                .find("rank 0, action 1: send of the activation of "
+                      "micro-batch 1 on stage 0 to rank 1 comes before "
+                      "its forward"),
             std::string::npos);
 
   Schedule missing_backward = good;

@@ -24,8 +24,9 @@ std::string error_of(int world, int per_node, int stages) {
 // 4 nodes x 4 ranks, 4 stages: a stage per node, ZeRO within it, activations between nodes.
 TEST(PipelineTopology, StagesAcrossNodesPutAStageOnEachNode) {
   const auto t = make_pipeline_topology(detail::make_node_layout(16, 4, "test"), 4);
-  EXPECT_EQ(t.describe(), "4 stages x 4 data-parallel ranks (stages_across_nodes: a stage per node) on 16 ranks on 4 "
-                          "nodes x 4");
+  EXPECT_EQ(t.describe(),
+            "4 stages x 4 data-parallel ranks (stages_across_nodes: a stage per node) on 16 ranks on 4 "
+            "nodes x 4");
   EXPECT_EQ(t.data_parallel_group(6).ranks, (std::vector<int>{4, 5, 6, 7}));
   EXPECT_EQ(t.data_parallel_group(6).color, 1);
   EXPECT_FALSE(t.data_parallel_group(6).spans_nodes(t.nodes));

@@ -77,7 +77,7 @@ class PeerWatch {
   std::atomic<bool> watch_stop_{false};
   std::mutex watch_mu_;
   std::condition_variable watch_cv_;
-  std::string peer_failure_;                             // set once, by the watch thread
+  std::string peer_failure_;  // set once, by the watch thread
   // The buffers waited on (the worker's; several at once while the transfers of a send_recv call run side by side).
   std::vector<::gloo::transport::UnboundBuffer*> waiting_;
 };

@@ -10,9 +10,9 @@
 #include <thread>
 
 #include "comm/collective_args.hpp"
-#include "comm/peer_transfers.hpp"
 #include "comm/fabric/network_negotiation.hpp"
 #include "comm/nccl/nccl_check.hpp"
+#include "comm/peer_transfers.hpp"
 #include "device/cuda/cuda_check.hpp"
 #include "device/cuda/cuda_device_guard.hpp"
 #include "zero3/error.hpp"
