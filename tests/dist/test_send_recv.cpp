@@ -222,12 +222,15 @@ TEST_F(SendRecv, DisagreeingSidesAreNamedOnBoth) {
     ADD_FAILURE() << "the disagreeing transfer succeeded";
   } catch (const CollectiveMismatchError& e) {
     const std::string what = e.what();
-    const std::string expected =
-        rank_ == 0 ? "this rank's send(count=64, dtype=f32, tag=5) to rank 1 (its transfer #0 in that direction) met "
-                     "rank 1's recv(count=64, dtype=f32, tag=6) from rank 0"
-                   : "this rank's recv(count=64, dtype=f32, tag=6) from rank 0 (its transfer #0 in that direction) met "
-                     "rank 0's send(count=64, dtype=f32, tag=5) to rank 1";
-    EXPECT_NE(what.find(expected), std::string::npos) << what;
+    // "(its transfer #N in that direction)": N counts this communicator's earlier transfers between the two.
+    const std::string mine = rank_ == 0 ? "this rank's send(count=64, dtype=f32, tag=5) to rank 1 (its transfer #"
+                                        : "this rank's recv(count=64, dtype=f32, tag=6) from rank 0 (its transfer #";
+    const std::string theirs = rank_ == 0
+                                   ? " in that direction) met rank 1's recv(count=64, dtype=f32, tag=6) from rank 0"
+                                   : " in that direction) met rank 0's send(count=64, dtype=f32, tag=5) to rank 1";
+    EXPECT_NE(what.find(mine), std::string::npos) << what;
+    EXPECT_NE(what.find(theirs), std::string::npos) << what;
+    EXPECT_NE(what.find("those transfers moved nothing, the others completed"), std::string::npos) << what;
   }
   EXPECT_EQ(b, std::vector<float>(64, 0.0f)) << "the disagreeing transfer moved data";
   if (rank_ == 0) {
@@ -313,6 +316,7 @@ TEST(SendRecvFailure, AKilledPeerIsNamedOnItsNeighbours) {
                                                   : "recv(count=1024, dtype=f32, tag=8) from rank 1";
     EXPECT_NE(what.find(transfer), std::string::npos) << what;
     EXPECT_NE(what.find("rank 1 closed"), std::string::npos) << what;
+    EXPECT_EQ(what.find("timed out after"), std::string::npos) << "a dead peer reported as a timeout: " << what;
   }
 }
 

@@ -64,17 +64,18 @@ TEST(ConfigPipeline, DefaultsAreNoPipeline) {
   EXPECT_EQ(c.pipeline.stages, 1);
   EXPECT_EQ(c.pipeline.partition, "parameters");
   EXPECT_EQ(c.train_micro_batch_size_per_gpu, 2);
-  Config from_program = parse_config(R"({"train_batch_size": 8, "pipeline": {"stages": "auto"}})", "p.json");
+  Config from_program = parse_config(
+      R"({"train_batch_size": 8, "gradient_accumulation_steps": 2, "pipeline": {"stages": "auto"}})", "p.json");
   resolve(from_program, world(4, 2));
   EXPECT_EQ(from_program.pipeline.stages, 2);
-  EXPECT_EQ(from_program.train_micro_batch_size_per_gpu, 4);  // 8 / (4 / 2) / 1
+  EXPECT_EQ(from_program.train_micro_batch_size_per_gpu, 2);  // 8 / (4 / 2) / 2
 }
 
 TEST(ConfigPipeline, TheBatchArithmeticCountsDataParallelRanks) {
-  EXPECT_EQ(error_of(R"({"train_batch_size": 32, "train_micro_batch_size_per_gpu": 2,
+  EXPECT_EQ(error_of(R"({"train_batch_size": 64, "train_micro_batch_size_per_gpu": 2,
                          "gradient_accumulation_steps": 4, "pipeline": {"stages": 2}})",
                      world(8)),
-            "train_batch_size: got 32, expected train_micro_batch_size_per_gpu 2 x gradient_accumulation_steps 4 x "
+            "train_batch_size: got 64, expected train_micro_batch_size_per_gpu 2 x gradient_accumulation_steps 4 x "
             "data-parallel size 4 (world size 8 / pipeline.stages 2) = 32, every factor >= 1 (DeepSpeed's rule) (in "
             "p.json)");
 }

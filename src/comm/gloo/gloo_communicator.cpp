@@ -657,9 +657,14 @@ class GlooCommunicator final : public Communicator {
         task.work->fail(std::current_exception());
       } catch (const std::exception& e) {
         std::string msg = e.what();
-        // gloo reports its own timeouts as IoException "Timed out waiting ...".
-        bool timed_out = dynamic_cast<const TimeoutError*>(&e) || msg.find("Timed out") != std::string::npos ||
-                         msg.find("timed out") != std::string::npos;
+        // gloo reports its own timeouts as IoException "Timed out waiting ...". Of zero3's own CommErrors (the
+        // watch's verdicts) only "a wait on this rank timed out" is one; a dead peer's ("... it exited, crashed or
+        // timed out") is not a timeout of this rank.
+        const bool ours = dynamic_cast<const CommError*>(&e) != nullptr;
+        const bool timed_out =
+            dynamic_cast<const TimeoutError*>(&e) ||
+            (ours ? msg.find("a wait on this rank timed out") != std::string::npos
+                  : msg.find("Timed out") != std::string::npos || msg.find("timed out") != std::string::npos);
         broken_ = msg;
         if (timed_out) {
           task.work->fail(std::make_exception_ptr(
