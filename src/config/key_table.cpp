@@ -348,8 +348,9 @@ std::vector<KeyEntry> build_table() {
       // ----- batch size -----
       KEY_INT_AUTO("train_batch_size", c.train_batch_size, "null", 1,
                    "Samples per optimizer step over all ranks: train_micro_batch_size_per_gpu x "
-                   "gradient_accumulation_steps x world size. Given two of the three, the third is inferred "
-                   "(DeepSpeed's rule); all three must agree. \"auto\": micro batch x grad accum x world size."),
+                   "gradient_accumulation_steps x world size (with a pipeline, x the data-parallel size: the world "
+                   "size over pipeline.stages). Given two of the three, the third is inferred (DeepSpeed's rule); all "
+                   "three must agree. \"auto\": micro batch x grad accum x that size."),
       KEY_INT_AUTO("train_micro_batch_size_per_gpu", c.train_micro_batch_size_per_gpu, "null", 1,
                    "Samples per rank per forward/backward. \"auto\": the program's micro batch (--micro-batch)."),
       KEY_INT_AUTO("gradient_accumulation_steps", c.gradient_accumulation_steps, "null", 1,
