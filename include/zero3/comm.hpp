@@ -41,6 +41,11 @@
 // f32 one and may differ from the f32-accumulated sum by one rounding per hop. A count of 0 completes at once,
 // with no communication and no comparison.
 //
+// Point-to-point. send_recv() moves flat buffers between pairs of ranks (a pipeline's activations and their
+// gradients): only the two ranks of a transfer take part, under the same Work, timeout and failure rules as the
+// collectives (a peer that dies or stalls fails the call naming the peer, the direction and the tag; never a hang).
+// See send_recv() below for how transfers are matched and ordered.
+//
 // Thread-safety: one thread issues operations on a communicator at a time; Work may be waited on from
 // any thread.
 #pragma once
@@ -62,6 +67,29 @@ class Store;
 enum class ReduceOp : uint8_t { sum, avg, max };
 
 const char* reduce_op_name(ReduceOp op);
+
+// One point-to-point transfer of send_recv(): `count` elements of `dtype` at `buf` sent to, or received from, rank
+// `peer` of the communicator. A sent buffer is only read. `tag` is the caller's name for the message (a pipeline
+// encodes the micro-batch and whether it is an activation or a gradient); both ranks must give the same one.
+struct PeerTransfer {
+  enum class Direction : uint8_t { send, recv };
+  Direction direction = Direction::send;
+  void* buf = nullptr;
+  size_t count = 0;
+  DType dtype = DType::f32;
+  int peer = -1;
+  uint32_t tag = 0;
+
+  static PeerTransfer send_to(int peer, const void* buf, size_t count, DType dtype, uint32_t tag) {
+    return {Direction::send, const_cast<void*>(buf), count, dtype, peer, tag};
+  }
+  static PeerTransfer recv_from(int peer, void* buf, size_t count, DType dtype, uint32_t tag) {
+    return {Direction::recv, buf, count, dtype, peer, tag};
+  }
+};
+
+// "send(count=4096, dtype=bf16, tag=7) to rank 1", "recv(count=4096, dtype=bf16, tag=7) from rank 0".
+std::string describe_transfer(const PeerTransfer& transfer);
 
 // The completion of one collective.
 class Work {
@@ -116,6 +144,41 @@ class Communicator {
 
   // Returns when every rank has entered the barrier (or throws TimeoutError / CommError).
   virtual void barrier() = 0;
+
+  // Point-to-point transfers (PeerTransfer above); not collective: only the ranks named as peers take part.
+  //
+  // Matching. This rank's k-th send to rank p meets rank p's k-th receive from this rank (counted over the
+  // communicator's lifetime, in issue order); both must give the same count, dtype and tag. Gloo compares the two
+  // descriptions before any data moves: a difference is a CollectiveMismatchError on both ranks naming both sides,
+  // that transfer moves nothing, the call's other transfers complete, and the communicator stays usable. NCCL
+  // cannot compare them (it matches by order only): a difference there hangs until the timeout or moves wrong bytes,
+  // so a schedule must be validated before it runs (zero3/pipeline_schedule.hpp).
+  //
+  // Ordering. The transfers of one call run side by side (NCCL: one ncclGroupStart/ncclGroupEnd; gloo: a thread
+  // each), and each completes as soon as its peer has posted its side, whatever the call's other transfers wait for;
+  // the call completes when all of them have. So a rank may send to and receive from the same peer in one call.
+  // Calls, point-to-point or collective, run one after another in issue order, as collectives do: a transfer in a
+  // later call does not start before the earlier calls finished (gloo) or passed on the stream (nccl). Two ranks that
+  // each send to the other in separate calls before receiving wait for each other until the timeout; put such a pair
+  // into one call, as a pipeline's schedule does (validate_schedule() in zero3/pipeline_schedule.hpp finds such waits).
+  //
+  // A transfer to this rank itself is allowed when its send and its receive are in the same call (a copy; NCCL
+  // sends to itself). peer outside [0, size()), a null buffer with a non-zero count, or an unmatched transfer to
+  // itself throw InvalidArgument from the call, before anything moves. Point-to-point calls take no part in the
+  // collectives' comparison: ranks that are not peers of a call do not see it. An empty call completes at once.
+  //
+  // Failure: as collectives, a TimeoutError or CommError from Work::wait() naming each transfer (direction, peer,
+  // count, dtype, tag) and, where a peer died, that rank; after one the communicator is broken. Backends without
+  // point-to-point throw Unsupported.
+  virtual WorkPtr send_recv(const std::vector<PeerTransfer>& transfers, Stream stream = nullptr);
+
+  // send_recv() of one transfer.
+  WorkPtr send(const void* buf, size_t count, DType dtype, int peer, uint32_t tag, Stream stream = nullptr) {
+    return send_recv({PeerTransfer::send_to(peer, buf, count, dtype, tag)}, stream);
+  }
+  WorkPtr recv(void* buf, size_t count, DType dtype, int peer, uint32_t tag, Stream stream = nullptr) {
+    return send_recv({PeerTransfer::recv_from(peer, buf, count, dtype, tag)}, stream);
+  }
 
   // A communicator over the ranks that pass the same `color`, ordered by (`key`, rank). Collective over
   // this communicator: every rank calls it, at the same place in its sequence of operations. color < 0

@@ -164,6 +164,14 @@ struct TensorboardConfig {
 
 enum class NetworkTransport { auto_detect, efa, socket };
 
+// The "pipeline" section. DeepSpeed reads it as a dict (runtime/config.py get_pipeline_config) whose keys mostly
+// mirror PipelineModule's constructor arguments; zero3 reads it as the pipeline's own settings (docs/pipeline.md).
+struct PipelineConfig {
+  std::optional<int64_t> stages;         // nullopt while "auto" or absent: resolve() makes it the program's, else 1
+  std::string partition = "parameters";  // parameters | uniform | type:REGEX (PipelineModule's partition_method)
+  int64_t activation_checkpoint_interval = 0;
+};
+
 // The "zero3" section: what DeepSpeed has no key for.
 struct Zero3Section {
   std::string device = "auto";                               // auto | cpu | cuda
@@ -176,10 +184,14 @@ struct Zero3Section {
   int64_t qwz_block_size = 2048;  // elements per fp32 scale of qwZ's int8 messages
   int64_t qgz_block_size = 2048;  // elements per fp32 scale of qgZ's int4 messages (even)
   bool hpz_secondary_on_host = false;  // hpz_secondary_memory "host": hpZ's secondary partition in pinned host memory
+  std::string pipeline_schedule = "1f1b";  // gpipe | 1f1b | interleaved_1f1b (zero3/pipeline_schedule.hpp)
+  int64_t pipeline_virtual_stages = 1;     // stages per pipeline rank; interleaved_1f1b needs 2 or more
+  std::string pipeline_stage_order = "stages_across_nodes";  // or stages_within_node
 };
 
 struct Config {
-  // Batch triple: train_batch_size = micro * grad_accum * world_size. nullopt while "auto" or absent.
+  // Batch triple: train_batch_size = micro * grad_accum * data-parallel size (the world size over pipeline.stages).
+  // nullopt while "auto" or absent.
   std::optional<int64_t> train_batch_size;
   std::optional<int64_t> train_micro_batch_size_per_gpu;
   std::optional<int64_t> gradient_accumulation_steps;
@@ -201,6 +213,7 @@ struct Config {
   CheckpointConfig checkpoint;
   CsvMonitorConfig csv_monitor;
   TensorboardConfig tensorboard;
+  PipelineConfig pipeline;
   Zero3Section zero3;
 
   std::vector<std::string> warnings;  // what load/resolve accepted but wants the user to know
@@ -232,6 +245,7 @@ struct ResolveInputs {
   std::optional<double> adam_beta1, adam_beta2, adam_epsilon;  // betas/eps "auto"; default 0.9, 0.999, 1e-8
   // stage3_gather_16bit_weights_on_model_save "auto"; default false (Accelerate's zero3_save_16bit_model)
   std::optional<bool> save_16bit_model;
+  std::optional<int64_t> pipeline_stages;  // pipeline.stages "auto" (or absent); default 1: no pipeline
 };
 
 // Parses DeepSpeed JSON text. `source` names the file in error messages. Throws ConfigError, never

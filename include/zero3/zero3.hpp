@@ -20,3 +20,4 @@
 #include "zero3/step_time_model.hpp"
 #include "zero3/traffic_plan.hpp"
 #include "zero3/safetensors.hpp"
+#include "zero3/pipeline_schedule.hpp"

@@ -10,6 +10,7 @@
 #include "zero3/config.hpp"
 #include "zero3/error.hpp"
 #include "zero3/log.hpp"
+#include "zero3/pipeline_schedule.hpp"
 
 namespace zero3 {
 namespace {
@@ -31,7 +32,9 @@ class Resolver {
     save_16bit_model();
     optimizer();
     scheduler();
+    pipeline_stages();
     batch();
+    pipeline_schedule();
     nvme_paths();
     layout_groups();
     config_detail::check_static(c_);
@@ -256,6 +259,49 @@ class Resolver {
     }
   }
 
+  // ----- pipeline: the stages divide the world; the batch arithmetic counts data-parallel ranks -----
+  void pipeline_stages() {
+    const char* kStages = "pipeline.stages";
+    auto& stages = c_.pipeline.stages;
+    if (in_.pipeline_stages && *in_.pipeline_stages < 1) {
+      fail(kStages, "the program passes " + std::to_string(*in_.pipeline_stages) + ", expected an integer >= 1");
+    }
+    if (!stages) {
+      stages = in_.pipeline_stages.value_or(1);
+      if (was_auto(kStages)) {
+        note(kStages, std::to_string(*stages), in_.pipeline_stages ? "the program's stages" : "no pipeline");
+      }
+    } else if (in_.pipeline_stages && *in_.pipeline_stages != *stages) {
+      fail(kStages, "got " + std::to_string(*stages) + ", but the program passes " +
+                        std::to_string(*in_.pipeline_stages) + "; expected the same value, or \"auto\"");
+    }
+    if (*stages > world_ || world_ % *stages != 0) {
+      fail(kStages, std::to_string(*stages) + " stages do not divide the world size " + std::to_string(world_) +
+                        "; every stage needs the same number of data-parallel ranks");
+    }
+    data_parallel_ = world_ / *stages;
+  }
+
+  // The schedule fits the stages and the micro-batches (pipeline_schedule.hpp names the key and the numbers).
+  void pipeline_schedule() {
+    const auto kind = pipeline::parse_schedule(c_.zero3.pipeline_schedule, "zero3.pipeline_schedule");
+    if (*c_.pipeline.stages == 1 && c_.zero3.pipeline_virtual_stages == 1) return;
+    try {
+      pipeline::make_schedule(kind, static_cast<int>(*c_.pipeline.stages),
+                              static_cast<int>(std::min<int64_t>(*c_.gradient_accumulation_steps, 1 << 20)),
+                              static_cast<int>(std::min<int64_t>(c_.zero3.pipeline_virtual_stages, 4096)));
+    } catch (const ConfigError& e) {
+      throw ConfigError(std::string(e.what()) + " (in " + c_.source + ")");
+    }
+  }
+
+  // "world size 8", or with a pipeline "data-parallel size 2 (world size 8 / pipeline.stages 4)".
+  std::string ranks_text() const {
+    if (data_parallel_ == world_) return "world size " + std::to_string(world_);
+    return "data-parallel size " + std::to_string(data_parallel_) + " (world size " + std::to_string(world_) +
+           " / pipeline.stages " + std::to_string(world_ / data_parallel_) + ")";
+  }
+
   // ----- batch sizes: Hugging Face fills "auto", then DeepSpeed's inference and consistency rule -----
   void program_value(std::string_view path, std::optional<int64_t>& field, const std::optional<int64_t>& input,
                      const char* flag, const char* input_name) {
@@ -299,17 +345,17 @@ class Resolver {
     bool inferred_tb = false, inferred_mb = false, inferred_ga = false;
     if (tb && mb && ga) {
     } else if (tb && mb) {
-      ga = *tb / *mb / world_;
+      ga = *tb / *mb / data_parallel_;
       inferred_ga = true;
     } else if (tb && ga) {
-      mb = *tb / world_ / *ga;
+      mb = *tb / data_parallel_ / *ga;
       inferred_mb = true;
     } else if (mb && ga) {
       tb = product(*mb, *ga);
       inferred_tb = true;
     } else if (tb) {
       ga = 1;
-      mb = *tb / world_;
+      mb = *tb / data_parallel_;
       inferred_ga = inferred_mb = true;
     } else if (mb) {
       ga = 1;
@@ -326,8 +372,8 @@ class Resolver {
       };
       fail(kTb, "got " + std::to_string(*tb) + ", expected " +
                     term("train_micro_batch_size_per_gpu", *mb, inferred_mb) + " x " +
-                    term("gradient_accumulation_steps", *ga, inferred_ga) + " x world size " + std::to_string(world_) +
-                    " = " + std::to_string(product(*mb, *ga)) + ", every factor >= 1 (DeepSpeed's rule)");
+                    term("gradient_accumulation_steps", *ga, inferred_ga) + " x " + ranks_text() + " = " +
+                    std::to_string(product(*mb, *ga)) + ", every factor >= 1 (DeepSpeed's rule)");
     }
     (void)inferred_tb;
   }
@@ -335,10 +381,9 @@ class Resolver {
   // micro batch x gradient accumulation x world size, or an error naming the three when it does not fit.
   int64_t product(int64_t mb, int64_t ga) const {
     int64_t p = 0;
-    if (__builtin_mul_overflow(mb, ga, &p) || __builtin_mul_overflow(p, world_, &p)) {
+    if (__builtin_mul_overflow(mb, ga, &p) || __builtin_mul_overflow(p, data_parallel_, &p)) {
       fail("train_batch_size", "train_micro_batch_size_per_gpu " + std::to_string(mb) +
-                                   " x gradient_accumulation_steps " + std::to_string(ga) + " x world size " +
-                                   std::to_string(world_) +
+                                   " x gradient_accumulation_steps " + std::to_string(ga) + " x " + ranks_text() +
                                    " is beyond the largest 64-bit integer, 9223372036854775807");
     }
     return p;
@@ -370,6 +415,7 @@ class Resolver {
   Config& c_;
   const ResolveInputs& in_;
   int64_t world_ = 1;
+  int64_t data_parallel_ = 1;  // world_ / pipeline.stages
   std::vector<std::string> notes_;
 };
 

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cctype>
 #include <limits>
+#include <regex>
 #include <string>
 
 #include "zero3/error.hpp"
@@ -17,6 +18,16 @@ namespace {
 using J = nlohmann::ordered_json;
 using Emitted = std::optional<J>;
 using S = KeyStatus;
+
+// pipeline.partition "type:REGEX": the expression must compile (ECMAScript, case-insensitive, as the partitioner
+// matches layer names).
+void check_partition_regex(const Value& v, const std::string& expression) {
+  try {
+    std::regex(expression, std::regex::ECMAScript | std::regex::icase);
+  } catch (const std::regex_error& e) {
+    v.fail_with("\"type:" + expression + "\": the regular expression does not compile (" + e.what() + ")");
+  }
+}
 
 bool pending_auto(const Config& c, std::string_view path) {
   return !c.resolved && std::find(c.auto_keys.begin(), c.auto_keys.end(), path) != c.auto_keys.end();
@@ -337,8 +348,9 @@ std::vector<KeyEntry> build_table() {
       // ----- batch size -----
       KEY_INT_AUTO("train_batch_size", c.train_batch_size, "null", 1,
                    "Samples per optimizer step over all ranks: train_micro_batch_size_per_gpu x "
-                   "gradient_accumulation_steps x world size. Given two of the three, the third is inferred "
-                   "(DeepSpeed's rule); all three must agree. \"auto\": micro batch x grad accum x world size."),
+                   "gradient_accumulation_steps x world size (with a pipeline, x the data-parallel size: the world "
+                   "size over pipeline.stages). Given two of the three, the third is inferred (DeepSpeed's rule); all "
+                   "three must agree. \"auto\": micro batch x grad accum x that size."),
       KEY_INT_AUTO("train_micro_batch_size_per_gpu", c.train_micro_batch_size_per_gpu, "null", 1,
                    "Samples per rank per forward/backward. \"auto\": the program's micro batch (--micro-batch)."),
       KEY_INT_AUTO("gradient_accumulation_steps", c.gradient_accumulation_steps, "null", 1,
@@ -938,7 +950,7 @@ std::vector<KeyEntry> build_table() {
       IGNORED("zero_optimization.memory_efficient_linear", "boolean", "true", not_default,
               "A PyTorch autograd detail of DeepSpeed's stage 3."),
       IGNORED("zero_optimization.pipeline_loading_checkpoint", "boolean", "false", not_default,
-              "Pipeline-parallel checkpoint loading; zero3 has no pipeline parallelism."),
+              "Pipeline-parallel checkpoint loading; zero3's pipeline engine is not built yet (docs/pipeline.md)."),
       IGNORED("zero_optimization.override_module_apply", "boolean", "true", not_default, "A PyTorch nn.Module detail."),
       IGNORED("zero_optimization.log_trace_cache_warnings", "boolean", "false", not_default,
               "DeepSpeed's trace cache; zero3 reports schedule changes itself."),
@@ -987,7 +999,7 @@ std::vector<KeyEntry> build_table() {
                "same ranks per node)."),
       SECTION("checkpoint.parallel_write", "Pipeline-parallel checkpoint writing."),
       IGNORED("checkpoint.parallel_write.pipeline_stage", "boolean", "false", not_default,
-              "zero3 has no pipeline parallelism; every rank writes its own shard."),
+              "zero3's pipeline engine is not built yet (docs/pipeline.md); every rank writes its own shard."),
       IGNORED("checkpoint.checkpoint_serialization", "boolean", "true", not_default,
               "torch.save serialization detail; zero3 writes safetensors-style files."),
       IGNORED("checkpoint.writer", "object", "null", present, "DeepSpeed's fast checkpoint writer options."),
@@ -1033,8 +1045,62 @@ std::vector<KeyEntry> build_table() {
       IGNORED("timers", "object", "", present, "DeepSpeed's throughput timers; see wall_clock_breakdown."),
       IGNORED("eigenvalue", "object", "", enabled, "Hessian eigenvalue estimates for quantization; no effect here."),
       IGNORED("compile", "object", "", present, "torch.compile / DeepCompile; zero3 is compiled C++ already."),
-      IGNORED("pipeline", "object", "", present,
-              "Options of DeepSpeed's PipelineModule; zero3 has no pipeline parallelism and does not use them."),
+      SECTION("pipeline",
+              "Pipeline parallelism (docs/pipeline.md). DeepSpeed reads this section as a dict whose keys mostly "
+              "mirror PipelineModule's constructor arguments; zero3 reads them as the pipeline's settings. Read, "
+              "checked and used by the batch arithmetic; an engine with more than one stage is not built yet and "
+              "is refused with that reason."),
+      {.path = "pipeline.stages",
+       .type = "integer or \"auto\"",
+       .default_json = "\"auto\"",
+       .doc = "Pipeline stages; the world size over it is the data-parallel size each stage's ZeRO runs over, and "
+              "it must divide the world size. \"auto\" (DeepSpeed's default, also when absent): the program's value "
+              "(ResolveInputs::pipeline_stages), else 1 (no pipeline).",
+       .auto_ok = true,
+       .apply =
+           [](ReadContext& ctx, const Value& v) {
+             set_or_auto(ctx, v, ctx.config.pipeline.stages, v.is_auto() ? int64_t{0} : v.as_int(1));
+           },
+       // Unset means "auto" whether or not the file said so.
+       .emit = [](const Config& c) -> Emitted { return c.pipeline.stages ? J(*c.pipeline.stages) : J("auto"); }},
+      {.path = "pipeline.partition",
+       .type = "string",
+       .default_json = "\"parameters\"",
+       .doc = "How layers are cut into stages (PipelineModule's partition_method): \"parameters\" balances "
+              "parameter counts, \"uniform\" layer counts, \"type:REGEX\" the layers whose name matches REGEX "
+              "(case-insensitive). DeepSpeed's config default \"best\" is read as \"parameters\" (PipelineModule's "
+              "own default) with a warning; \"profile\" is refused (DeepSpeed does not implement it either).",
+       .apply =
+           [](ReadContext& ctx, const Value& v) {
+             std::string p = v.as_string();
+             if (p == "best") {
+               ctx.warn(std::string(v.path()) +
+                        ": \"best\" is DeepSpeed's config default, which its PipelineModule does not read; zero3 "
+                        "partitions by \"parameters\", PipelineModule's own default");
+               p = "parameters";
+             }
+             if (p == "profile") v.fail_with("\"profile\" is not implemented (DeepSpeed's PipelineModule refuses it too)");
+             if (p != "parameters" && p != "uniform") {
+               if (p.rfind("type:", 0) != 0 || p.size() == 5) {
+                 v.fail("\"parameters\", \"uniform\" or \"type:REGEX\" with a regular expression after the colon");
+               }
+               check_partition_regex(v, p.substr(5));
+             }
+             ctx.config.pipeline.partition = p;
+           },
+       .emit = [](const Config& c) -> Emitted { return J(c.pipeline.partition); }},
+      KEY_INT("pipeline.activation_checkpoint_interval", c.pipeline.activation_checkpoint_interval, "0", 0,
+              "Recompute the activations of every this many layers of a stage in its backward (0: keep them); read "
+              "for the pipeline engine, which is not built yet."),
+      IGNORED("pipeline.pipe_partitioned", "boolean", "true", not_default,
+              "DeepSpeed splits the activations sent between stages over the tensor-parallel ranks; zero3 has no "
+              "tensor parallelism, so whole activations move, as DeepSpeed moves them without it."),
+      IGNORED("pipeline.grad_partitioned", "boolean", "true", not_default,
+              "DeepSpeed splits the gradients sent between stages over the tensor-parallel ranks; zero3 has no "
+              "tensor parallelism, so whole gradients move, as DeepSpeed moves them without it."),
+      IGNORED("pipeline.seed_layers", "boolean", "false", not_default,
+              "DeepSpeed seeds each layer's initialisation; zero3's is keyed by parameter name, so every stage "
+              "split starts from the same bits already."),
       REFUSED("progressive_layer_drop", "object", "", enabled, "Skipping layers during training changes the model."),
       REFUSED("curriculum_learning", "object", "", enabled, "Curriculum learning changes the data each step sees."),
       REFUSED("data_efficiency", "object", "", enabled,
@@ -1126,6 +1192,31 @@ std::vector<KeyEntry> build_table() {
              ctx.config.zero3.hpz_secondary_on_host = v.as_choice({"device", "host"}) == "host";
            },
        .emit = [](const Config& c) -> Emitted { return J(c.zero3.hpz_secondary_on_host ? "host" : "device"); }},
+      {.path = "zero3.pipeline_schedule",
+       .type = "string",
+       .default_json = "\"1f1b\"",
+       .doc = "The pipeline's schedule (DeepSpeed has no key; its engine runs 1F1B): \"gpipe\" (every forward, then "
+              "every backward), \"1f1b\" (at least pipeline.stages micro-batches) or \"interleaved_1f1b\" "
+              "(zero3.pipeline_virtual_stages >= 2 stages per rank, micro-batches a multiple of pipeline.stages).",
+       .apply =
+           [](ReadContext& ctx, const Value& v) {
+             ctx.config.zero3.pipeline_schedule = v.as_choice({"gpipe", "1f1b", "interleaved_1f1b"});
+           },
+       .emit = [](const Config& c) -> Emitted { return J(c.zero3.pipeline_schedule); }},
+      KEY_INT("zero3.pipeline_virtual_stages", c.zero3.pipeline_virtual_stages, "1", 1,
+              "Stages per pipeline rank (Megatron-LM's virtual pipeline size): 1 for gpipe and 1f1b, 2 or more for "
+              "interleaved_1f1b; the model is cut into pipeline.stages x this many stages."),
+      {.path = "zero3.pipeline_stage_order",
+       .type = "string",
+       .default_json = "\"stages_across_nodes\"",
+       .doc = "Which ranks share a stage: \"stages_across_nodes\" (a stage's ranks are consecutive, so with one "
+              "node's ranks per stage ZeRO stays within a node and only activations cross between nodes; "
+              "DeepSpeed's grid order) or \"stages_within_node\" (a data-parallel index's stages are consecutive).",
+       .apply =
+           [](ReadContext& ctx, const Value& v) {
+             ctx.config.zero3.pipeline_stage_order = v.as_choice({"stages_across_nodes", "stages_within_node"});
+           },
+       .emit = [](const Config& c) -> Emitted { return J(c.zero3.pipeline_stage_order); }},
   };
 }
 

@@ -45,6 +45,11 @@ class CollectiveGuard final : public Communicator {
   WorkPtr broadcast(void* buf, size_t count, DType dtype, int root, Stream stream) override;
   WorkPtr all_to_all(void* out, const void* in, size_t count, DType dtype, Stream stream) override;
   void barrier() override;
+  // Point-to-point transfers pass straight through: only two ranks take part, so there is nothing to compare across
+  // the world (gloo compares the two sides itself; comm.hpp).
+  WorkPtr send_recv(const std::vector<PeerTransfer>& transfers, Stream stream) override {
+    return inner_->send_recv(transfers, stream);
+  }
   // The child is the inner communicator's, unguarded.
   std::unique_ptr<Communicator> split(int color, int key) override { return inner_->split(color, key); }
 

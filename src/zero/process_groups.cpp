@@ -24,21 +24,26 @@ std::string group_label(const char* what, const RankGroup& group) {
 }
 
 ProcessGroup split(Communicator& world, const ShardLayout& layout, const RankGroup& group, const char* what) {
+  return split_process_group(world, layout.nodes, group, what, layout.describe());
+}
+
+}  // namespace
+
+ProcessGroup split_process_group(Communicator& world, const NodeLayout& nodes, const RankGroup& group, const char* what,
+                                 const std::string& layout) {
   const int rank = world.rank();
   ProcessGroup g;
   g.comm = std::shared_ptr<Communicator>(world.split(group.color, rank));
   if (!g.comm || g.comm->size() != group.size() || g.comm->rank() != group.index_of(rank)) {
-    throw CommError(log::concat("splitting the ", what, " of rank ", rank, " (", layout.describe(), "): expected rank ",
+    throw CommError(log::concat("splitting the ", what, " of rank ", rank, " (", layout, "): expected rank ",
                                 group.index_of(rank), " of ", group.size(), ", the backend made ",
                                 g.comm ? log::concat("rank ", g.comm->rank(), " of ", g.comm->size()) : "none"));
   }
   g.ranks = group;
-  g.link = link_of(group, layout.nodes, rank);
+  g.link = link_of(group, nodes, rank);
   g.label = group_label(what, group);
   return g;
 }
-
-}  // namespace
 
 ProcessGroups make_process_groups(std::shared_ptr<Communicator> world, const ShardLayout& layout,
                                   bool quantized_gradients) {

@@ -36,6 +36,12 @@ struct ProcessGroups {
   ProcessGroup qgz_inter;
 };
 
+// Splits `world` so that this rank gets the communicator of `group` (every rank calls it, each with its own group of
+// one kind, whose colors differ between groups), checked against the rank's expected position; `what` ("hpZ
+// group") names it in labels and errors, `layout` the layout in errors. Throws CommError.
+ProcessGroup split_process_group(Communicator& world, const NodeLayout& nodes, const RankGroup& group, const char* what,
+                                 const std::string& layout);
+
 // Splits `world` (rank `world->rank()` of the layout's world) into the groups `layout` uses; a plain layout makes
 // none (shard is world), `quantized_gradients` adds qgZ's two. Throws what Communicator::split throws (CommError,
 // TimeoutError).

@@ -45,6 +45,13 @@ void require_resolved(const Config& c, int world) {
                                         : "gradient_accumulation_steps",
                                   " after resolve(); resolve it again"));
   }
+  // A pipelined config divides the world among its stages: refused before the batch check would blame the batch.
+  if (c.pipeline.stages.value_or(1) > 1) {
+    throw Unsupported(log::concat(
+        "Engine: pipeline.stages = ", *c.pipeline.stages, " (config ", source_of(c),
+        "): the pipeline's schedules, stage groups and point-to-point transfers exist, but the engine that runs a "
+        "model's stages is not built yet (docs/pipeline.md); use pipeline.stages 1"));
+  }
   if (*mb < 1 || *ga < 1 || *tb != *mb * *ga * world) {
     throw ConfigError(log::concat("train_batch_size: ", *tb, " is not train_micro_batch_size_per_gpu ", *mb,
                                   " x gradient_accumulation_steps ", *ga, " x the communicator's world size ", world,

@@ -35,6 +35,9 @@ class ForwardingComm : public Communicator {
     return inner_->all_to_all(out, in, count, dtype, stream);
   }
   void barrier() override { inner_->barrier(); }
+  WorkPtr send_recv(const std::vector<PeerTransfer>& transfers, Stream stream) override {
+    return inner_->send_recv(transfers, stream);
+  }
   std::unique_ptr<Communicator> split(int color, int key) override { return inner_->split(color, key); }
 
  protected:

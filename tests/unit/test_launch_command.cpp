@@ -283,6 +283,27 @@ TEST(ZeroLaunchFailure, ASendToADeadRankFailsAtOnce) {
   EXPECT_TRUE(contains(r.out, "[rank 0] [  PASSED  ] 1 test")) << r.out;
 }
 
+// Drives tests/dist/test_send_recv: the middle rank of three is killed (SIGKILL) while it receives from rank 0 and
+// before it sends to rank 2; both neighbours must report a CommError naming the transfer and rank 1 and finish
+// their test, long before their 120 s timeout.
+TEST(ZeroLaunchFailure, AKilledPipelinePeerIsNamedOnItsNeighbours) {
+  auto backends = zero3::available_backends();
+  if (std::find(backends.begin(), backends.end(), "gloo") == backends.end()) GTEST_SKIP() << "no gloo in this build";
+  std::string program =
+      std::string(std::getenv("ZERO3_BIN_DIR") ? std::getenv("ZERO3_BIN_DIR") : ".") + "/test_send_recv";
+  if (::access(program.c_str(), X_OK) != 0) GTEST_SKIP() << program << " is not built";
+  auto r = launch({"-n", "3", "--keep-going", "--", program, "--gtest_filter=SendRecvFailure.*"},
+                  {"DIST_TEST_KILLED_PEER=1"});
+  EXPECT_EQ(r.status, 128 + SIGKILL) << r.out << r.err;
+  EXPECT_LT(r.took, 60s) << "the neighbours waited for their timeout instead of seeing the failure";
+  EXPECT_TRUE(contains(r.out, "[rank 1] rank 1 is killed in the middle of a receive")) << r.out;
+  for (int rank : {0, 2}) {
+    std::string p = "[rank " + std::to_string(rank) + "] ";
+    EXPECT_TRUE(contains(r.out, p + "rank " + std::to_string(rank) + " saw after")) << r.out;
+    EXPECT_TRUE(contains(r.out, p + "[  PASSED  ] 1 test")) << r.out;
+  }
+}
+
 }  // namespace
 
 namespace {

@@ -21,6 +21,10 @@
 // first, so that they see a departure, not a crash; and connecting ends only when every rank watches every peer
 // (confirm_connected), so that a rank leaving at once cannot break a connection a slower rank has yet to watch.
 //
+// Point-to-point transfers (send_recv) run on the same worker, in issue order with the collectives, but are not
+// compared across all ranks: the two sides of each transfer exchange descriptions instead, and the transfers of one
+// call run side by side (run_transfers()).
+//
 // 16-bit reductions add in f32 and round every partial sum to the dtype before passing it on, as NCCL does, so
 // what crosses the links is 2 bytes per element. reduce_scatter and all_reduce are rings ((N-1)/N of the input
 // crosses each link for reduce_scatter, twice that for all_reduce, like NCCL's).
@@ -35,6 +39,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <exception>
 #include <functional>
 #include <mutex>
 #include <thread>
@@ -42,6 +47,7 @@
 #include "comm/collective_args.hpp"
 #include "comm/gloo/gloo_peer_watch.hpp"
 #include "comm/gloo/gloo_store.hpp"
+#include "comm/peer_transfers.hpp"
 #include "comm/registry.hpp"
 #include "comm/work.hpp"
 #include "zero3/error.hpp"
@@ -56,6 +62,12 @@ constexpr uint8_t kAgreementSlotPrefix = 0x41;
 constexpr uint8_t kAllGatherSlotPrefix = 0x43;
 constexpr uint8_t kBroadcastSlotPrefix = 0x44;
 constexpr uint8_t kAllToAllSlotPrefix = 0x45;
+// Point-to-point: a send's description (sender to receiver), a receive's description (receiver to sender), the data.
+constexpr uint8_t kSendDescriptionSlotPrefix = 0x46;
+constexpr uint8_t kRecvDescriptionSlotPrefix = 0x47;
+constexpr uint8_t kPeerDataSlotPrefix = 0x48;
+// A transfer's description on the wire: 4 x uint64 (magic | direction | dtype, count, tag, sequence).
+constexpr uint64_t kTransferMagic = 0x7a337074;  // "z3pt"
 // A call's description on the wire: 4 x uint64 (magic, kind, dtype, op | count | root + 1 | sequence).
 constexpr size_t kCallWords = 4;
 constexpr size_t kCallBytes = kCallWords * sizeof(uint64_t);
@@ -346,6 +358,18 @@ class GlooCommunicator final : public Communicator {
                                                              count * dtype_size(dtype), tag); });
   }
 
+  // Point-to-point transfers run on the worker like collectives (so issue order holds across both), but take no part
+  // in the collectives' comparison: only the peers of a transfer see it. run_transfers() says how they meet.
+  WorkPtr send_recv(const std::vector<PeerTransfer>& transfers, Stream) override {
+    std::string what = describe_transfers("gloo", transfers, rank_, size_);
+    auto self = check_transfers(transfers, rank_, size_, what);
+    if (transfers.empty()) return completed_work();
+    return enqueue_transfers(what, [=, this] {
+      copy_self_transfers(transfers, self);
+      run_transfers(transfers, what);
+    });
+  }
+
   // The call comparison every rank takes part in is itself the barrier: no rank gets past it before every
   // other rank has sent its description of this call.
   void barrier() override {
@@ -393,6 +417,7 @@ class GlooCommunicator final : public Communicator {
     std::function<void(uint32_t)> body;
     std::shared_ptr<AsyncWork> work;
     Small small;
+    bool point_to_point = false;  // send_recv: no comparison, no collective sequence number
   };
 
   WorkPtr enqueue(const std::string& what, CollectiveCall call, std::function<void(uint32_t)> body, Small small = {}) {
@@ -403,6 +428,118 @@ class GlooCommunicator final : public Communicator {
     }
     cv_.notify_one();
     return work;
+  }
+
+  WorkPtr enqueue_transfers(const std::string& what, std::function<void()> body) {
+    auto work = std::make_shared<AsyncWork>(what, timeout_);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      queue_.push_back({{}, [body = std::move(body)](uint32_t) { body(); }, work, {}, true});
+    }
+    cv_.notify_one();
+    return work;
+  }
+
+  // The transfers to other ranks of one send_recv call, each on a thread of its own, so that each completes as soon
+  // as its peer posts its side, whatever the other transfers of the call wait for (as NCCL's grouped send/recv do).
+  // The k-th send from a to b meets b's k-th receive from a: each side counts its sends to and receives from every
+  // peer (worker thread only), and that number is the slot tag of the pair's messages. Both sides first exchange a
+  // 32-byte description (count, dtype, tag; the sender's on one slot prefix, the receiver's on another, the receive
+  // posted before the send); the data moves only when the two agree, and the receive is posted at exactly the
+  // agreed size, so no message can exceed what its receiver posted (gloo would abort the process). A transfer whose
+  // sides differ moves nothing; the call then throws CollectiveMismatchError on both sides, after its other transfers
+  // completed. Every wait goes through the watch, with the call's one deadline.
+  void run_transfers(const std::vector<PeerTransfer>& transfers, const std::string& what) {
+    const Deadline left{std::chrono::steady_clock::now() + timeout_};
+    struct Remote {
+      const PeerTransfer* transfer;
+      uint32_t sequence;
+      std::string mismatch;
+      std::exception_ptr error;
+    };
+    std::vector<Remote> remote;
+    remote.reserve(transfers.size());
+    for (const PeerTransfer& t : transfers) {
+      if (t.peer == rank_) continue;
+      auto& counter = t.direction == PeerTransfer::Direction::send ? sent_to_ : received_from_;
+      if (counter.empty()) counter.assign(static_cast<size_t>(size_), 0);
+      remote.push_back({&t, counter[static_cast<size_t>(t.peer)]++, {}, nullptr});
+    }
+    if (remote.size() == 1) {
+      run_transfer(*remote[0].transfer, remote[0].sequence, left, remote[0].mismatch);
+    } else {
+      std::vector<std::thread> threads;
+      for (Remote& x : remote) {
+        try {
+          threads.emplace_back([&x, &left, this] {
+            try {
+              run_transfer(*x.transfer, x.sequence, left, x.mismatch);
+            } catch (...) {
+              x.error = std::current_exception();
+            }
+          });
+        } catch (const std::exception& e) {  // no thread: the transfers already started end at the timeout
+          x.error = std::make_exception_ptr(CommError(std::string("no thread for the transfer: ") + e.what()));
+        }
+      }
+      for (std::thread& t : threads) t.join();
+      for (const Remote& x : remote) {
+        if (x.error) std::rethrow_exception(x.error);
+      }
+    }
+    std::string mismatches;
+    for (const Remote& x : remote) {
+      if (!x.mismatch.empty()) mismatches += (mismatches.empty() ? "" : "; ") + x.mismatch;
+    }
+    if (!mismatches.empty()) {
+      throw CollectiveMismatchError(what + ": the two sides of a transfer differ: " + mismatches +
+                                    "; those transfers moved nothing, the others completed");
+    }
+  }
+
+  // One transfer of run_transfers(); sets `mismatch` (and moves nothing) when the two sides' descriptions differ.
+  void run_transfer(const PeerTransfer& t, uint32_t sequence, const Deadline& left, std::string& mismatch) {
+    const bool send = t.direction == PeerTransfer::Direction::send;
+    uint64_t mine[kCallWords] = {(kTransferMagic << 32) | (uint64_t{static_cast<uint8_t>(t.direction)} << 8) |
+                                     static_cast<uint8_t>(t.dtype),
+                                 t.count, t.tag, sequence};
+    uint64_t theirs[kCallWords] = {};
+    auto mine_buffer = context_->createUnboundBuffer(mine, kCallBytes);
+    auto theirs_buffer = context_->createUnboundBuffer(theirs, kCallBytes);
+    theirs_buffer->recv(t.peer, ::gloo::Slot::build(send ? kRecvDescriptionSlotPrefix : kSendDescriptionSlotPrefix,
+                                                    sequence),
+                        0, kCallBytes);
+    mine_buffer->send(t.peer, ::gloo::Slot::build(send ? kSendDescriptionSlotPrefix : kRecvDescriptionSlotPrefix,
+                                                  sequence),
+                      0, kCallBytes);
+    watch_.wait(*theirs_buffer, true, left());
+    watch_.wait(*mine_buffer, false, left());
+    if ((theirs[0] >> 32) != kTransferMagic || theirs[3] != sequence) {
+      throw CommError(describe_transfer(t) + ": rank " + std::to_string(t.peer) +
+                      " sent a transfer description this rank cannot read (another zero3 version, or a corrupted "
+                      "connection)");
+    }
+    PeerTransfer other = t;
+    other.direction = send ? PeerTransfer::Direction::recv : PeerTransfer::Direction::send;
+    other.peer = rank_;
+    other.dtype = static_cast<DType>(theirs[0] & 0xff);
+    other.count = theirs[1];
+    other.tag = static_cast<uint32_t>(theirs[2]);
+    if (other.count != t.count || other.dtype != t.dtype || other.tag != t.tag) {
+      mismatch = "this rank's " + describe_transfer(t) + " (its transfer #" + std::to_string(sequence) +
+                 " in that direction) met rank " + std::to_string(t.peer) + "'s " + describe_transfer(other);
+      return;
+    }
+    if (t.count == 0) return;
+    auto data = context_->createUnboundBuffer(t.buf, t.count * dtype_size(t.dtype));
+    const auto slot = ::gloo::Slot::build(kPeerDataSlotPrefix, sequence);
+    if (send) {
+      data->send(t.peer, slot, 0, data->size);
+      watch_.wait(*data, false, left());
+    } else {
+      data->recv(t.peer, slot, 0, data->size);
+      watch_.wait(*data, true, left());
+    }
   }
 
   // Every rank's description of its call number `tag`, sent to every peer on a slot of its own; throws
@@ -508,17 +645,26 @@ class GlooCommunicator final : public Communicator {
         continue;
       }
       try {
-        ++tag;
-        if (size_ == 1 || !agree(task, tag, what)) task.body(tag);
+        if (task.point_to_point) {
+          task.body(0);
+        } else {
+          ++tag;
+          if (size_ == 1 || !agree(task, tag, what)) task.body(tag);
+        }
         task.work->complete();
       } catch (const CollectiveMismatchError&) {
         // Every rank found the same difference before sending anything: the connections are in step.
         task.work->fail(std::current_exception());
       } catch (const std::exception& e) {
         std::string msg = e.what();
-        // gloo reports its own timeouts as IoException "Timed out waiting ...".
-        bool timed_out = dynamic_cast<const TimeoutError*>(&e) || msg.find("Timed out") != std::string::npos ||
-                         msg.find("timed out") != std::string::npos;
+        // gloo reports its own timeouts as IoException "Timed out waiting ...". Of zero3's own CommErrors (the
+        // watch's verdicts) only "a wait on this rank timed out" is one; a dead peer's ("... it exited, crashed or
+        // timed out") is not a timeout of this rank.
+        const bool ours = dynamic_cast<const CommError*>(&e) != nullptr;
+        const bool timed_out =
+            dynamic_cast<const TimeoutError*>(&e) ||
+            (ours ? msg.find("a wait on this rank timed out") != std::string::npos
+                  : msg.find("Timed out") != std::string::npos || msg.find("timed out") != std::string::npos);
         broken_ = msg;
         if (timed_out) {
           task.work->fail(std::make_exception_ptr(
@@ -754,6 +900,8 @@ class GlooCommunicator final : public Communicator {
   std::vector<char> agreement_bytes_;
   std::unique_ptr<::gloo::transport::UnboundBuffer> agreement_;
   std::vector<uint32_t> posted_;  // by rank: the call whose receive from that rank is posted
+  // By rank: the point-to-point sends to and receives from that rank so far (worker thread only).
+  std::vector<uint32_t> sent_to_, received_from_;
 
   PeerWatch watch_;  // after context_: its receives go first (release())
 

@@ -26,19 +26,19 @@ void PeerWatch::wait(::gloo::transport::UnboundBuffer& buffer, bool recv, std::c
   {
     std::lock_guard<std::mutex> lock(watch_mu_);
     if (!peer_failure_.empty()) throw CommError(peer_failure_);
-    waiting_ = &buffer;
+    waiting_.push_back(&buffer);
   }
   bool done = false;
   try {
     done = recv ? buffer.waitRecv(timeout) : buffer.waitSend(timeout);
   } catch (...) {
     std::lock_guard<std::mutex> lock(watch_mu_);
-    waiting_ = nullptr;
+    waiting_.erase(std::find(waiting_.begin(), waiting_.end(), &buffer));
     throw;
   }
   {
     std::lock_guard<std::mutex> lock(watch_mu_);
-    waiting_ = nullptr;
+    waiting_.erase(std::find(waiting_.begin(), waiting_.end(), &buffer));
   }
   if (done) return;
   // Aborted by the watch. The operation may have completed just before its peer closed the connection (the
@@ -180,9 +180,9 @@ void PeerWatch::watch_loop() {
   }
   std::lock_guard<std::mutex> lock(watch_mu_);
   peer_failure_ = failure;
-  if (waiting_) {
-    waiting_->abortWaitRecv();
-    waiting_->abortWaitSend();
+  for (::gloo::transport::UnboundBuffer* waiting : waiting_) {
+    waiting->abortWaitRecv();
+    waiting->abortWaitSend();
   }
   watch_cv_.notify_all();
 }

@@ -23,7 +23,8 @@ class Context;
 
 namespace zero3::comm {
 
-// The watch's slot prefix (the communicator's collectives use 0x40, 0x41, 0x43..0x45; gloo's own 0x01..0x08).
+// The watch's slot prefix (the communicator's collectives use 0x40, 0x41, 0x43..0x45, its point-to-point
+// transfers 0x46..0x48; gloo's own 0x01..0x08).
 constexpr uint8_t kWatchSlotPrefix = 0x42;
 
 // What is left of one timeout shared by several waits, at least 1 ms.
@@ -45,7 +46,8 @@ class PeerWatch {
   void confirm_connected(const std::string& who);
 
   // Waits for one receive (send) of `buffer` to complete within `timeout`; a CommError naming the peer(s) when the
-  // watch found a broken connection, before or during the wait.
+  // watch found a broken connection, before or during the wait. Several threads may wait at once, each on a buffer
+  // of its own.
   void wait(::gloo::transport::UnboundBuffer& buffer, bool recv, std::chrono::milliseconds timeout);
 
   // The watch's verdict on a failure the worker saw first (gloo failed an operation of a closed connection with
@@ -75,8 +77,9 @@ class PeerWatch {
   std::atomic<bool> watch_stop_{false};
   std::mutex watch_mu_;
   std::condition_variable watch_cv_;
-  std::string peer_failure_;                             // set once, by the watch thread
-  ::gloo::transport::UnboundBuffer* waiting_ = nullptr;  // the buffer the worker waits on
+  std::string peer_failure_;  // set once, by the watch thread
+  // The buffers waited on (the worker's; several at once while the transfers of a send_recv call run side by side).
+  std::vector<::gloo::transport::UnboundBuffer*> waiting_;
 };
 
 }  // namespace zero3::comm

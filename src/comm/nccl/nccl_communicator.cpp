@@ -12,6 +12,7 @@
 #include "comm/collective_args.hpp"
 #include "comm/fabric/network_negotiation.hpp"
 #include "comm/nccl/nccl_check.hpp"
+#include "comm/peer_transfers.hpp"
 #include "device/cuda/cuda_check.hpp"
 #include "device/cuda/cuda_device_guard.hpp"
 #include "zero3/error.hpp"
@@ -316,6 +317,26 @@ WorkPtr NcclCommunicator::all_to_all(void* out, const void* in, size_t count, DT
     for (int peer = 0; peer < size() && r == ncclSuccess; ++peer) {
       r = ncclSend(static_cast<const char*>(in) + bytes * peer, count, nccl_dtype(dtype), peer, c, s);
       if (r == ncclSuccess) r = ncclRecv(static_cast<char*>(out) + bytes * peer, count, nccl_dtype(dtype), peer, c, s);
+    }
+    const ncclResult_t end = ncclGroupEnd();
+    return r != ncclSuccess ? r : end;
+  });
+}
+
+WorkPtr NcclCommunicator::send_recv(const std::vector<PeerTransfer>& transfers, Stream stream) {
+  const std::string what = describe_transfers("nccl", transfers, rank(), size());
+  check_transfers(transfers, rank(), size(), what);  // NCCL sends to itself within the group
+  bool moves = false;
+  for (const PeerTransfer& t : transfers) moves = moves || t.count > 0;
+  if (!moves) return completed_work();
+  return launch(what, stream, [&](ncclComm_t c, cudaStream_t s) {
+    ncclResult_t r = ncclGroupStart();
+    if (r != ncclSuccess) return r;
+    for (const PeerTransfer& t : transfers) {
+      if (t.count == 0) continue;
+      r = t.direction == PeerTransfer::Direction::send ? ncclSend(t.buf, t.count, nccl_dtype(t.dtype), t.peer, c, s)
+                                                       : ncclRecv(t.buf, t.count, nccl_dtype(t.dtype), t.peer, c, s);
+      if (r != ncclSuccess) break;
     }
     const ncclResult_t end = ncclGroupEnd();
     return r != ncclSuccess ? r : end;

@@ -68,6 +68,9 @@ class NcclCommunicator final : public Communicator {
   WorkPtr all_to_all(void* out, const void* in, size_t count, DType dtype, Stream stream = nullptr) override;
   // An all_reduce of one float on an internal stream, waited for on the host.
   void barrier() override;
+  // ncclSend/ncclRecv of every transfer inside one ncclGroupStart/ncclGroupEnd on `stream`; no host wait. NCCL
+  // matches transfers by order only (tags are not sent), so mismatched calls are not caught here (comm.hpp).
+  WorkPtr send_recv(const std::vector<PeerTransfer>& transfers, Stream stream = nullptr) override;
   // ncclCommSplit; the child inherits the device, the timeout, the network and the registration option.
   std::unique_ptr<Communicator> split(int color, int key) override;
 
