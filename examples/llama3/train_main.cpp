@@ -559,6 +559,7 @@ int train(const TrainOptions& o, zero3::Config file_cfg, const ModelConfig& mc, 
     const double loss = total_targets > 0 ? sum / total_targets : 0.0;
     const double step_time = seconds_since(t_step);
     const double comm_wait = engine.schedule_stats().comm_wait_seconds;
+    const double boundary_wait = engine.schedule_stats().boundary_reduce_wait_seconds;
     if (step == start_step) first_loss = loss;
     last_loss = loss;
 
@@ -592,6 +593,7 @@ int train(const TrainOptions& o, zero3::Config file_cfg, const ModelConfig& mc, 
       m.backward = pt.backward;
       m.optimizer = opt_time;
       m.comm_wait = comm_wait;
+      m.boundary_wait = boundary_wait;
       m.mem_params = mem.params;
       m.mem_master = mem.master;
       m.mem_grads = mem.grads;

@@ -46,6 +46,10 @@ struct ParamState {
   ParamInit init = ParamInit::zeros();
 };
 
+// MiCS: where a unit's all-reduce across the replicas stands in the window's last micro-step: left to step()'s
+// declaration-order pass, in the group still filling, in a closed group step() starts (no overlap_comm), started.
+enum class ReplicaReduce : uint8_t { at_boundary, pending, grouped, started };
+
 struct UnitState {
   UnitInfo info;
   std::vector<int64_t> param_offsets;  // per parameter of the unit
@@ -88,6 +92,7 @@ struct UnitState {
   bool has_secondary() const { return secondary.allocated() || host_secondary.allocated(); }
   DeviceBuffer gather_scratch;  // MiCS's hierarchical gather: the slices of the inter-node stage, while in flight
   DeviceBuffer grad_acc;                    // grad_accum_dtype: padded_numel at stage 0-1, slice_numel at 2-3
+  ReplicaReduce replica = ReplicaReduce::at_boundary;  // MiCS: the all-reduce across the replicas, this window
 
   // Stage-3 schedule state.
   GatherState gather = GatherState::released;
@@ -196,6 +201,14 @@ class EngineImpl {
   int64_t eval_batches_ = 0;  // evaluation batches ended by this engine object (the first one checks the order)
   std::unique_ptr<Reducer> reducer_;
   std::unique_ptr<Reducer> replica_reducer_;  // MiCS: the all-reduce across the replicas at the boundary
+  // MiCS: the window's last backward hands the units whose gradients are final to the all-reduce across the
+  // replicas in groups of at least replica_group_numel_ slice elements, in the order they finish. A group closes by
+  // launching the shard group's bucket (which completes its slices); its all-reduces start then with overlap_comm,
+  // else step() starts them (replica_groups_) in the same order. The group still filling: replica_pending_.
+  std::vector<std::vector<size_t>> replica_groups_;
+  std::vector<size_t> replica_pending_;
+  int64_t replica_pending_numel_ = 0;
+  int64_t replica_group_numel_ = 0;
   std::unique_ptr<LrScheduler> lr_scheduler_;
   LossScaler loss_scaler_;
   AdamHyper adam_;
@@ -326,6 +339,12 @@ class EngineImpl {
 
   // engine_reduce.cpp
   void make_reducers();
+  // MiCS: whether the window's last backward has finished u's gradients (the scope just closed is its last in the
+  // recorded schedule); then its all-reduce across the replicas (start_replica_reduce) need not wait for step().
+  bool replica_reduce_ready(const UnitState& u) const;
+  void close_replica_group();
+  int64_t start_replica_group(const std::vector<size_t>& group);  // returns the collectives launched
+  void reopen_replica_unit(UnitState& u);  // u's backward scope opens again in the last micro-step
   void add_scope_grads(UnitState& u, const void* grads);  // a closing backward scope's gradient buffer
   void reduce_at_boundary();
   void zero_grads();

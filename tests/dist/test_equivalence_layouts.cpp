@@ -21,6 +21,7 @@
 #include "support/planned_traffic.hpp"
 #include "zero3/comm.hpp"
 #include "zero3/engine.hpp"
+#include "zero3/error.hpp"
 #include "zero3/traffic_plan.hpp"
 
 using namespace zero3;
@@ -215,6 +216,110 @@ TEST(LayoutTraffic, HpzGathersAfterTheFirstStayInTheGroup) {
         EXPECT_GE(t.gathers.collectives, unit_count);
       }
     });
+  }
+}
+
+// ---- MiCS's all-reduce across the replicas in the last backward ----
+
+// With overlap_comm, the all-reduce across the replicas starts in the window's last backward, a group of units at a
+// time as their scopes close for the last time by the recorded schedule; without it step() starts the same buckets
+// in the same order.
+// Both train bit for bit alike (losses, gradient norms, every rank's master slice and Adam moments), at fp32 and with
+// bf16 reductions, on 2 and 3 replicas (where the order of the sums would show).
+TEST(LayoutOverlap, HsdpReplicaAllReduceStartsInTheLastBackwardBitForBit) {
+  const LauncherNodes n = launcher_nodes();
+  if (n.count < 2) GTEST_SKIP() << "needs two or more nodes";
+  auto comm = engine_world();
+  struct Run {
+    EngineRun run;
+    std::vector<float> state;
+    ScheduleStats stats;
+  };
+  for (bool bf16_reductions : {false, true}) {
+    SCOPED_TRACE(bf16_reductions ? "bf16, reduced in bf16" : "fp32");
+    auto train = [&](bool overlap) {
+      Config c = equivalence_config(3);
+      c.gradient_accumulation_steps = 3;
+      if (bf16_reductions) bf16(c);
+      hsdp_layout(c);
+      c.zero.overlap_comm = overlap;
+      c.zero.overlap_comm_set = true;
+      TrainPlan plan;
+      plan.world = comm->size();
+      plan.steps = 4;
+      Engine engine(resolved_for(c, *comm), comm, cpu_device());
+      MlpUnits units = declare_mlp(engine, plan.dims);
+      engine.materialize();
+      Run r;
+      r.run = train_mlp(engine, units, plan);
+      r.state = local_optimizer_state(engine);
+      r.stats = engine.schedule_stats();
+      return r;
+    };
+    const Run on = train(true);
+    const Run off = train(false);
+    // Every window's last micro-step follows the one before it: all but the last group start in backward.
+    EXPECT_GT(on.stats.replica_reductions_in_backward, on.stats.replica_reductions_at_boundary);
+    EXPECT_EQ(off.stats.replica_reductions_in_backward, 0);
+    EXPECT_EQ(off.stats.replica_reductions_at_boundary,
+              on.stats.replica_reductions_in_backward + on.stats.replica_reductions_at_boundary);
+    ASSERT_EQ(on.run.losses.size(), off.run.losses.size());
+    for (size_t i = 0; i < on.run.losses.size(); ++i) EXPECT_EQ(on.run.losses[i], off.run.losses[i]) << "micro-step " << i;
+    ASSERT_EQ(on.run.steps.size(), off.run.steps.size());
+    for (size_t i = 0; i < on.run.steps.size(); ++i) {
+      EXPECT_EQ(on.run.steps[i].grad_norm, off.run.steps[i].grad_norm) << "micro-step " << i;
+    }
+    ASSERT_EQ(on.state.size(), off.state.size());
+    size_t differ = 0;
+    for (size_t i = 0; i < on.state.size(); ++i) differ += on.state[i] != off.state[i] ? 1 : 0;
+    EXPECT_EQ(differ, 0u) << "of " << on.state.size() << " master and Adam values on rank " << comm->rank();
+    EXPECT_EQ(on.run.params, off.run.params);
+  }
+}
+
+// A unit whose backward scope opens again in the window's last micro-step, after the recorded schedule said its
+// gradients were final: with overlap_comm its group's all-reduce across the replicas has started, so the scope is
+// refused with the unit's name; without overlap_comm the unit waits for step() and the step applies.
+TEST(LayoutOverlap, AUnitReopenedAfterItsReplicaAllReduceStartedIsRefused) {
+  const LauncherNodes n = launcher_nodes();
+  if (n.count < 2) GTEST_SKIP() << "needs two or more nodes";
+  auto comm = engine_world();
+  for (bool overlap : {true, false}) {
+    SCOPED_TRACE(overlap ? "overlap_comm" : "no overlap_comm");
+    Config c = equivalence_config(3);
+    hsdp_layout(c);
+    c.zero.overlap_comm = overlap;
+    c.zero.overlap_comm_set = true;
+    TrainPlan plan;
+    plan.world = comm->size();
+    Engine engine(resolved_for(c, *comm), comm, cpu_device());
+    MlpUnits units = declare_mlp(engine, plan.dims);
+    engine.materialize();
+    const int64_t gas = engine.gradient_accumulation_steps();
+    for (int64_t micro = 0; micro < gas; ++micro) {
+      mlp_micro_step(engine, units, plan.dims,
+                     make_batch(plan.dims, plan.data_seed, batch_index(0, micro, gas, engine.rank(), engine.world_size()),
+                                plan.micro_batch));
+      if (micro + 1 < gas) engine.step();
+    }
+    const std::string head = engine.unit(units.head).name;
+    if (overlap) {
+      EXPECT_GT(engine.schedule_stats().replica_reductions_in_backward, 0);
+      try {
+        auto scope = engine.backward_scope(units.head);
+        ADD_FAILURE() << "the scope of '" << head << "' opened again";
+      } catch (const InvalidArgument& e) {
+        const std::string message = e.what();
+        EXPECT_NE(message.find("backward_scope('" + head + "')"), std::string::npos) << message;
+        EXPECT_NE(message.find("overlap_comm"), std::string::npos) << message;
+      }
+    } else {
+      { auto scope = engine.backward_scope(units.head); }
+      const StepResult r = engine.step();
+      EXPECT_TRUE(r.boundary);
+      EXPECT_TRUE(r.applied);
+      EXPECT_EQ(engine.schedule_stats().replica_reductions_in_backward, 0);
+    }
   }
 }
 
