@@ -47,8 +47,8 @@ struct ParamState {
 };
 
 // MiCS: where a unit's all-reduce across the replicas stands in the window's last micro-step: left to step()'s
-// declaration-order pass, in the group still filling, in a closed group step() starts (no overlap_comm), started.
-enum class ReplicaReduce : uint8_t { at_boundary, pending, grouped, started };
+// declaration-order pass, its gradients final (EngineImpl::replica_ready_), or in the replica reducer's buckets.
+enum class ReplicaReduce : uint8_t { at_boundary, ready, handed };
 
 struct UnitState {
   UnitInfo info;
@@ -201,14 +201,16 @@ class EngineImpl {
   int64_t eval_batches_ = 0;  // evaluation batches ended by this engine object (the first one checks the order)
   std::unique_ptr<Reducer> reducer_;
   std::unique_ptr<Reducer> replica_reducer_;  // MiCS: the all-reduce across the replicas at the boundary
-  // MiCS: the window's last backward hands the units whose gradients are final to the all-reduce across the
-  // replicas in groups of at least replica_group_numel_ slice elements, in the order they finish. A group closes by
-  // launching the shard group's bucket (which completes its slices); its all-reduces start then with overlap_comm,
-  // else step() starts them (replica_groups_) in the same order. The group still filling: replica_pending_.
-  std::vector<std::vector<size_t>> replica_groups_;
-  std::vector<size_t> replica_pending_;
-  int64_t replica_pending_numel_ = 0;
-  int64_t replica_group_numel_ = 0;
+  // MiCS: the units whose gradients the window's last backward has finished, in that order, each with the count of
+  // shard-group buckets launched once its last pieces are on their way (Reducer::launches()). With overlap_comm each
+  // goes to the all-reduce across the replicas as soon as that count is reached (replica_handed_ of them so far);
+  // without it, step() hands them over in the same order.
+  struct ReplicaReady {
+    size_t unit;
+    int64_t shard_launches;
+  };
+  std::vector<ReplicaReady> replica_ready_;
+  size_t replica_handed_ = 0;
   std::unique_ptr<LrScheduler> lr_scheduler_;
   LossScaler loss_scaler_;
   AdamHyper adam_;
@@ -342,8 +344,9 @@ class EngineImpl {
   // MiCS: whether the window's last backward has finished u's gradients (the scope just closed is its last in the
   // recorded schedule); then its all-reduce across the replicas (start_replica_reduce) need not wait for step().
   bool replica_reduce_ready(const UnitState& u) const;
-  void close_replica_group();
-  int64_t start_replica_group(const std::vector<size_t>& group);  // returns the collectives launched
+  // Hands the ready units whose shard-group buckets have all been launched (all of them: `all`) to the replica
+  // reducer, in order; returns the collectives that launched.
+  int64_t hand_replica_units(bool all);
   void reopen_replica_unit(UnitState& u);  // u's backward scope opens again in the last micro-step
   void add_scope_grads(UnitState& u, const void* grads);  // a closing backward scope's gradient buffer
   void reduce_at_boundary();

@@ -67,10 +67,6 @@ void EngineImpl::make_reducers() {
     rr.largest_unit_numel = largest_slice;
     rr.group = groups_.replica.label;
     rr.fill_in_task = true;  // started while the shard group's reduce-scatters of the same slices are queued
-    // The last backward's groups (close_replica_group): about 4 per step. Each all-reduce is a ring of 2 (R - 1)
-    // steps over the nodes, each waiting for the slowest replica; a few large ones keep those waits few, and the
-    // first still starts early in backward.
-    replica_group_numel_ = std::max<int64_t>(1, (total_slice + 3) / 4);
     replica_reducer_ = std::make_unique<Reducer>(rr, device_, counters_, *groups_.replica.comm, *queue_);
   }
 }
@@ -83,49 +79,33 @@ bool EngineImpl::replica_reduce_ready(const UnitState& u) const {
          schedule_->following() && schedule_->next_use(u.info.id) < 0;
 }
 
-void EngineImpl::close_replica_group() {
-  reducer_->flush();  // the shard group's bucket holding the group's last pieces
-  std::vector<size_t> group = std::move(replica_pending_);
-  replica_pending_.clear();
-  replica_pending_numel_ = 0;
-  if (overlap_) {
-    stats_.replica_reductions_in_backward += start_replica_group(group);
-    return;
-  }
-  for (size_t i : group) units_[i].replica = ReplicaReduce::grouped;
-  replica_groups_.push_back(std::move(group));
-}
-
-int64_t EngineImpl::start_replica_group(const std::vector<size_t>& group) {
-  // The group's own buckets, filled in their tasks: they run after the shard group's buckets that complete the
-  // slices (the queue's order, and with streams the reduce stream's).
+int64_t EngineImpl::hand_replica_units(bool all) {
+  // A unit's buckets are filled in their tasks (ReducerOptions::fill_in_task), queued after the shard group's bucket
+  // that completes its slices (the queue's order; with streams, the reduce stream's). Its elements pack into the
+  // replica reducer's buckets in the order the units finished, and each bucket launches when full, as DeepSpeed's
+  // MiCS all-reduces each reduce bucket of the last micro-step; the sizes stay plan_traffic()'s.
   const int64_t before = replica_reducer_->launches();
-  for (size_t i : group) {
-    UnitState& u = units_[i];
+  for (; replica_handed_ < replica_ready_.size(); ++replica_handed_) {
+    const ReplicaReady& r = replica_ready_[replica_handed_];
+    if (!all && r.shard_launches > reducer_->launches()) break;
+    UnitState& u = units_[r.unit];
     replica_reducer_->add_all_reduce(u.info.name, u.grad_acc.data(), u.info.slice_numel);
-    u.replica = ReplicaReduce::started;
+    u.replica = ReplicaReduce::handed;
   }
-  replica_reducer_->flush();
   return replica_reducer_->launches() - before;
 }
 
 void EngineImpl::reopen_replica_unit(UnitState& u) {
   // MiCS: u's gradients of this window were taken for final, the recorded schedule having no later use of u in
-  // this micro-step. Not started yet, u goes back to step()'s declaration-order pass; started, its later gradients
-  // could not reach the replicas.
+  // this micro-step. Not handed to the replica reducer yet, u goes back to step()'s declaration-order pass; handed,
+  // its later gradients could not reach the replicas.
   const auto index = static_cast<size_t>(&u - units_.data());
-  ZERO3_REQUIRE(u.replica != ReplicaReduce::started, InvalidArgument, "Engine::backward_scope('", u.info.name,
+  ZERO3_REQUIRE(u.replica != ReplicaReduce::handed, InvalidArgument, "Engine::backward_scope('", u.info.name,
                 "'): the unit's backward scope opens again in the last micro-step of the accumulation window, after "
-                "the recorded schedule (the micro-step before) said its gradients were final; they are already being "
-                "reduced across the MiCS replicas. Keep the order of the window's earlier micro-steps, or set "
+                "the recorded schedule (the micro-step before) said its gradients were final; they are already in "
+                "the all-reduce across the MiCS replicas. Keep the order of the window's earlier micro-steps, or set "
                 "zero_optimization.overlap_comm to false");
-  if (u.replica == ReplicaReduce::pending) {
-    std::erase(replica_pending_, index);
-    replica_pending_numel_ -= u.info.slice_numel;
-  }
-  if (u.replica == ReplicaReduce::grouped) {
-    for (auto& g : replica_groups_) std::erase(g, index);
-  }
+  std::erase_if(replica_ready_, [&](const ReplicaReady& r) { return r.unit == index; });
   u.replica = ReplicaReduce::at_boundary;
 }
 
@@ -133,12 +113,14 @@ void EngineImpl::add_scope_grads(UnitState& u, const void* grads) {
   if (policy_.shard_grads) {
     reducer_->add_scatter(u.info.name, grads, u.info.slice_numel, u.grad_acc.data());
     if (replica_reduce_ready(u)) {
-      // The window's last gradients of u: into the group for the all-reduce across the replicas, which starts when
-      // the group is large enough (overlap_comm), overlapping the rest of backward, as FSDP2's HSDP does per unit.
-      u.replica = ReplicaReduce::pending;
-      replica_pending_.push_back(static_cast<size_t>(&u - units_.data()));
-      replica_pending_numel_ += u.info.slice_numel;
-      if (replica_pending_numel_ >= replica_group_numel_) close_replica_group();
+      // The window's last gradients of u: to the all-reduce across the replicas once the shard group's bucket holding
+      // its last pieces is launched, overlapping the rest of backward (overlap_comm), as FSDP2's HSDP does per unit.
+      u.replica = ReplicaReduce::ready;
+      replica_ready_.push_back({static_cast<size_t>(&u - units_.data()),
+                                reducer_->launches() + (reducer_->filling() ? 1 : 0)});
+    }
+    if (overlap_ && replica_handed_ < replica_ready_.size()) {
+      stats_.replica_reductions_in_backward += hand_replica_units(false);
     }
   } else {
     kernels_of(device_).scale_add(u.grad_acc.data(), acc_dtype_, grads, acc_dtype_, 1.0f, u.info.numel, compute_);
@@ -169,15 +151,11 @@ void EngineImpl::reduce_at_boundary() {
   reducer_->flush();
   if (replica_reducer_) {
     // MiCS: each shard group summed its ranks' gradients every micro-step; once per optimizer step the groups'
-    // sums are summed across the replicas (the ranks holding the same slices). The groups the last backward closed
-    // were started then with overlap_comm, and are started now otherwise; then the group still filling and the
-    // units the last backward did not finish (not used in it, or in a micro-step that left the recorded order), in
-    // declaration order. Their buckets fill in their tasks, after the shard group's reductions queued before them.
+    // sums are summed across the replicas (the ranks holding the same slices): the units the last backward finished,
+    // in that order (with overlap_comm most were handed over in backward), then the others (not used in it, or in a
+    // micro-step that left the recorded order) in declaration order.
     const int64_t before = replica_reducer_->launches();
-    for (const auto& group : replica_groups_) start_replica_group(group);
-    for (size_t i : replica_pending_) {
-      replica_reducer_->add_all_reduce(units_[i].info.name, units_[i].grad_acc.data(), units_[i].info.slice_numel);
-    }
+    hand_replica_units(true);
     for (UnitState& u : units_) {
       if (u.replica == ReplicaReduce::at_boundary) {
         replica_reducer_->add_all_reduce(u.info.name, u.grad_acc.data(), u.info.slice_numel);
@@ -186,9 +164,8 @@ void EngineImpl::reduce_at_boundary() {
     }
     replica_reducer_->flush();
     stats_.replica_reductions_at_boundary += replica_reducer_->launches() - before;
-    replica_groups_.clear();
-    replica_pending_.clear();
-    replica_pending_numel_ = 0;
+    replica_ready_.clear();
+    replica_handed_ = 0;
   }
   if (gather_stream_ == nullptr) {
     const double blocked = queue_->blocked_seconds();

@@ -108,8 +108,10 @@ class Reducer {
   void join();
 
   int64_t reduced_elements() const { return reduced_elements_; }
-  // Collectives launched so far (each bucket's, flush() included).
+  // Collectives launched so far (each bucket's, flush() included), and whether a bucket is partly filled (its
+  // pieces go with the next launch).
   int64_t launches() const { return launches_; }
+  bool filling() const { return buckets_[active_].fill > 0; }
   // The ring's length: the most reductions in flight.
   int buckets() const { return static_cast<int>(buckets_.size()); }
 

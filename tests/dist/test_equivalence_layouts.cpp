@@ -221,9 +221,9 @@ TEST(LayoutTraffic, HpzGathersAfterTheFirstStayInTheGroup) {
 
 // ---- MiCS's all-reduce across the replicas in the last backward ----
 
-// With overlap_comm, the all-reduce across the replicas starts in the window's last backward, a group of units at a
-// time as their scopes close for the last time by the recorded schedule; without it step() starts the same buckets
-// in the same order.
+// With overlap_comm, the all-reduce across the replicas starts in the window's last backward: the units go to its
+// buckets as their scopes close for the last time by the recorded schedule, and a full bucket starts at once; without
+// it step() starts the same buckets in the same order.
 // Both train bit for bit alike (losses, gradient norms, every rank's master slice and Adam moments), at fp32 and with
 // bf16 reductions, on 2 and 3 replicas (where the order of the sums would show).
 TEST(LayoutOverlap, HsdpReplicaAllReduceStartsInTheLastBackwardBitForBit) {
@@ -258,7 +258,8 @@ TEST(LayoutOverlap, HsdpReplicaAllReduceStartsInTheLastBackwardBitForBit) {
     };
     const Run on = train(true);
     const Run off = train(false);
-    // Every window's last micro-step follows the one before it: all but the last group start in backward.
+    // Every window's last micro-step follows the one before it: the first buckets start in backward, the rest (the
+    // last units' and the partly filled one) in step().
     EXPECT_GT(on.stats.replica_reductions_in_backward, on.stats.replica_reductions_at_boundary);
     EXPECT_EQ(off.stats.replica_reductions_in_backward, 0);
     EXPECT_EQ(off.stats.replica_reductions_at_boundary,
