@@ -181,12 +181,6 @@ struct ScheduleStats {
   double comm_wait_seconds = 0;      // blocked on any collective (gathers, reduce buckets, step, checks)
   int64_t agreement_checks = 0;      // comparisons of the ranks' scope events (one per micro-step, plus per entry)
   double agreement_seconds = 0;      // the training thread in them (part of comm_wait_seconds)
-  // MiCS with two or more replicas: the all-reduces across the replicas (one per bucket) started during the window's
-  // last backward, as each unit's gradients were final (overlap_comm), and those started in step(); and the time
-  // step() blocked on the gradient reductions still running at the boundary (cpu; part of comm_wait_seconds).
-  int64_t replica_reductions_in_backward = 0;
-  int64_t replica_reductions_at_boundary = 0;
-  double boundary_reduce_wait_seconds = 0;
   std::vector<UnitId> gather_order;  // units in the order their all-gathers were issued
   // NVMe parameter offload: slices read from the swap file for all-gathers, how many of those reads had been
   // started ahead along the schedule (before the all-gather was issued), and the time the training thread

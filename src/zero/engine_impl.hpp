@@ -345,8 +345,8 @@ class EngineImpl {
   // recorded schedule); then its all-reduce across the replicas (start_replica_reduce) need not wait for step().
   bool replica_reduce_ready(const UnitState& u) const;
   // Hands the ready units whose shard-group buckets have all been launched (all of them: `all`) to the replica
-  // reducer, in order; returns the collectives that launched.
-  int64_t hand_replica_units(bool all);
+  // reducer, in order.
+  void hand_replica_units(bool all);
   void reopen_replica_unit(UnitState& u);  // u's backward scope opens again in the last micro-step
   void add_scope_grads(UnitState& u, const void* grads);  // a closing backward scope's gradient buffer
   void reduce_at_boundary();

@@ -79,12 +79,11 @@ bool EngineImpl::replica_reduce_ready(const UnitState& u) const {
          schedule_->following() && schedule_->next_use(u.info.id) < 0;
 }
 
-int64_t EngineImpl::hand_replica_units(bool all) {
+void EngineImpl::hand_replica_units(bool all) {
   // A unit's buckets are filled in their tasks (ReducerOptions::fill_in_task), queued after the shard group's bucket
   // that completes its slices (the queue's order; with streams, the reduce stream's). Its elements pack into the
   // replica reducer's buckets in the order the units finished, and each bucket launches when full, as DeepSpeed's
   // MiCS all-reduces each reduce bucket of the last micro-step; the sizes stay plan_traffic()'s.
-  const int64_t before = replica_reducer_->launches();
   for (; replica_handed_ < replica_ready_.size(); ++replica_handed_) {
     const ReplicaReady& r = replica_ready_[replica_handed_];
     if (!all && r.shard_launches > reducer_->launches()) break;
@@ -92,7 +91,6 @@ int64_t EngineImpl::hand_replica_units(bool all) {
     replica_reducer_->add_all_reduce(u.info.name, u.grad_acc.data(), u.info.slice_numel);
     u.replica = ReplicaReduce::handed;
   }
-  return replica_reducer_->launches() - before;
 }
 
 void EngineImpl::reopen_replica_unit(UnitState& u) {
@@ -119,9 +117,7 @@ void EngineImpl::add_scope_grads(UnitState& u, const void* grads) {
       replica_ready_.push_back({static_cast<size_t>(&u - units_.data()),
                                 reducer_->launches() + (reducer_->filling() ? 1 : 0)});
     }
-    if (overlap_ && replica_handed_ < replica_ready_.size()) {
-      stats_.replica_reductions_in_backward += hand_replica_units(false);
-    }
+    if (overlap_ && replica_handed_ < replica_ready_.size()) hand_replica_units(false);
   } else {
     kernels_of(device_).scale_add(u.grad_acc.data(), acc_dtype_, grads, acc_dtype_, 1.0f, u.info.numel, compute_);
   }
@@ -154,7 +150,6 @@ void EngineImpl::reduce_at_boundary() {
     // sums are summed across the replicas (the ranks holding the same slices): the units the last backward finished,
     // in that order (with overlap_comm most were handed over in backward), then the others (not used in it, or in a
     // micro-step that left the recorded order) in declaration order.
-    const int64_t before = replica_reducer_->launches();
     hand_replica_units(true);
     for (UnitState& u : units_) {
       if (u.replica == ReplicaReduce::at_boundary) {
@@ -163,15 +158,10 @@ void EngineImpl::reduce_at_boundary() {
       u.replica = ReplicaReduce::at_boundary;
     }
     replica_reducer_->flush();
-    stats_.replica_reductions_at_boundary += replica_reducer_->launches() - before;
     replica_ready_.clear();
     replica_handed_ = 0;
   }
-  if (gather_stream_ == nullptr) {
-    const double blocked = queue_->blocked_seconds();
-    queue_->drain();
-    stats_.boundary_reduce_wait_seconds += queue_->blocked_seconds() - blocked;
-  }
+  if (gather_stream_ == nullptr) queue_->drain();
   reducer_->join();  // cuda: the compute stream reads the accumulators after the reduce stream wrote them
   if (replica_reducer_) replica_reducer_->join();
 }
