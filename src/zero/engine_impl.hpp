@@ -200,7 +200,7 @@ class EngineImpl {
   bool evaluating_ = false;
   int64_t eval_batches_ = 0;  // evaluation batches ended by this engine object (the first one checks the order)
   std::unique_ptr<Reducer> reducer_;
-  std::unique_ptr<Reducer> replica_reducer_;  // MiCS: the all-reduce across the replicas at the boundary
+  std::unique_ptr<Reducer> replica_reducer_;  // MiCS: the all-reduce across the replicas, once per window
   // MiCS: the units whose gradients the window's last backward has finished, in that order, each with the count of
   // shard-group buckets launched once its last pieces are on their way (Reducer::launches()). With overlap_comm each
   // goes to the all-reduce across the replicas as soon as that count is reached (replica_handed_ of them so far);
@@ -342,7 +342,7 @@ class EngineImpl {
   // engine_reduce.cpp
   void make_reducers();
   // MiCS: whether the window's last backward has finished u's gradients (the scope just closed is its last in the
-  // recorded schedule); then its all-reduce across the replicas (start_replica_reduce) need not wait for step().
+  // recorded schedule); then its all-reduce across the replicas (hand_replica_units) need not wait for step().
   bool replica_reduce_ready(const UnitState& u) const;
   // Hands the ready units whose shard-group buckets have all been launched (all of them: `all`) to the replica
   // reducer, in order.
