@@ -28,7 +28,7 @@ std::string num(double x) {
 std::string MetricsCsv::header() {
   return "step,samples,tokens,loss,lr,grad_norm,clip_coef,loss_scale,skipped,step_time_s,tokens_per_s,forward_s,"
          "backward_s,optimizer_s,comm_wait_s,mem_params,mem_master,mem_grads,mem_optimizer_state,mem_buffers,"
-         "mem_activations,mem_engine_peak,mem_device_peak,mem_host,mem_host_peak,mfu,eval_loss";
+         "mem_activations,mem_engine_peak,mem_device_peak,mem_host,mem_host_peak,mfu,eval_loss,boundary_step_s,agreement_s";
 }
 
 MetricsCsv::MetricsCsv(const fs::path& path, bool append) : path_(path) {
@@ -46,7 +46,8 @@ void MetricsCsv::write(const StepMetrics& m) {
        << num(m.optimizer) << ',' << num(m.comm_wait) << ',' << m.mem_params << ',' << m.mem_master << ','
        << m.mem_grads << ',' << m.mem_optimizer << ',' << m.mem_buffers << ',' << m.mem_activations << ',' << m.mem_peak
        << ',' << m.mem_device_peak << ',' << m.mem_host << ',' << m.mem_host_peak << ',' << (m.mfu ? num(*m.mfu) : "")
-       << ',' << (m.eval_loss ? num(*m.eval_loss) : "") << '\n'
+       << ',' << (m.eval_loss ? num(*m.eval_loss) : "") << ',' << num(m.boundary_step) << ','
+       << num(m.agreement) << '\n'
        << std::flush;
   if (!out_) throw zero3::IoError(path_.string() + ": writing the metrics failed");
 }

@@ -36,6 +36,8 @@ struct StepMetrics {
   int64_t mem_host = 0, mem_host_peak = 0;  // the engine's host memory (offload from a GPU), now and at its peak
   std::optional<double> mfu;                // model FLOPs utilisation (mfu.hpp); nullopt: n/a (CPU, or an unknown GPU)
   std::optional<double> eval_loss;          // the held-out loss after this step, when it was evaluated
+  double boundary_step = 0;  // of optimizer, the window's last step() (the boundary's: reductions, optimizer)
+  double agreement = 0;      // of comm_wait, the comparisons of the ranks' scope events (ScheduleStats)
 };
 
 // The run's metrics CSV: a header line, then one line per step.

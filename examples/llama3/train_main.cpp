@@ -543,7 +543,7 @@ int train(const TrainOptions& o, zero3::Config file_cfg, const ModelConfig& mc, 
     // window's last step(): that wait ends with the backward, which the boundary's own read in step() waits for
     // too, so the host still runs ahead of the optimizer's update into the next step.
     lo.defer_loss_sum = true;
-    double loss_sum = 0, opt_time = 0;
+    double loss_sum = 0, opt_time = 0, boundary_step = 0;
     zero3::StepResult r;
     for (int64_t k = 0; k < gas; ++k) {
       const size_t off = static_cast<size_t>(k * micro * o.seq_len);
@@ -551,7 +551,8 @@ int train(const TrainOptions& o, zero3::Config file_cfg, const ModelConfig& mc, 
       if (k + 1 == gas) loss_sum = model.take_loss_sum();
       const auto t_opt = Clock::now();
       r = engine.step();
-      opt_time += seconds_since(t_opt);
+      boundary_step = seconds_since(t_opt);
+      opt_time += boundary_step;
     }
     float sum = static_cast<float>(loss_sum);
     engine.all_reduce_host(&sum, 1);
@@ -559,6 +560,7 @@ int train(const TrainOptions& o, zero3::Config file_cfg, const ModelConfig& mc, 
     const double loss = total_targets > 0 ? sum / total_targets : 0.0;
     const double step_time = seconds_since(t_step);
     const double comm_wait = engine.schedule_stats().comm_wait_seconds;
+    const double agreement = engine.schedule_stats().agreement_seconds;
     if (step == start_step) first_loss = loss;
     last_loss = loss;
 
@@ -592,6 +594,8 @@ int train(const TrainOptions& o, zero3::Config file_cfg, const ModelConfig& mc, 
       m.backward = pt.backward;
       m.optimizer = opt_time;
       m.comm_wait = comm_wait;
+      m.boundary_step = boundary_step;
+      m.agreement = agreement;
       m.mem_params = mem.params;
       m.mem_master = mem.master;
       m.mem_grads = mem.grads;

@@ -46,6 +46,10 @@ struct ParamState {
   ParamInit init = ParamInit::zeros();
 };
 
+// MiCS: where a unit's all-reduce across the replicas stands in the window's last micro-step: left to step()'s
+// declaration-order pass, its gradients final (EngineImpl::replica_ready_), or in the replica reducer's buckets.
+enum class ReplicaReduce : uint8_t { at_boundary, ready, handed };
+
 struct UnitState {
   UnitInfo info;
   std::vector<int64_t> param_offsets;  // per parameter of the unit
@@ -88,6 +92,7 @@ struct UnitState {
   bool has_secondary() const { return secondary.allocated() || host_secondary.allocated(); }
   DeviceBuffer gather_scratch;  // MiCS's hierarchical gather: the slices of the inter-node stage, while in flight
   DeviceBuffer grad_acc;                    // grad_accum_dtype: padded_numel at stage 0-1, slice_numel at 2-3
+  ReplicaReduce replica = ReplicaReduce::at_boundary;  // MiCS: the all-reduce across the replicas, this window
 
   // Stage-3 schedule state.
   GatherState gather = GatherState::released;
@@ -195,7 +200,17 @@ class EngineImpl {
   bool evaluating_ = false;
   int64_t eval_batches_ = 0;  // evaluation batches ended by this engine object (the first one checks the order)
   std::unique_ptr<Reducer> reducer_;
-  std::unique_ptr<Reducer> replica_reducer_;  // MiCS: the all-reduce across the replicas at the boundary
+  std::unique_ptr<Reducer> replica_reducer_;  // MiCS: the all-reduce across the replicas, once per window
+  // MiCS: the units whose gradients the window's last backward has finished, in that order, each with the count of
+  // shard-group buckets launched once its last pieces are on their way (Reducer::launches()). With overlap_comm each
+  // goes to the all-reduce across the replicas as soon as that count is reached (replica_handed_ of them so far);
+  // without it, step() hands them over in the same order.
+  struct ReplicaReady {
+    size_t unit;
+    int64_t shard_launches;
+  };
+  std::vector<ReplicaReady> replica_ready_;
+  size_t replica_handed_ = 0;
   std::unique_ptr<LrScheduler> lr_scheduler_;
   LossScaler loss_scaler_;
   AdamHyper adam_;
@@ -326,6 +341,13 @@ class EngineImpl {
 
   // engine_reduce.cpp
   void make_reducers();
+  // MiCS: whether the window's last backward has finished u's gradients (the scope just closed is its last in the
+  // recorded schedule); then its all-reduce across the replicas (hand_replica_units) need not wait for step().
+  bool replica_reduce_ready(const UnitState& u) const;
+  // Hands the ready units whose shard-group buckets have all been launched (all of them: `all`) to the replica
+  // reducer, in order.
+  void hand_replica_units(bool all);
+  void reopen_replica_unit(UnitState& u);  // u's backward scope opens again in the last micro-step
   void add_scope_grads(UnitState& u, const void* grads);  // a closing backward scope's gradient buffer
   void reduce_at_boundary();
   void zero_grads();

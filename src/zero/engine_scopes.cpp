@@ -19,6 +19,7 @@ UnitScope EngineImpl::enter(UnitId unit, Phase phase) {
     const int64_t code = event_code(unit, phase, false);
     guard_calls(checking_order());
     if (checking_order()) check_order(code, log::concat(what, "('", u.info.name, "')"));
+    if (phase == Phase::backward && u.replica != ReplicaReduce::at_boundary) reopen_replica_unit(u);
     record_event(code);
     schedule_->record(event);
     if (policy_.shard_params) gather_for_entry(u);

@@ -71,7 +71,9 @@ Reducer::Bucket& Reducer::current() {
       b.out = DeviceBuffer(device_, counters_, MemoryCategory::buffers, chunk_ * dtype_size(opt_.comm_dtype));
     }
   }
-  if (b.ticket) {
+  if (b.ticket && opt_.fill_in_task) {
+    b.ticket = nullptr;  // the task that fills it again runs after the last one (queue and stream order)
+  } else if (b.ticket) {
     // The bucket's previous collective must be done before its buffer is written again (with a reduce
     // stream: the compute stream waits for it; the host does not).
     queue_.wait(b.ticket);
@@ -114,9 +116,11 @@ void Reducer::add_all_reduce(const std::string& unit, void* acc, int64_t count) 
   while (a < count) {
     Bucket& b = current();
     int64_t take = std::min(count - a, chunk_ - b.fill);
-    void* dst = static_cast<char*>(b.in.data()) + static_cast<size_t>(b.fill) * es;
-    k.scale_copy(dst, opt_.comm_dtype, element_ptr(acc, opt_.acc_dtype, a), opt_.acc_dtype, opt_.pre_scale, take,
-                 compute_);
+    if (!opt_.fill_in_task) {
+      void* dst = static_cast<char*>(b.in.data()) + static_cast<size_t>(b.fill) * es;
+      k.scale_copy(dst, opt_.comm_dtype, element_ptr(acc, opt_.acc_dtype, a), opt_.acc_dtype, opt_.pre_scale, take,
+                   compute_);
+    }
     b.pieces.push_back({acc, a, take, b.fill});
     note_unit(b, unit);
     b.fill += take;
@@ -178,6 +182,14 @@ void Reducer::launch() {
                        fill, static_cast<int64_t>(es));
     }
     b.ticket = queue_.submit(what, [this, what, pieces = std::move(pieces), in, out, fill, scatter, s, reduced] {
+      auto& k = kernels_of(device_);
+      const size_t es = dtype_size(opt_.comm_dtype);
+      if (opt_.fill_in_task) {
+        for (const Piece& p : pieces) {
+          k.scale_copy(static_cast<char*>(in) + static_cast<size_t>(p.bucket_offset) * es, opt_.comm_dtype,
+                       element_ptr(p.acc, opt_.acc_dtype, p.acc_offset), opt_.acc_dtype, opt_.pre_scale, p.length, s);
+        }
+      }
       WorkPtr work;
       try {
         if (scatter) {
@@ -189,10 +201,8 @@ void Reducer::launch() {
       } catch (const CommError&) {
         rethrow_comm_error(log::concat(what, " on rank ", comm_.rank(), " failed: "));
       }
-      auto& k = kernels_of(device_);
       for (const Piece& p : pieces) {
-        const void* src =
-            static_cast<const char*>(out) + static_cast<size_t>(p.bucket_offset) * dtype_size(opt_.comm_dtype);
+        const void* src = static_cast<const char*>(out) + static_cast<size_t>(p.bucket_offset) * es;
         void* dst = element_ptr(p.acc, opt_.acc_dtype, p.acc_offset);
         if (scatter) {
           k.scale_add(dst, opt_.acc_dtype, src, opt_.comm_dtype, opt_.post_scale, p.length, s);
@@ -207,6 +217,7 @@ void Reducer::launch() {
     });
   }
   active_ = (active_ + 1) % buckets_.size();
+  ++launches_;
 }
 
 void Reducer::launch_quantized(Bucket& b, const std::string& what, std::vector<Piece> pieces, void* in, int64_t fill,

@@ -65,6 +65,12 @@ struct ReducerOptions {
   Communicator* intra = nullptr;
   Communicator* inter = nullptr;
   GroupLink intra_link, inter_link;
+  // all_reduce only: the bucket is filled from the accumulators inside its task, after the tasks queued before it
+  // (on the reduce stream with one), instead of on the training thread when the pieces are added. For accumulators
+  // that reductions queued earlier still write: MiCS's all-reduce across the replicas, started while the shard
+  // group's reduce-scatters of the same slices are in flight. The bucket is then not waited for before it is
+  // refilled either: its next task runs after its last one.
+  bool fill_in_task = false;
 };
 
 // The ring's length: enough buckets to hold the largest unit's reduction while the next bucket fills,
@@ -102,6 +108,10 @@ class Reducer {
   void join();
 
   int64_t reduced_elements() const { return reduced_elements_; }
+  // Collectives launched so far (each bucket's, flush() included), and whether a bucket is partly filled (its
+  // pieces go with the next launch).
+  int64_t launches() const { return launches_; }
+  bool filling() const { return buckets_[active_].fill > 0; }
   // The ring's length: the most reductions in flight.
   int buckets() const { return static_cast<int>(buckets_.size()); }
 
@@ -145,6 +155,7 @@ class Reducer {
   std::vector<Bucket> buckets_;  // the ring (each allocated on first use)
   size_t active_ = 0;
   int64_t reduced_elements_ = 0;
+  int64_t launches_ = 0;
 };
 
 }  // namespace zero3::detail

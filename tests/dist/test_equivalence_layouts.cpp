@@ -11,8 +11,11 @@
 #include <gtest/gtest.h>
 
 #include <functional>
+#include <map>
+#include <memory>
 #include <ostream>
 #include <string>
+#include <vector>
 
 #include "support/boundary_prefetch.hpp"
 #include "support/engine_world.hpp"
@@ -21,6 +24,7 @@
 #include "support/planned_traffic.hpp"
 #include "zero3/comm.hpp"
 #include "zero3/engine.hpp"
+#include "zero3/error.hpp"
 #include "zero3/traffic_plan.hpp"
 
 using namespace zero3;
@@ -215,6 +219,134 @@ TEST(LayoutTraffic, HpzGathersAfterTheFirstStayInTheGroup) {
         EXPECT_GE(t.gathers.collectives, unit_count);
       }
     });
+  }
+}
+
+// ---- MiCS's all-reduce across the replicas in the last backward ----
+
+// Trains `steps` optimizer steps of the equivalence MLP, counting the reductions across nodes (MiCS's all-reduce
+// across the replicas) launched during the micro-steps' backward and during step().
+struct OverlapRun {
+  std::vector<double> losses;
+  std::vector<StepResult> steps;
+  std::vector<float> state;  // this rank's master slices and Adam moments
+  std::map<std::string, std::vector<float>> params;
+  int64_t across_in_backward = 0, across_in_step = 0;
+};
+OverlapRun train_counting_replica_reductions(Config c, const std::shared_ptr<Communicator>& comm, int64_t steps) {
+  TrainPlan plan;
+  plan.world = comm->size();
+  Engine engine(resolved_for(c, *comm), comm, cpu_device());
+  MlpUnits units = declare_mlp(engine, plan.dims);
+  engine.materialize();
+  OverlapRun r;
+  const int64_t gas = engine.gradient_accumulation_steps();
+  auto across = [&] { return engine.schedule_stats().reduce_traffic.inter_node_collectives; };
+  for (int64_t step = 0; step < steps; ++step) {
+    for (int64_t micro = 0; micro < gas; ++micro) {
+      const int64_t start = across();
+      Batch b = make_batch(plan.dims, plan.data_seed, batch_index(step, micro, gas, engine.rank(), engine.world_size()),
+                           plan.micro_batch);
+      r.losses.push_back(mlp_micro_step(engine, units, plan.dims, b));
+      const int64_t before_step = across();
+      r.steps.push_back(engine.step());
+      r.across_in_backward += before_step - start;
+      r.across_in_step += across() - before_step;
+    }
+  }
+  r.state = local_optimizer_state(engine);
+  r.params = gather_params(engine);
+  return r;
+}
+
+// With overlap_comm, the all-reduce across the replicas starts in the window's last backward: the units go to its
+// buckets as their scopes close for the last time by the recorded schedule, and a full bucket starts at once; without
+// it step() starts the same buckets in the same order. Both train bit for bit alike (losses, gradient norms, every
+// rank's master slices and Adam moments, the full weights), at fp32 and with bf16 reductions, on 2 and 3 replicas
+// (where the order of the sums would show).
+TEST(LayoutOverlap, HsdpReplicaAllReduceStartsInTheLastBackwardBitForBit) {
+  const LauncherNodes n = launcher_nodes();
+  if (n.count < 2) GTEST_SKIP() << "needs two or more nodes";
+  auto comm = engine_world();
+  for (bool bf16_reductions : {false, true}) {
+    SCOPED_TRACE(bf16_reductions ? "bf16, reduced in bf16" : "fp32");
+    auto config = [&](bool overlap) {
+      Config c = equivalence_config(3);
+      c.gradient_accumulation_steps = 3;
+      if (bf16_reductions) bf16(c);
+      hsdp_layout(c);
+      c.zero.overlap_comm = overlap;
+      c.zero.overlap_comm_set = true;
+      return c;
+    };
+    const OverlapRun on = train_counting_replica_reductions(config(true), comm, 4);
+    const OverlapRun off = train_counting_replica_reductions(config(false), comm, 4);
+    // Every window's last micro-step follows the one before it: its first buckets start in backward, the rest (the
+    // last units' and the partly filled one) in step().
+    EXPECT_GT(on.across_in_backward, 0);
+    EXPECT_GT(on.across_in_step, 0);
+    EXPECT_EQ(off.across_in_backward, 0);
+    EXPECT_EQ(off.across_in_step, on.across_in_backward + on.across_in_step);
+    ASSERT_EQ(on.losses.size(), off.losses.size());
+    for (size_t i = 0; i < on.losses.size(); ++i) EXPECT_EQ(on.losses[i], off.losses[i]) << "micro-step " << i;
+    ASSERT_EQ(on.steps.size(), off.steps.size());
+    for (size_t i = 0; i < on.steps.size(); ++i) {
+      EXPECT_EQ(on.steps[i].grad_norm, off.steps[i].grad_norm) << "micro-step " << i;
+    }
+    ASSERT_EQ(on.state.size(), off.state.size());
+    size_t differ = 0;
+    for (size_t i = 0; i < on.state.size(); ++i) differ += on.state[i] != off.state[i] ? 1 : 0;
+    EXPECT_EQ(differ, 0u) << "of " << on.state.size() << " master and Adam values on rank " << comm->rank();
+    EXPECT_EQ(on.params, off.params);
+  }
+}
+
+// A unit whose backward scope opens again in the window's last micro-step, after the recorded schedule said its
+// gradients were final: with overlap_comm it is in the all-reduce across the replicas already, so the scope is
+// refused with the unit's name; without overlap_comm the unit waits for step() and the step applies.
+TEST(LayoutOverlap, AUnitReopenedAfterItsReplicaAllReduceStartedIsRefused) {
+  const LauncherNodes n = launcher_nodes();
+  if (n.count < 2) GTEST_SKIP() << "needs two or more nodes";
+  auto comm = engine_world();
+  for (bool overlap : {true, false}) {
+    SCOPED_TRACE(overlap ? "overlap_comm" : "no overlap_comm");
+    Config c = equivalence_config(3);
+    hsdp_layout(c);
+    c.zero.overlap_comm = overlap;
+    c.zero.overlap_comm_set = true;
+    TrainPlan plan;
+    plan.world = comm->size();
+    Engine engine(resolved_for(c, *comm), comm, cpu_device());
+    MlpUnits units = declare_mlp(engine, plan.dims);
+    engine.materialize();
+    const int64_t gas = engine.gradient_accumulation_steps();
+    int64_t start = 0;
+    for (int64_t micro = 0; micro < gas; ++micro) {
+      start = engine.schedule_stats().reduce_traffic.inter_node_collectives;
+      mlp_micro_step(engine, units, plan.dims,
+                     make_batch(plan.dims, plan.data_seed, batch_index(0, micro, gas, engine.rank(), engine.world_size()),
+                                plan.micro_batch));
+      if (micro + 1 < gas) engine.step();
+    }
+    const int64_t in_backward = engine.schedule_stats().reduce_traffic.inter_node_collectives - start;
+    const std::string head = engine.unit(units.head).name;  // the first scope backward closes
+    if (overlap) {
+      EXPECT_GT(in_backward, 0);
+      try {
+        auto scope = engine.backward_scope(units.head);
+        ADD_FAILURE() << "the scope of '" << head << "' opened again";
+      } catch (const InvalidArgument& e) {
+        const std::string message = e.what();
+        EXPECT_NE(message.find("backward_scope('" + head + "')"), std::string::npos) << message;
+        EXPECT_NE(message.find("overlap_comm"), std::string::npos) << message;
+      }
+    } else {
+      EXPECT_EQ(in_backward, 0);
+      { auto scope = engine.backward_scope(units.head); }
+      const StepResult r = engine.step();
+      EXPECT_TRUE(r.boundary);
+      EXPECT_TRUE(r.applied);
+    }
   }
 }
 

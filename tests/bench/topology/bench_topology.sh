@@ -69,7 +69,8 @@ why=$("$SIM" check) || { echo "$why"; exit 77; }
 mkdir -p "$WORK"
 WORK=$(cd "$WORK" && pwd)
 # rate name kind repeat reduce_dtype bytes_per_step step_time_s note drops predicted_bytes predicted_s
-# forward_s backward_s optimizer_s comm_wait_s (rank 0's, means over the timed steps; no comm_wait_s for the peer)
+# forward_s backward_s optimizer_s comm_wait_s boundary_step_s agreement_s (rank 0's, means over the timed steps; the
+# last three zero3's only)
 results="$WORK/results.tsv"
 : > "$results"
 notes="$WORK/not-measured.txt"
@@ -191,12 +192,13 @@ run_zero3() {  # run_zero3 <rate> <layout file> <repeat>
     return 0
   fi
   grep -m1 '^\[rank 0\]   model ' "$dir/node0.log" | sed 's/^\[rank 0\] *//' > "$dir/model.txt"
-  local times  # step_time_s, then forward_s backward_s optimizer_s comm_wait_s: means over the timed steps
-  times=$(awk -F, -v w="$WARMUP" '
+  local times  # step_time_s, then forward_s backward_s optimizer_s comm_wait_s boundary_step_s agreement_s: the
+  times=$(awk -F, -v w="$WARMUP" '  # means over the timed steps
     NR == 1 { for (c = 1; c <= NF; ++c) col[$c] = c; next }
     $1 > w { t += $col["step_time_s"]; f += $col["forward_s"]; b += $col["backward_s"]; o += $col["optimizer_s"]
-             blocked += $col["comm_wait_s"]; ++n }
-    END { printf "%.3f\t%.3f\t%.3f\t%.3f\t%.3f\n", t / n, f / n, b / n, o / n, blocked / n }' "$dir/metrics.csv")
+             blocked += $col["comm_wait_s"]; at += $col["boundary_step_s"]; agree += $col["agreement_s"]; ++n }
+    END { printf "%.3f\t%.3f\t%.3f\t%.3f\t%.3f\t%.3f\t%.3f\n", t / n, f / n, b / n, o / n, blocked / n, at / n,
+          agree / n }' "$dir/metrics.csv")
   printf '%s\t%s\tzero3\t%s\t%s\t%s\t%s\t\t%s\t%s\t%s\n' "$rate" "$name" "$repeat" "$dtype" "$(bytes_per_step "$dir")" \
     "$(cut -f1 <<< "$times")" "$(drops "$dir")" "$predicted" "$(cut -f2- <<< "$times")" >> "$results"
 }

@@ -2,7 +2,7 @@
 """The tables of the topology benchmark (bench_topology.sh) from its results.tsv: one row per run and repeat,
 
     rate name kind repeat reduce_dtype bytes_per_step step_time_s note drops predicted_bytes predicted_s
-    forward_s backward_s optimizer_s comm_wait_s
+    forward_s backward_s optimizer_s comm_wait_s boundary_step_s agreement_s
 
 For each rate: the bytes and the step time of every run as the median over its repeats with their min-max, the
 ratios to plain ZeRO-3 with bf16 gradient reductions (plain-bf16-grads) and with fp32 ones (plain), each zero3
@@ -15,7 +15,7 @@ import statistics
 import sys
 
 COLUMNS = ("rate", "name", "kind", "repeat", "dtype", "bytes", "step", "note", "drops", "pred_bytes", "pred_step",
-           "forward", "backward", "optimizer", "comm_wait")
+           "forward", "backward", "optimizer", "comm_wait", "boundary_step", "agreement")
 PLAIN_BF16, PLAIN_FP32 = "plain-bf16-grads", "plain"
 
 
@@ -108,12 +108,15 @@ def table(rate, runs):
               f"| {ratio(t, base(fp32, 'step'))} | {same('hsdp')} | {same('full')} | {sum(r.values('drops')):.0f} |")
     print("\nWhere the step goes (rank 0, seconds per optimizer step; medians over the repeats): forward and backward"
           " include the collectives each waits for; zero3's comm wait is the part of them (and of the optimizer)"
-          " blocked on collectives; the peer's backward includes its gradient reductions.\n")
-    print("| run | reduce dtype | step | forward | backward | optimizer | comm wait |")
-    print("|---|---|---:|---:|---:|---:|---:|")
+          " blocked on collectives, of which agreement is the comparisons of the ranks' scope events; boundary step is the"
+          " window's last step() of zero3's optimizer time (the boundary's reductions, MiCS/HSDP's all-reduce across the"
+          " replicas among them, and the optimizer step); the peer's backward includes its gradient reductions.\n")
+    print("| run | reduce dtype | step | forward | backward | optimizer | boundary step | comm wait | agreement |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
     for r in runs:
         if r.ok:
-            cells = [r.median(k) for k in ("step", "forward", "backward", "optimizer", "comm_wait")]
+            keys = ("step", "forward", "backward", "optimizer", "boundary_step", "comm_wait", "agreement")
+            cells = [r.median(k) for k in keys]
             print(f"| {r.label()} | {r.dtype} | " + " | ".join("" if v is None else f"{v:.2f}" for v in cells) + " |")
 
 
