@@ -96,7 +96,7 @@ struct ResNetImpl : torch::nn::Module {
     at::Tensor x = F::relu(bn1(conv1(images)));
     x = F::max_pool2d(x, F::MaxPool2dFuncOptions(3).stride(2).padding(1));
     for (const auto& stage : stages) {
-      for (const auto& block : *stage) x = zero3::libtorch::call(block->as<BottleneckImpl>(), x);
+      for (const auto& block : *stage) x = zero3::libtorch::call(block.ptr()->as<BottleneckImpl>(), x);
     }
     x = F::adaptive_avg_pool2d(x, F::AdaptiveAvgPool2dFuncOptions(1)).flatten(1);
     return zero3::libtorch::call(fc, x);

@@ -235,8 +235,8 @@ int run(const Options& o) {
   if (rank0) {
     const Summary plain = summarize(plain_times), sharded_run = summarize(zero3_times);
     const double images = static_cast<double>(global_batch);
-    std::printf("%-40s %12s %14s\n", "images/s (global batch " + std::to_string(global_batch) + ")", "best step",
-                "median step");
+    std::printf("%-40s %12s %14s\n", ("images/s (global batch " + std::to_string(global_batch) + ")").c_str(),
+                "best step", "median step");
     std::printf("%-40s %12.2f %14.2f\n", ("plain libtorch, 1 process x " + std::to_string(threads) + " threads").c_str(),
                 images / plain.best, images / plain.median);
     std::printf("%-40s %12.2f %14.2f\n",
