@@ -141,9 +141,9 @@ int run(const Options& o) {
     int64_t params = 0;
     for (const std::string& u : sharded.unit_names()) params += engine.unit(*engine.find_unit(u)).numel;
     const at::Tensor means = train.pixels.to(at::kFloat).mean({0, 2, 3}) / 255.0;
-    std::printf("CIFAR-10 net: %lld parameters in %zu units, ZeRO stage %d on %lld ranks\n",
+    std::printf("CIFAR-10 net: %lld parameters in %zu units, ZeRO stage %d on %lld rank%s\n",
                 static_cast<long long>(params), sharded.unit_names().size(), engine.stage(),
-                static_cast<long long>(world));
+                static_cast<long long>(world), world > 1 ? "s" : "");
     std::printf("data: %lld training images (channel means %.3f %.3f %.3f), %lld test images, from %s\n",
                 static_cast<long long>(train.size()), means[0].item<double>(), means[1].item<double>(),
                 means[2].item<double>(), static_cast<long long>(test.size()), o.data.c_str());

@@ -174,9 +174,9 @@ int run(const Options& o) {
   zero3::libtorch::ShardedModel sharded(engine, model.ptr(), {.units = model->unit_paths});
   sharded.materialize();  // each rank keeps its share; the module's own tensors are freed
   if (rank0) {
-    std::printf("ResNet-50: %lld parameters in %zu tensors, %zu buffers, %zu units; ZeRO stage %d on %lld ranks\n",
+    std::printf("ResNet-50: %lld parameters in %zu tensors, %zu buffers, %zu units; ZeRO stage %d on %lld rank%s\n",
                 static_cast<long long>(params), tensors, buffers, sharded.unit_names().size(), engine.stage(),
-                static_cast<long long>(world));
+                static_cast<long long>(world), world > 1 ? "s" : "");
     std::printf("synthetic data: %lld distinct batches of %lld images 3x%lldx%lld; global batch %lld = %lld per rank x "
                 "%lld micro-steps x %lld ranks\n",
                 static_cast<long long>(o.distinct_batches), static_cast<long long>(global_batch),
