@@ -46,16 +46,14 @@ inline Cifar10Set read_cifar10(const std::vector<std::filesystem::path>& files) 
     const at::Tensor bad = (records.select(1, 0) >= kCifar10Classes).nonzero();
     if (bad.numel() > 0) {
       const int64_t record = bad[0][0].item<int64_t>();
-      throw std::runtime_error("CIFAR-10 file " + file.string() + ": record " + std::to_string(record) +
-                               " has label " + std::to_string(records[record][0].item<int64_t>()) +
-                               "; expected 0-9");
+      throw std::runtime_error("CIFAR-10 file " + file.string() + ": record " + std::to_string(record) + " has label " +
+                               std::to_string(records[record][0].item<int64_t>()) + "; expected 0-9");
     }
     parts.push_back(records);
   }
   if (parts.empty()) throw std::runtime_error("no CIFAR-10 files to read");
   const at::Tensor all = at::cat(parts);
-  return {all.select(1, 0).to(at::kLong),
-          all.slice(1, 1).reshape({-1, 3, kCifar10Side, kCifar10Side}).contiguous()};
+  return {all.select(1, 0).to(at::kLong), all.slice(1, 1).reshape({-1, 3, kCifar10Side, kCifar10Side}).contiguous()};
 }
 
 // The training files data_batch_1.bin ... data_batch_5.bin under `dir` (those present, at least one), or
@@ -79,6 +77,4 @@ inline std::vector<std::filesystem::path> cifar10_files(const std::filesystem::p
 }
 
 // Images as the seed's transform makes them (ToTensor, then Normalize with mean 0.5 and std 0.5): float in [-1, 1].
-inline at::Tensor cifar10_normalize(const at::Tensor& pixels) {
-  return pixels.to(at::kFloat).div_(127.5).sub_(1.0);
-}
+inline at::Tensor cifar10_normalize(const at::Tensor& pixels) { return pixels.to(at::kFloat).div_(127.5).sub_(1.0); }

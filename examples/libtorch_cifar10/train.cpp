@@ -19,6 +19,7 @@
 #include <stdexcept>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include <zero3/libtorch.hpp>
@@ -58,14 +59,21 @@ Options parse(int argc, char** argv) {
   };
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
-    if (a == "--data") o.data = value(i);
-    else if (a == "--deepspeed") o.deepspeed = value(i);
-    else if (a == "--epochs") o.epochs = std::stoll(value(i));
-    else if (a == "--log-every") o.log_every = std::stoll(value(i));
-    else if (a == "--eval-batch") o.eval_batch = std::stoll(value(i));
-    else if (a == "--threads") o.threads = std::stoi(value(i));
-    else if (a == "--seed") o.seed = std::stoull(value(i));
-    else if (a == "--help" || a == "-h") {
+    if (a == "--data") {
+      o.data = value(i);
+    } else if (a == "--deepspeed") {
+      o.deepspeed = value(i);
+    } else if (a == "--epochs") {
+      o.epochs = std::stoll(value(i));
+    } else if (a == "--log-every") {
+      o.log_every = std::stoll(value(i));
+    } else if (a == "--eval-batch") {
+      o.eval_batch = std::stoll(value(i));
+    } else if (a == "--threads") {
+      o.threads = std::stoi(value(i));
+    } else if (a == "--seed") {
+      o.seed = std::stoull(value(i));
+    } else if (a == "--help" || a == "-h") {
       std::fputs(kUsage, stdout);
       std::exit(0);
     } else {
@@ -82,8 +90,8 @@ Options parse(int argc, char** argv) {
 // same number of forwards (the engine's evaluation compares the ranks' unit calls): rank r classifies the r-th
 // slice of each round of world x eval_batch images, and a rank left without images in the last round classifies
 // image 0 and does not count it.
-std::pair<int64_t, int64_t> evaluate(zero3::libtorch::ShardedModel& sharded, Cifar10Net& model,
-                                     const Cifar10Set& test, int64_t eval_batch) {
+std::pair<int64_t, int64_t> evaluate(zero3::libtorch::ShardedModel& sharded, Cifar10Net& model, const Cifar10Set& test,
+                                     int64_t eval_batch) {
   zero3::Engine& engine = sharded.engine();
   model->eval();
   float counts[2] = {0, 0};  // correct, classified
@@ -95,7 +103,10 @@ std::pair<int64_t, int64_t> evaluate(zero3::libtorch::ShardedModel& sharded, Cif
       int64_t begin = first + engine.rank() * eval_batch;
       int64_t end = std::min(begin + eval_batch, test.size());
       const bool counted = begin < end;
-      if (!counted) begin = 0, end = 1;
+      if (!counted) {
+        begin = 0;
+        end = 1;
+      }
       const at::Tensor logits = zero3::libtorch::call(model, cifar10_normalize(test.pixels.slice(0, begin, end)));
       if (counted) {
         counts[0] += static_cast<float>(logits.argmax(1).eq(test.labels.slice(0, begin, end)).sum().item<int64_t>());
@@ -147,11 +158,12 @@ int run(const Options& o) {
     std::printf("data: %lld training images (channel means %.3f %.3f %.3f), %lld test images, from %s\n",
                 static_cast<long long>(train.size()), means[0].item<double>(), means[1].item<double>(),
                 means[2].item<double>(), static_cast<long long>(test.size()), o.data.c_str());
-    std::printf("global batch %lld = %lld per rank x %lld micro-steps x %lld ranks; %lld steps per epoch (%lld "
-                "images left out of each)\n",
-                static_cast<long long>(global_batch), static_cast<long long>(micro), static_cast<long long>(gas),
-                static_cast<long long>(world), static_cast<long long>(steps_per_epoch),
-                static_cast<long long>(train.size() - steps_per_epoch * global_batch));
+    std::printf(
+        "global batch %lld = %lld per rank x %lld micro-steps x %lld ranks; %lld steps per epoch (%lld "
+        "images left out of each)\n",
+        static_cast<long long>(global_batch), static_cast<long long>(micro), static_cast<long long>(gas),
+        static_cast<long long>(world), static_cast<long long>(steps_per_epoch),
+        static_cast<long long>(train.size() - steps_per_epoch * global_batch));
   }
 
   std::vector<int64_t> order(static_cast<size_t>(train.size()));
@@ -181,8 +193,8 @@ int run(const Options& o) {
       if ((step + 1) % log_every == 0) {
         if (rank0) {
           std::printf("epoch %lld  step %6lld  loss %.7f  lr %.3e  grad norm %.4f\n", static_cast<long long>(epoch),
-                      static_cast<long long>(result.global_step),
-                      interval_loss / static_cast<double>(log_every), result.lr, result.grad_norm);
+                      static_cast<long long>(result.global_step), interval_loss / static_cast<double>(log_every),
+                      result.lr, result.grad_norm);
         }
         interval_loss = 0;
       }
@@ -193,8 +205,7 @@ int run(const Options& o) {
       std::printf("epoch %lld  train loss %.4f  test accuracy %.2f%% (%lld/%lld)  %.0f images/s\n",
                   static_cast<long long>(epoch), epoch_loss / static_cast<double>(steps_per_epoch),
                   100.0 * static_cast<double>(correct) / static_cast<double>(total), static_cast<long long>(correct),
-                  static_cast<long long>(total),
-                  static_cast<double>(steps_per_epoch * global_batch) / seconds);
+                  static_cast<long long>(total), static_cast<double>(steps_per_epoch * global_batch) / seconds);
     }
   }
   return 0;

@@ -25,8 +25,7 @@
 #include <zero3/libtorch.hpp>
 
 inline torch::nn::Conv2d resnet_conv(int64_t in, int64_t out, int64_t kernel, int64_t stride) {
-  return torch::nn::Conv2d(
-      torch::nn::Conv2dOptions(in, out, kernel).stride(stride).padding(kernel / 2).bias(false));
+  return torch::nn::Conv2d(torch::nn::Conv2dOptions(in, out, kernel).stride(stride).padding(kernel / 2).bias(false));
 }
 
 struct BottleneckImpl : torch::nn::Module {
@@ -40,9 +39,8 @@ struct BottleneckImpl : torch::nn::Module {
     conv3 = register_module("conv3", resnet_conv(planes, planes * kExpansion, 1, 1));
     bn3 = register_module("bn3", torch::nn::BatchNorm2d(planes * kExpansion));
     if (stride != 1 || in != planes * kExpansion) {
-      downsample = register_module(
-          "downsample", torch::nn::Sequential(resnet_conv(in, planes * kExpansion, 1, stride),
-                                              torch::nn::BatchNorm2d(planes * kExpansion)));
+      downsample = register_module("downsample", torch::nn::Sequential(resnet_conv(in, planes * kExpansion, 1, stride),
+                                                                       torch::nn::BatchNorm2d(planes * kExpansion)));
     }
   }
 
@@ -63,7 +61,8 @@ TORCH_MODULE(Bottleneck);
 struct ResNetImpl : torch::nn::Module {
   // Bottleneck blocks per stage ({3, 4, 6, 3}: ResNet-50).
   explicit ResNetImpl(std::array<int64_t, 4> blocks = {3, 4, 6, 3}, int64_t num_classes = 1000) {
-    conv1 = register_module("conv1", torch::nn::Conv2d(torch::nn::Conv2dOptions(3, 64, 7).stride(2).padding(3).bias(false)));
+    conv1 = register_module("conv1",
+                            torch::nn::Conv2d(torch::nn::Conv2dOptions(3, 64, 7).stride(2).padding(3).bias(false)));
     bn1 = register_module("bn1", torch::nn::BatchNorm2d(64));
     int64_t in = 64;
     for (size_t s = 0; s < 4; ++s) {
@@ -74,7 +73,8 @@ struct ResNetImpl : torch::nn::Module {
         in = planes * BottleneckImpl::kExpansion;
       }
       stages.push_back(register_module("layer" + std::to_string(s + 1), stage));
-      for (int64_t b = 0; b < blocks[s]; ++b) unit_paths.push_back("layer" + std::to_string(s + 1) + "." + std::to_string(b));
+      for (int64_t b = 0; b < blocks[s]; ++b)
+        unit_paths.push_back("layer" + std::to_string(s + 1) + "." + std::to_string(b));
     }
     fc = register_module("fc", torch::nn::Linear(in, num_classes));
     unit_paths.push_back("fc");

@@ -70,17 +70,28 @@ Options parse(int argc, char** argv) {
     if (a == "--deepspeed") {
       if (i + 1 >= argc) throw std::invalid_argument("--deepspeed needs a value");
       o.deepspeed = argv[++i];
-    } else if (a == "--batch") o.batch = value(i);
-    else if (a == "--image-size") o.image_size = value(i);
-    else if (a == "--steps") o.steps = value(i), steps_given = true;
-    else if (a == "--distinct-batches") o.distinct_batches = value(i);
-    else if (a == "--log-every") o.log_every = value(i);
-    else if (a == "--threads") o.threads = static_cast<int>(value(i));
-    else if (a == "--seed") o.seed = static_cast<uint64_t>(value(i));
-    else if (a == "--benchmark") o.benchmark = true;
-    else if (a == "--rounds") o.rounds = value(i);
-    else if (a == "--warmup") o.warmup = value(i);
-    else if (a == "--help" || a == "-h") {
+    } else if (a == "--batch") {
+      o.batch = value(i);
+    } else if (a == "--image-size") {
+      o.image_size = value(i);
+    } else if (a == "--steps") {
+      o.steps = value(i);
+      steps_given = true;
+    } else if (a == "--distinct-batches") {
+      o.distinct_batches = value(i);
+    } else if (a == "--log-every") {
+      o.log_every = value(i);
+    } else if (a == "--threads") {
+      o.threads = static_cast<int>(value(i));
+    } else if (a == "--seed") {
+      o.seed = static_cast<uint64_t>(value(i));
+    } else if (a == "--benchmark") {
+      o.benchmark = true;
+    } else if (a == "--rounds") {
+      o.rounds = value(i);
+    } else if (a == "--warmup") {
+      o.warmup = value(i);
+    } else if (a == "--help" || a == "-h") {
       std::fputs(kUsage, stdout);
       std::exit(0);
     } else {
@@ -90,8 +101,9 @@ Options parse(int argc, char** argv) {
   if (o.benchmark && !steps_given) o.steps = 3;
   if (o.image_size < 32) throw std::invalid_argument("--image-size must be at least 32 (ResNet-50 halves it 5 times)");
   if (o.batch < 0 || o.steps < 1 || o.distinct_batches < 1 || o.log_every < 1 || o.rounds < 1 || o.warmup < 0) {
-    throw std::invalid_argument("--batch must be at least 0, --warmup at least 0, and --steps, --distinct-batches, "
-                                "--log-every and --rounds at least 1");
+    throw std::invalid_argument(
+        "--batch must be at least 0, --warmup at least 0, and --steps, --distinct-batches, "
+        "--log-every and --rounds at least 1");
   }
   return o;
 }
@@ -106,8 +118,8 @@ std::vector<SyntheticBatch> synthetic_batches(const Options& o, int64_t batch, i
   std::vector<SyntheticBatch> batches;
   for (int64_t i = 0; i < o.distinct_batches; ++i) {
     at::Generator gen = at::detail::createCPUGenerator(o.seed * 7919 + static_cast<uint64_t>(i));
-    batches.push_back({at::randn({batch, 3, o.image_size, o.image_size}, gen),
-                       at::randint(classes, {batch}, gen, at::kLong)});
+    batches.push_back(
+        {at::randn({batch, 3, o.image_size, o.image_size}, gen), at::randint(classes, {batch}, gen, at::kLong)});
   }
   return batches;
 }
@@ -137,9 +149,9 @@ std::vector<double> time_plain(const Options& o, const zero3::Config& config, co
   ResNet model;
   const zero3::OptimizerConfig& c = config.optimizer;
   torch::optim::AdamW optimizer(model->parameters(), torch::optim::AdamWOptions(c.lr.value())
-                                                          .betas({c.beta1, c.beta2})
-                                                          .eps(c.eps)
-                                                          .weight_decay(c.weight_decay.value()));
+                                                         .betas({c.beta1, c.beta2})
+                                                         .eps(c.eps)
+                                                         .weight_decay(c.weight_decay.value()));
   std::vector<double> times;
   for (int64_t s = 0; s < o.warmup + o.steps; ++s) {
     const SyntheticBatch& b = data[static_cast<size_t>(s % o.distinct_batches)];
@@ -177,12 +189,13 @@ int run(const Options& o) {
     std::printf("ResNet-50: %lld parameters in %zu tensors, %zu buffers, %zu units; ZeRO stage %d on %lld rank%s\n",
                 static_cast<long long>(params), tensors, buffers, sharded.unit_names().size(), engine.stage(),
                 static_cast<long long>(world), world > 1 ? "s" : "");
-    std::printf("synthetic data: %lld distinct batches of %lld images 3x%lldx%lld; global batch %lld = %lld per rank x "
-                "%lld micro-steps x %lld ranks\n",
-                static_cast<long long>(o.distinct_batches), static_cast<long long>(global_batch),
-                static_cast<long long>(o.image_size), static_cast<long long>(o.image_size),
-                static_cast<long long>(global_batch), static_cast<long long>(micro), static_cast<long long>(gas),
-                static_cast<long long>(world));
+    std::printf(
+        "synthetic data: %lld distinct batches of %lld images 3x%lldx%lld; global batch %lld = %lld per rank x "
+        "%lld micro-steps x %lld ranks\n",
+        static_cast<long long>(o.distinct_batches), static_cast<long long>(global_batch),
+        static_cast<long long>(o.image_size), static_cast<long long>(o.image_size),
+        static_cast<long long>(global_batch), static_cast<long long>(micro), static_cast<long long>(gas),
+        static_cast<long long>(world));
   }
 
   // One optimizer step through zero3 on every rank: each rank's micro-batches of the step's global batch.
@@ -193,7 +206,8 @@ int run(const Options& o) {
     loss_sum = 0;
     for (int64_t k = 0; k < gas; ++k) {
       const int64_t first = (k * world + engine.rank()) * micro;
-      const at::Tensor loss = loss_of(model, b.images.slice(0, first, first + micro), b.labels.slice(0, first, first + micro));
+      const at::Tensor loss =
+          loss_of(model, b.images.slice(0, first, first + micro), b.labels.slice(0, first, first + micro));
       sharded.backward(loss);
       result = sharded.step();
       loss_sum += loss.item<float>() / static_cast<float>(gas);
@@ -237,8 +251,9 @@ int run(const Options& o) {
     const double images = static_cast<double>(global_batch);
     std::printf("%-40s %12s %14s\n", ("images/s (global batch " + std::to_string(global_batch) + ")").c_str(),
                 "best step", "median step");
-    std::printf("%-40s %12.2f %14.2f\n", ("plain libtorch, 1 process x " + std::to_string(threads) + " threads").c_str(),
-                images / plain.best, images / plain.median);
+    std::printf("%-40s %12.2f %14.2f\n",
+                ("plain libtorch, 1 process x " + std::to_string(threads) + " threads").c_str(), images / plain.best,
+                images / plain.median);
     std::printf("%-40s %12.2f %14.2f\n",
                 ("zero3 stage " + std::to_string(engine.stage()) + ", " + std::to_string(world) + " rank" +
                  (world > 1 ? "s" : "") + " x " + std::to_string(rank_threads) + " threads")
