@@ -249,16 +249,16 @@ int run(const Options& o) {
   if (rank0) {
     const Summary plain = summarize(plain_times), sharded_run = summarize(zero3_times);
     const double images = static_cast<double>(global_batch);
+    auto count = [](int64_t n, const std::string& what) { return std::to_string(n) + " " + what + (n > 1 ? "s" : ""); };
+    auto row = [&](const std::string& name, const Summary& t) {
+      std::printf("%-40s %12.2f %14.2f\n", name.c_str(), images / t.best, images / t.median);
+    };
     std::printf("%-40s %12s %14s\n", ("images/s (global batch " + std::to_string(global_batch) + ")").c_str(),
                 "best step", "median step");
-    std::printf("%-40s %12.2f %14.2f\n",
-                ("plain libtorch, 1 process x " + std::to_string(threads) + " threads").c_str(), images / plain.best,
-                images / plain.median);
-    std::printf("%-40s %12.2f %14.2f\n",
-                ("zero3 stage " + std::to_string(engine.stage()) + ", " + std::to_string(world) + " rank" +
-                 (world > 1 ? "s" : "") + " x " + std::to_string(rank_threads) + " threads")
-                    .c_str(),
-                images / sharded_run.best, images / sharded_run.median);
+    row("plain libtorch, 1 process x " + count(threads, "thread"), plain);
+    row("zero3 stage " + std::to_string(engine.stage()) + ", " + count(world, "rank") + " x " +
+            count(rank_threads, "thread"),
+        sharded_run);
     std::printf("%-40s %12.2f %14.2f\n", "ratio zero3 / plain libtorch", plain.best / sharded_run.best,
                 plain.median / sharded_run.median);
   }
