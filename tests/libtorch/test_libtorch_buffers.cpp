@@ -57,16 +57,16 @@ TORCH_MODULE(BnNet);
 
 const std::vector<std::string> kUnits = {"stem", "block0", "block1", "head"};
 
-struct Run {
+struct TrainedNet {
   std::unique_ptr<Engine> engine;
   BnNet net{nullptr};
   std::unique_ptr<ShardedModel> sharded;
 };
 
-Run wrapped(const std::shared_ptr<Communicator>& comm, int stage, WrapOptions options, uint64_t seed = 1) {
+TrainedNet wrapped(const std::shared_ptr<Communicator>& comm, int stage, WrapOptions options, uint64_t seed = 1) {
   TrainSpec spec;
   spec.world = comm->size();
-  Run r;
+  TrainedNet r;
   r.engine = std::make_unique<Engine>(resolved_for(libtorch_test_config(stage, spec), *comm), comm, cpu_device());
   torch::manual_seed(seed);
   r.net = BnNet();
@@ -77,7 +77,7 @@ Run wrapped(const std::shared_ptr<Communicator>& comm, int stage, WrapOptions op
 }
 
 // One micro-step on this rank's batch of step `step` (each rank its own data, so its own statistics).
-void forward_backward(Run& r, int64_t step) {
+void forward_backward(TrainedNet& r, int64_t step) {
   torch::manual_seed(1000 + static_cast<uint64_t>(step) * 16 + static_cast<uint64_t>(r.engine->rank()));
   const at::Tensor x = torch::randn({kBatch, kIn}) * (1.0 + r.engine->rank()) + r.engine->rank();
   const at::Tensor y = torch::randint(kClasses, {kBatch});
@@ -118,7 +118,7 @@ std::string first_difference(const std::map<std::string, at::Tensor>& got,
 
 TEST(LibtorchBuffers, BroadcastMakesEveryRankRank0s) {
   auto world = engine_world();
-  Run r = wrapped(world, 3, WrapOptions{.buffer_sync = BufferSync::broadcast});
+  TrainedNet r = wrapped(world, 3, WrapOptions{.buffer_sync = BufferSync::broadcast});
   EXPECT_EQ(r.sharded->buffer_names(),
             (std::vector<std::string>{"block0.bn.running_mean", "block0.bn.running_var", "block0.bn.num_batches_tracked",
                                       "block1.bn.running_mean", "block1.bn.running_var",
@@ -126,10 +126,14 @@ TEST(LibtorchBuffers, BroadcastMakesEveryRankRank0s) {
   for (int64_t step = 0; step < 3; ++step) {
     forward_backward(r, step);
     const auto before = buffers_of(r.net);  // this rank's own statistics
-    if (world->size() > 1) EXPECT_NE(differing_buffer(*r.engine, r.net), "") << "the ranks' batches should differ";
+    if (world->size() > 1) {
+      EXPECT_NE(differing_buffer(*r.engine, r.net), "") << "the ranks' batches should differ";
+    }
     r.sharded->step();
     EXPECT_EQ(differing_buffer(*r.engine, r.net), "") << "after step " << step;
-    if (world->rank() == 0) EXPECT_EQ(first_difference(buffers_of(r.net), before), "") << "rank 0's own statistics";
+    if (world->rank() == 0) {
+      EXPECT_EQ(first_difference(buffers_of(r.net), before), "") << "rank 0's own statistics";
+    }
   }
   EXPECT_EQ(r.net->block1->bn->num_batches_tracked.item<int64_t>(), 3);
   EXPECT_GT(r.net->block0->bn->running_mean.abs().sum().item<double>(), 0.0);
@@ -137,7 +141,7 @@ TEST(LibtorchBuffers, BroadcastMakesEveryRankRank0s) {
 
 TEST(LibtorchBuffers, AverageMakesEveryRankTheMean) {
   auto world = engine_world();
-  Run r = wrapped(world, 2, WrapOptions{.buffer_sync = BufferSync::average});
+  TrainedNet r = wrapped(world, 2, WrapOptions{.buffer_sync = BufferSync::average});
   for (int64_t step = 0; step < 2; ++step) {
     forward_backward(r, step);
     auto mean = buffers_of(r.net);
@@ -165,7 +169,7 @@ TEST(LibtorchBuffers, CheckpointedRecomputationDoesNotUpdateThemAgain) {
   for (const bool checkpoint : {false, true}) {
     WrapOptions o;
     if (checkpoint) o.checkpoint = {"block0", "block1"};
-    Run r = wrapped(world, 3, o);
+    TrainedNet r = wrapped(world, 3, o);
     for (int64_t step = 0; step < 2; ++step) {
       forward_backward(r, step);
       r.sharded->step();
@@ -201,7 +205,7 @@ TEST(LibtorchBuffers, CheckpointsRestoreThemOnOtherWorldSizesAndExportsWriteThem
   ExportedModel exported16;
   ExportOptions export_options;
   {
-    Run run = wrapped(world, 3, WrapOptions{});
+    TrainedNet run = wrapped(world, 3, WrapOptions{});
     for (int64_t step = 0; step < 2; ++step) {
       forward_backward(run, step);
       run.sharded->step();
@@ -221,7 +225,7 @@ TEST(LibtorchBuffers, CheckpointsRestoreThemOnOtherWorldSizesAndExportsWriteThem
     std::unique_ptr<Communicator> sub = world->split(world->rank() < ranks ? 0 : -1, world->rank());
     if (sub) {
       std::shared_ptr<Communicator> comm(std::move(sub));
-      Run r = wrapped(comm, ranks == 1 ? 2 : 3, WrapOptions{}, /*seed=*/9);
+      TrainedNet r = wrapped(comm, ranks == 1 ? 2 : 3, WrapOptions{}, /*seed=*/9);
       {  // other statistics than the checkpoint's: the load must replace them
         at::NoGradGuard no_grad;
         r.net->block0->bn->running_mean.fill_(5);

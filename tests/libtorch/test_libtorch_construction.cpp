@@ -87,7 +87,7 @@ std::vector<std::string> block_paths() {
   return out;
 }
 
-std::vector<double> train(ShardedModel& sharded, const Stack& model) {
+std::vector<double> train(ShardedModel& sharded, Stack& model) {
   std::vector<double> losses;
   Engine& engine = sharded.engine();
   for (int64_t step = 0; step < 3; ++step) {
@@ -162,7 +162,7 @@ TEST(LibtorchConstruction, AFactoryThatBuildsAnotherModuleTheSecondTimeIsNamed) 
     try {
       sharded.materialize();
       ADD_FAILURE() << "no error";
-    } catch (const InvalidArgument& e) {
+    } catch (const Error& e) {  // the engine names the parameter it was reading
       EXPECT_NE(std::string(e.what()).find("UnitFactory 'blocks.0' built a module with other parameters"),
                 std::string::npos)
           << e.what();

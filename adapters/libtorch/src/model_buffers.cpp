@@ -122,17 +122,17 @@ void sync_buffers(ModelCore& core, BufferSync mode) {
   }
   engine.all_reduce_host(packed.data(), packed.size(), ReduceOp::sum);
   at::NoGradGuard no_grad;
-  const float* at = packed.data();
+  const float* next = packed.data();
   const float inv_world = 1.0f / static_cast<float>(engine.world_size());
   for (NamedBuffer& b : buffers) {
     if (averaged(b.tensor)) {
       const int64_t n = b.tensor.numel();
-      at::Tensor sum = at::from_blob(const_cast<float*>(at), {n}, at::TensorOptions().dtype(at::kFloat));
+      at::Tensor sum = at::from_blob(const_cast<float*>(next), {n}, at::TensorOptions().dtype(at::kFloat));
       b.tensor.copy_((sum * inv_world).view(b.tensor.sizes()));
-      at += n;
+      next += n;
     } else {
-      unpack_bytes(at, b.tensor);
-      at += byte_slots(b.tensor);
+      unpack_bytes(next, b.tensor);
+      next += byte_slots(b.tensor);
     }
   }
 }

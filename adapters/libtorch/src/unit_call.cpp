@@ -32,6 +32,7 @@
 
 #include <cstdint>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <type_traits>
 #include <unordered_set>
@@ -316,6 +317,10 @@ class UnitBackward : public Node {
       UnitScope scope = engine.backward_scope(unit.id);
       {
         PointedUnit pointed(*core, unit, scope);
+        // The forward already updated the unit's running statistics: the recomputation's update is undone, after the
+        // gradients (batch norm's backward checks that the statistics it saved were not changed in place).
+        std::optional<KeptBuffers> kept_buffers;
+        if (unit.checkpoint) kept_buffers.emplace(*unit.module);
         if (unit.checkpoint) {
           OpenCall open(*core, unit_, /*frame=*/false);
           for (size_t i = 0; i < x_in.size(); ++i) {
@@ -324,7 +329,6 @@ class UnitBackward : public Node {
               if (input_has_edge[i]) x_in[i].requires_grad_(true);
             }
           }
-          KeptBuffers buffers(*unit.module);  // the forward already updated the running statistics
           at::Tensor current_rng = cpu_rng_state();
           set_cpu_rng_state(rng_state);
           const uint64_t first_seq = at::sequence_number::peek();
