@@ -117,8 +117,8 @@ class ModelCore : public std::enable_shared_from_this<ModelCore> {
   std::vector<Frame> frames;             // training calls in progress, outermost first
   int64_t backward_micro_step = -1;      // the micro-step in which a unit's backward last ran
   bool in_scaled_backward = false;       // inside ShardedModel::backward()
-  bool watch_training = true;            // the next training call of the model watches for idle units' parameters
-  bool watch_evaluation = true;          // the same for the next evaluation call
+  bool watch_training = true;            // the model's training calls watch for idle units' parameters until one
+  bool watch_evaluation = true;          // completes without using any; the same for evaluation calls
   IdleUse idle_use;
 
   // Points the unit's parameter tensors at the scope's gathered buffer (full shapes), or empties them.
