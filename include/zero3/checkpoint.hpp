@@ -117,9 +117,9 @@ SavedCheckpoint save_checkpoint(Engine& engine, const std::filesystem::path& dir
 // rest of the config may differ. Verified before anything changes: the manifest, and the size and CRC-32C of
 // every file this rank reads. Then fills every rank's slices (fp32 master weights, Adam moments), restores
 // the counters and the loss scaler, recomputes the compute-dtype parameters, and writes the saved buffers into
-// every rank's Engine::buffers() (the same names, types and shapes as the checkpoint's, else CheckpointError). A failure while filling
-// the slices (a disk error after the files verified) leaves the engine's state partly overwritten: the
-// CheckpointError says so; load again or rebuild the engine.
+// every rank's Engine::buffers() (the same names, types and shapes as the checkpoint's, else CheckpointError). A
+// failure while filling the slices (a disk error after the files verified) leaves the engine's state partly
+// overwritten: the CheckpointError says so; load again or rebuild the engine.
 LoadedCheckpoint load_checkpoint(Engine& engine, const std::filesystem::path& dir, const std::string& tag = "latest");
 
 // ---- Reading checkpoints without an engine (local; for tools, and for training programs that decide what
@@ -267,17 +267,17 @@ struct ExportedModel {
 };
 
 // Writes DIR/TAG's model weights (the fp32 master copy, converted to `options.dtype`), then its buffers (under
-// their names, in their own types), as Hugging Face safetensors into `out_dir` (created if missing), streaming unit by unit: memory holds one unit at a time,
-// not the model. Local (no engine, no communicator). Throws CheckpointError for a bad checkpoint or name rule,
-// IoError when writing fails.
+// their names, in their own types), as Hugging Face safetensors into `out_dir` (created if missing), streaming unit by
+// unit: memory holds one unit at a time, not the model. Local (no engine, no communicator). Throws CheckpointError for
+// a bad checkpoint or name rule, IoError when writing fails.
 ExportedModel consolidate_checkpoint(const std::filesystem::path& dir, const std::string& tag,
                                      const std::filesystem::path& out_dir, const ExportOptions& options = {});
 
 // Gathers the engine's fp32 master weights unit by unit and has rank 0 write them as safetensors (bf16 by
-// default, see ExportOptions::dtype), then rank 0's Engine::buffers() in their own types, into `out_dir`: DeepSpeed's save_16bit_model. Collective (one all-gather
-// per unit); every rank returns the same description, and rank 0 logs it. zero_optimization.
-// stage3_gather_16bit_weights_on_model_save = false does not turn this into a silent no-op as it does in
-// DeepSpeed: the weights are written and a note says so.
+// default, see ExportOptions::dtype), then rank 0's Engine::buffers() in their own types, into `out_dir`: DeepSpeed's
+// save_16bit_model. Collective (one all-gather per unit); every rank returns the same description, and rank 0 logs it.
+// zero_optimization.stage3_gather_16bit_weights_on_model_save = false does not turn this into a silent no-op as it
+// does in DeepSpeed: the weights are written and a note says so.
 ExportedModel save_16bit_model(Engine& engine, const std::filesystem::path& out_dir, const ExportOptions& options = {});
 
 }  // namespace zero3

@@ -4,8 +4,8 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
-#include <optional>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <unordered_map>
@@ -309,7 +309,8 @@ std::string manifest_to_json(const CheckpointInfo& info) {
   if (!info.buffers.empty()) {
     ordered_json tensors = ordered_json::array();
     for (const CheckpointBuffer& b : info.buffers) {
-      tensors.push_back({{"name", b.name}, {"dtype", std::string(safetensors::dtype_name(b.dtype))}, {"shape", b.shape}});
+      tensors.push_back(
+          {{"name", b.name}, {"dtype", std::string(safetensors::dtype_name(b.dtype))}, {"shape", b.shape}});
     }
     m["buffers"] = {{"file", info.buffers_file.name},
                     {"bytes", info.buffers_file.bytes},

@@ -155,7 +155,8 @@ std::vector<ModelBuffer> Engine::buffers() const {
   std::set<std::string> names;
   for (const ModelBuffer& b : out) {
     ZERO3_REQUIRE(!b.name.empty(), InvalidArgument, "Engine::buffers: a buffer without a name");
-    ZERO3_REQUIRE(names.insert(b.name).second, InvalidArgument, "Engine::buffers: buffer '", b.name, "' is listed twice");
+    ZERO3_REQUIRE(names.insert(b.name).second, InvalidArgument, "Engine::buffers: buffer '", b.name,
+                  "' is listed twice");
     ZERO3_REQUIRE(b.data != nullptr, InvalidArgument, "Engine::buffers: buffer '", b.name, "' has no data");
   }
   return out;

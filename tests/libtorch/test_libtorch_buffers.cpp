@@ -119,10 +119,10 @@ std::string first_difference(const std::map<std::string, at::Tensor>& got,
 TEST(LibtorchBuffers, BroadcastMakesEveryRankRank0s) {
   auto world = engine_world();
   TrainedNet r = wrapped(world, 3, WrapOptions{.buffer_sync = BufferSync::broadcast});
-  EXPECT_EQ(r.sharded->buffer_names(),
-            (std::vector<std::string>{"block0.bn.running_mean", "block0.bn.running_var", "block0.bn.num_batches_tracked",
-                                      "block1.bn.running_mean", "block1.bn.running_var",
-                                      "block1.bn.num_batches_tracked"}));
+  EXPECT_EQ(
+      r.sharded->buffer_names(),
+      (std::vector<std::string>{"block0.bn.running_mean", "block0.bn.running_var", "block0.bn.num_batches_tracked",
+                                "block1.bn.running_mean", "block1.bn.running_var", "block1.bn.num_batches_tracked"}));
   for (int64_t step = 0; step < 3; ++step) {
     forward_backward(r, step);
     const auto before = buffers_of(r.net);  // this rank's own statistics

@@ -156,7 +156,8 @@ TEST(LibtorchConstruction, AFactoryThatBuildsAnotherModuleTheSecondTimeIsNamed) 
     Stack model;
     int runs = 0;
     UnitFactory changing{"blocks.0", [&runs]() -> std::shared_ptr<torch::nn::Module> {
-                           return ++runs == 1 ? Block().ptr() : std::shared_ptr<torch::nn::Module>(torch::nn::Linear(2, 2).ptr());
+                           return ++runs == 1 ? Block().ptr()
+                                              : std::shared_ptr<torch::nn::Module>(torch::nn::Linear(2, 2).ptr());
                          }};
     ShardedModel sharded(*engine, model.ptr(), WrapOptions{.units = {"stem", "head"}}, {changing});
     try {

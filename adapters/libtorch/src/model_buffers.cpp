@@ -17,17 +17,28 @@ namespace st = safetensors;
 
 std::optional<st::Dtype> safetensors_dtype(at::ScalarType t) {
   switch (t) {
-    case at::kFloat: return st::Dtype::f32;
-    case at::kDouble: return st::Dtype::f64;
-    case at::kHalf: return st::Dtype::f16;
-    case at::kBFloat16: return st::Dtype::bf16;
-    case at::kLong: return st::Dtype::i64;
-    case at::kInt: return st::Dtype::i32;
-    case at::kShort: return st::Dtype::i16;
-    case at::kChar: return st::Dtype::i8;
-    case at::kByte: return st::Dtype::u8;
-    case at::kBool: return st::Dtype::boolean;
-    default: return std::nullopt;
+    case at::kFloat:
+      return st::Dtype::f32;
+    case at::kDouble:
+      return st::Dtype::f64;
+    case at::kHalf:
+      return st::Dtype::f16;
+    case at::kBFloat16:
+      return st::Dtype::bf16;
+    case at::kLong:
+      return st::Dtype::i64;
+    case at::kInt:
+      return st::Dtype::i32;
+    case at::kShort:
+      return st::Dtype::i16;
+    case at::kChar:
+      return st::Dtype::i8;
+    case at::kByte:
+      return st::Dtype::u8;
+    case at::kBool:
+      return st::Dtype::boolean;
+    default:
+      return std::nullopt;
   }
 }
 

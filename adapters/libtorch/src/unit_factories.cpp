@@ -13,7 +13,8 @@ namespace {
 
 std::vector<std::pair<std::string, std::vector<int64_t>>> parameter_shapes(const torch::nn::Module& module) {
   std::vector<std::pair<std::string, std::vector<int64_t>>> out;
-  for (const auto& item : module.named_parameters(/*recurse=*/true)) out.emplace_back(item.key(), item.value().sizes().vec());
+  for (const auto& item : module.named_parameters(/*recurse=*/true))
+    out.emplace_back(item.key(), item.value().sizes().vec());
   return out;
 }
 
@@ -39,8 +40,8 @@ void install(torch::nn::Module& model, const UnitFactory& f, const std::shared_p
       }
     }
     if (!parent) {
-      throw InvalidArgument("zero3::libtorch: UnitFactory '" + f.path + "': the model has no submodule '" + parent_path +
-                            "' to install it in (build the parents first, or give UnitFactory::install)");
+      throw InvalidArgument("zero3::libtorch: UnitFactory '" + f.path + "': the model has no submodule '" +
+                            parent_path + "' to install it in (build the parents first, or give UnitFactory::install)");
     }
     if (auto* list = dynamic_cast<torch::nn::ModuleListImpl*>(parent.get())) {
       if (name != std::to_string(list->size())) {
@@ -69,7 +70,8 @@ void UnitRebuilder::build_all(torch::nn::Module& model) {
   std::map<std::string, int> paths;
   for (size_t k = 0; k < factories.size(); ++k) {
     const UnitFactory& f = factories[k];
-    if (f.path.empty() || !f.make) throw InvalidArgument("zero3::libtorch: a UnitFactory needs a path and a make function");
+    if (f.path.empty() || !f.make)
+      throw InvalidArgument("zero3::libtorch: a UnitFactory needs a path and a make function");
     if (!paths.emplace(f.path, static_cast<int>(k)).second) {
       throw InvalidArgument("zero3::libtorch: two UnitFactory entries for '" + f.path + "'");
     }
@@ -81,8 +83,8 @@ void UnitRebuilder::build_all(torch::nn::Module& model) {
     // empties them as any other.
     for (const at::Tensor& t : module->parameters(/*recurse=*/true)) {
       c10::TensorImpl* impl = t.unsafeGetTensorImpl();
-      impl->set_storage_keep_dtype(c10::Storage(c10::Storage::use_byte_size_t(), size_t{0},
-                                                c10::DataPtr(nullptr, t.device()), nullptr, false));
+      impl->set_storage_keep_dtype(
+          c10::Storage(c10::Storage::use_byte_size_t(), size_t{0}, c10::DataPtr(nullptr, t.device()), nullptr, false));
     }
   }
   rng_after = cpu_rng_state();

@@ -82,14 +82,16 @@ int run(const std::string& config_path) {
     }
   }
   const auto state = sharded.gather_state_dict();
-  if (state.size() != 6 || !state.contains("bn.weight") || state["fc1.weight"].sizes() != at::IntArrayRef{kHidden, kIn}) {
+  if (state.size() != 6 || !state.contains("bn.weight") ||
+      state["fc1.weight"].sizes() != at::IntArrayRef{kHidden, kIn}) {
     return fail(rank, "gather_state_dict() does not hold the module's parameters by their names");
   }
   if (rank == 0) {
-    std::printf("libtorch consumer (zero3 %s): %d rank(s), stage %d, %s; loss %.4f -> %.4f over %lld steps, "
-                "BatchNorm statistics equal on every rank: ok\n",
-                zero3::version().c_str(), world, s.engine->stage(), s.comm->backend(), first, last,
-                static_cast<long long>(kSteps));
+    std::printf(
+        "libtorch consumer (zero3 %s): %d rank(s), stage %d, %s; loss %.4f -> %.4f over %lld steps, "
+        "BatchNorm statistics equal on every rank: ok\n",
+        zero3::version().c_str(), world, s.engine->stage(), s.comm->backend(), first, last,
+        static_cast<long long>(kSteps));
   }
   return 0;
 }
