@@ -19,6 +19,13 @@ zero3_install_program(zero3_cli)
 install(DIRECTORY "${PROJECT_SOURCE_DIR}/include/zero3" DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
 install(FILES "${PROJECT_BINARY_DIR}/include/zero3/build_config.hpp" DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/zero3)
 install(EXPORT zero3Targets NAMESPACE zero3:: DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/zero3)
+# The build tree is a package too (CMAKE_PREFIX_PATH or zero3_DIR pointing at it): its config includes these.
+export(EXPORT zero3Targets NAMESPACE zero3:: FILE "${PROJECT_BINARY_DIR}/zero3Targets.cmake")
+# The libtorch component's config finds the libtorch the adapter was built with unless the consumer names one.
+set(ZERO3_TORCH_DIR "")
+if(ZERO3_HAVE_LIBTORCH AND Torch_DIR)
+  set(ZERO3_TORCH_DIR "${Torch_DIR}")
+endif()
 configure_package_config_file("${PROJECT_SOURCE_DIR}/cmake/zero3Config.cmake.in"
                               "${PROJECT_BINARY_DIR}/zero3Config.cmake"
                               INSTALL_DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/zero3)

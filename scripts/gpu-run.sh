@@ -418,7 +418,7 @@ step_build() {
 run_test_program() {  # program filter tag limit
   local prog=$1 filter=$2 tag=$3 limit=$4 exe="$RUN_TREE/bin/$1" base="$RUN_DIR/tests/$1$3" start rc
   [ -x "$exe" ] || { echo "missing $exe" >"$base.log"; echo "rc=127 seconds=0" >"$base.status"; return; }
-  if ! "$exe" --gtest_list_tests --gtest_filter="$filter" 2>/dev/null | grep -q '^  '; then
+  if ! grep -q '^  ' <<<"$("$exe" --gtest_list_tests --gtest_filter="$filter" 2>/dev/null)"; then
     echo "rc=none seconds=0 (no test matches $filter)" >"$base.status"
     return
   fi
@@ -486,7 +486,7 @@ step_tests_multi() {
   # The several-process tests must exist where the run looks for them (checked without a GPU too).
   local p n=0
   while read -r p; do
-    "$RUN_TREE/bin/$p" --gtest_list_tests --gtest_filter="$MULTI_PROCESS" 2>/dev/null | grep -q '^  ' && n=$((n + 1))
+    grep -q '^  ' <<<"$("$RUN_TREE/bin/$p" --gtest_list_tests --gtest_filter="$MULTI_PROCESS" 2>/dev/null)" && n=$((n + 1))
   done < <(ordered_test_programs MULTI_ORDER)
   [ "$n" -ge 2 ] || { note "expected the several-process tests of test_cuda_engine and test_nccl_collectives, found $n programs"; return 1; }
   test_step "$MULTI_PROCESS" ".multi" 60 MULTI_ORDER

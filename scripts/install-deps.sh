@@ -21,7 +21,9 @@ packages=(
 # 486 MiB, about 40 s) builds the libtorch adapter, its example and its tests (ctest -L libtorch).
 optional=(libtorch-dev)
 
-installed() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok installed"; }
+# Never `cmd | grep -q` under pipefail: grep exits at its first match, the command dies of SIGPIPE writing the rest,
+# and the pipeline fails although the text matched. The command's output is taken whole first.
+installed() { grep -q "install ok installed" <<<"$(dpkg-query -W -f='${Status}' "$1" 2>/dev/null || true)"; }
 missing=()
 for p in "${packages[@]}"; do installed "$p" || missing+=("$p"); done
 optional_missing=()
@@ -34,7 +36,7 @@ sudo=""
 if [ "$(id -u)" != 0 ]; then sudo="sudo"; fi
 $sudo apt-get update -qq
 for p in "${optional_missing[@]}"; do
-  if apt-cache policy "$p" 2>/dev/null | grep -q "Candidate: [0-9]"; then
+  if grep -q "Candidate: [0-9]" <<<"$(apt-cache policy "$p" 2>/dev/null || true)"; then
     missing+=("$p")
   else
     echo "install-deps: $p is not packaged here; what needs it is not built"

@@ -10,8 +10,28 @@ bash scripts/install-deps.sh
 
 build=${BUILD_DIR:-build}
 jobs=${JOBS:-$(nproc)}
-cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DZERO3_WERROR=ON
+# Where the distribution packages libtorch-dev (install-deps.sh installs it), the libtorch adapter and its tests are
+# part of the run: ZERO3_LIBTORCH=ON makes a configure that does not find libtorch fail instead of skipping them.
+libtorch=()
+if command -v apt-cache >/dev/null && grep -q "Candidate: [0-9]" <<<"$(apt-cache policy libtorch-dev 2>/dev/null || true)"; then
+  libtorch=(-DZERO3_LIBTORCH=ON)
+fi
+if ! cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DZERO3_WERROR=ON "${libtorch[@]}"; then
+  if [ ${#libtorch[@]} -gt 0 ]; then
+    echo "test.sh: the distribution packages libtorch-dev, but the libtorch adapter could not be configured (see" \
+      "the LIBTORCH line above): install libtorch-dev (scripts/install-deps.sh) or fix what CMake reports" >&2
+  fi
+  exit 1
+fi
 cmake --build "$build" -j "$jobs"
+if [ ${#libtorch[@]} -gt 0 ]; then
+  n=$(ctest --test-dir "$build" -N -L libtorch | sed -n 's/^Total Tests: //p')
+  if [ "${n:-0}" -eq 0 ]; then
+    echo "test.sh: the distribution packages libtorch-dev, but $build has no libtorch test (ctest -L libtorch)" >&2
+    exit 1
+  fi
+  echo "test.sh: libtorch-dev is packaged here: the adapter is built, $n tests in the libtorch label"
+fi
 # The safetensors and config fuzz targets build with clang (libFuzzer) in its own tree; their tests replay the corpora.
 if command -v clang++ >/dev/null; then
   cmake -S . -B "$build-fuzz" -G Ninja -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ \

@@ -23,6 +23,8 @@
 //   DIR/TAG/rank-00003-of-00016.safetensors
 //                                       rank 3's fp32 master weights and Adam moments of its slice of every
 //                                       unit: tensors "<unit>.master", "<unit>.exp_avg", "<unit>.exp_avg_sq"
+//   DIR/TAG/buffers.safetensors         the model's buffers (Engine::set_buffer_source), rank 0's values under
+//                                       their own names; only when the model has buffers
 //
 // Guarantees. A save is written into DIR/.tmp-TAG-<nonce>/ (every file fsync'ed), committed by renaming that
 // directory to DIR/TAG, and only then published by rewriting DIR/latest (atomically). A process or machine
@@ -114,9 +116,10 @@ SavedCheckpoint save_checkpoint(Engine& engine, const std::filesystem::path& dir
 // shapes and compute dtypes (CheckpointError naming the first difference). The world size, the stage and the
 // rest of the config may differ. Verified before anything changes: the manifest, and the size and CRC-32C of
 // every file this rank reads. Then fills every rank's slices (fp32 master weights, Adam moments), restores
-// the counters and the loss scaler, and recomputes the compute-dtype parameters. A failure while filling
-// the slices (a disk error after the files verified) leaves the engine's state partly overwritten: the
-// CheckpointError says so; load again or rebuild the engine.
+// the counters and the loss scaler, recomputes the compute-dtype parameters, and writes the saved buffers into
+// every rank's Engine::buffers() (the same names, types and shapes as the checkpoint's, else CheckpointError). A
+// failure while filling the slices (a disk error after the files verified) leaves the engine's state partly
+// overwritten: the CheckpointError says so; load again or rebuild the engine.
 LoadedCheckpoint load_checkpoint(Engine& engine, const std::filesystem::path& dir, const std::string& tag = "latest");
 
 // ---- Reading checkpoints without an engine (local; for tools, and for training programs that decide what
@@ -166,6 +169,13 @@ struct CheckpointFile {
   std::vector<CheckpointRange> ranges;
 };
 
+// A model buffer a checkpoint holds (Engine::set_buffer_source): rank 0's value at the save.
+struct CheckpointBuffer {
+  std::string name;
+  safetensors::Dtype dtype = safetensors::Dtype::f32;
+  std::vector<int64_t> shape;
+};
+
 // A checkpoint's manifest.
 struct CheckpointInfo {
   std::filesystem::path path;  // DIR/TAG
@@ -180,9 +190,13 @@ struct CheckpointInfo {
   CheckpointExtras extras;
   std::vector<CheckpointUnit> units;
   std::vector<CheckpointFile> files;
+  // The model's buffers, all in buffers_file ("buffers.safetensors", written by rank 0, no ranges). A checkpoint
+  // of a model without buffers has none, and buffers_file.name is empty.
+  std::vector<CheckpointBuffer> buffers;
+  CheckpointFile buffers_file;
 
   int64_t parameter_count() const;  // over all units
-  uint64_t total_bytes() const;     // of all files
+  uint64_t total_bytes() const;     // of all files, the buffers' included
 };
 
 // Reads and validates DIR/TAG/manifest.json (structure, consistency of units, parameters and file ranges).
@@ -252,18 +266,18 @@ struct ExportedModel {
   std::string summary() const;  // "wrote 291 tensors (8.03e9 parameters, bf16) in 4 files, 16.1 GB, to DIR"
 };
 
-// Writes DIR/TAG's model weights (the fp32 master copy, converted to `options.dtype`) as Hugging Face
-// safetensors into `out_dir` (created if missing), streaming unit by unit: memory holds one unit at a time,
-// not the model. Local (no engine, no communicator). Throws CheckpointError for a bad checkpoint or name rule,
-// IoError when writing fails.
+// Writes DIR/TAG's model weights (the fp32 master copy, converted to `options.dtype`), then its buffers (under
+// their names, in their own types), as Hugging Face safetensors into `out_dir` (created if missing), streaming unit by
+// unit: memory holds one unit at a time, not the model. Local (no engine, no communicator). Throws CheckpointError for
+// a bad checkpoint or name rule, IoError when writing fails.
 ExportedModel consolidate_checkpoint(const std::filesystem::path& dir, const std::string& tag,
                                      const std::filesystem::path& out_dir, const ExportOptions& options = {});
 
 // Gathers the engine's fp32 master weights unit by unit and has rank 0 write them as safetensors (bf16 by
-// default, see ExportOptions::dtype) into `out_dir`: DeepSpeed's save_16bit_model. Collective (one all-gather
-// per unit); every rank returns the same description, and rank 0 logs it. zero_optimization.
-// stage3_gather_16bit_weights_on_model_save = false does not turn this into a silent no-op as it does in
-// DeepSpeed: the weights are written and a note says so.
+// default, see ExportOptions::dtype), then rank 0's Engine::buffers() in their own types, into `out_dir`: DeepSpeed's
+// save_16bit_model. Collective (one all-gather per unit); every rank returns the same description, and rank 0 logs it.
+// zero_optimization.stage3_gather_16bit_weights_on_model_save = false does not turn this into a silent no-op as it
+// does in DeepSpeed: the weights are written and a note says so.
 ExportedModel save_16bit_model(Engine& engine, const std::filesystem::path& out_dir, const ExportOptions& options = {});
 
 }  // namespace zero3

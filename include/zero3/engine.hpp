@@ -101,6 +101,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -110,6 +111,7 @@
 #include "zero3/comm.hpp"
 #include "zero3/config.hpp"
 #include "zero3/device.hpp"
+#include "zero3/safetensors.hpp"
 #include "zero3/tensor_view.hpp"
 #include "zero3/traffic_plan.hpp"
 #include "zero3/unit.hpp"
@@ -234,6 +236,19 @@ struct TrainingState {
   int64_t scaler_last_overflow_iter = -1;
   int64_t scaler_hysteresis = 1;
 };
+
+// A tensor of the model that is not a parameter and is not trained (a BatchNorm layer's running mean): whole on
+// every rank, in host memory the program owns. Checkpoints save rank 0's values and load them into every rank (any
+// world size); save_16bit_model and consolidate_checkpoint write them beside the parameters under `name`, in their
+// own element type.
+struct ModelBuffer {
+  std::string name;  // unique among the buffers and the exported parameter names
+  safetensors::Dtype dtype = safetensors::Dtype::f32;
+  std::vector<int64_t> shape;  // {} for a scalar
+  void* data = nullptr;        // contiguous host memory of shape's elements: read by saves, written by loads
+};
+// Lists the model's buffers as they are now (called by each save, load and export).
+using BufferSource = std::function<std::vector<ModelBuffer>()>;
 
 // A gather scope: while it is open, the unit's full parameters are available (and, for a backward scope,
 // its gradient buffer). Move-only. Closing it (destructor or close()) releases the unit according to the
@@ -411,6 +426,14 @@ class Engine {
   // of its collectives. Do not issue collectives on communicator() yourself: see "The program's collectives" at
   // the top of this header.
   void all_reduce_host(float* values, size_t count, ReduceOp op = ReduceOp::sum);
+
+  // ---- Buffers ----
+
+  // Registers where the model's buffers are (zero3::libtorch registers its module's). Local; replaces an earlier
+  // source, and an empty function removes it. Every rank must list the same names, types and shapes.
+  void set_buffer_source(BufferSource source);
+  // What the source lists now; empty without one. InvalidArgument for a nameless, duplicate or null buffer.
+  std::vector<ModelBuffer> buffers() const;
 
   // ---- Queries ----
 

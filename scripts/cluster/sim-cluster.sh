@@ -194,7 +194,7 @@ build_cluster() {
   for ((i = 0; i < nodes; ++i)); do
     local n
     for n in $(seq 1 100); do
-      ip -n "${node_ns[$i]}" link show eth0 | grep -q "LOWER_UP" && break
+      grep -q "LOWER_UP" <<<"$(ip -n "${node_ns[$i]}" link show eth0 2>/dev/null)" && break
       [ "$n" = 100 ] && die "the link of node $i did not come up within 10 s"
       sleep 0.1
     done
@@ -275,7 +275,7 @@ run_cluster() {  # run_cluster <mode> -- command...
     running=0
     for ((i = 0; i < nodes; ++i)); do kill -0 "${launcher_pids[$i]}" 2>/dev/null && running=$((running + 1)); done
     [ "$running" = 0 ] && break
-    if [ "$down_done" = 0 ] && { [ -z "$link_down_when" ] || cat "$workdir"/node*.log 2>/dev/null | grep -qE -- "$link_down_when"; }; then
+    if [ "$down_done" = 0 ] && { [ -z "$link_down_when" ] || grep -qE -- "$link_down_when" "$workdir"/node*.log 2>/dev/null; }; then
       take_link_down
       down_done=1
     fi

@@ -9,6 +9,7 @@
 
 #include "checkpoint/checkpoint_dir.hpp"
 #include "checkpoint/manifest.hpp"
+#include "checkpoint/model_buffers.hpp"
 #include "checkpoint/rank_reports.hpp"
 #include "checkpoint/reshard.hpp"
 #include "checkpoint/shard_check.hpp"
@@ -169,6 +170,13 @@ std::vector<FileCheck> verify_checkpoint_files(const CheckpointInfo& info) {
     c.ok = c.problem.empty();
     out.push_back(std::move(c));
   }
+  if (!info.buffers_file.name.empty()) {
+    FileCheck c;
+    c.file = info.buffers_file.name;
+    c.problem = ckpt::check_buffers_file(info);
+    c.ok = c.problem.empty();
+    out.push_back(std::move(c));
+  }
   return out;
 }
 
@@ -197,10 +205,16 @@ LoadedCheckpoint load_checkpoint(Engine& engine, const fs::path& dir, const std:
     result.tag = resolve_checkpoint_tag(dir, tag_arg);
     info = ckpt::read_manifest(locate_or_throw(dir, result.tag));
     result.path = info.path;
-    const std::string diff = model_difference(info, engine);
+    std::string diff = model_difference(info, engine);
+    if (diff.empty()) diff = ckpt::buffers_difference(info, engine.buffers());
     if (!diff.empty()) {
       throw CheckpointError("checkpoint " + info.path.string() + " does not match the engine's model: " + diff);
     }
+    const std::string buffers_problem = ckpt::check_buffers_file(info);
+    if (!buffers_problem.empty()) {
+      throw CheckpointError((info.path / info.buffers_file.name).string() + ": " + buffers_problem);
+    }
+    result.bytes_read += info.buffers_file.bytes;
     for (size_t i = 0; i < engine.num_units(); ++i) {
       UnitPlan p;
       p.id = UnitId{static_cast<int32_t>(i)};
@@ -292,6 +306,7 @@ LoadedCheckpoint load_checkpoint(Engine& engine, const fs::path& dir, const std:
         device.copy(p.view.master, staging.data(), staging.size() * sizeof(float));
       }
     }
+    ckpt::read_buffers(info, engine.buffers());
   } catch (const std::exception& e) {
     mine.ok = false;
     mine.message = e.what();

@@ -13,6 +13,7 @@
 #include "checkpoint/crash_point.hpp"
 #include "checkpoint/crc32c.hpp"
 #include "checkpoint/manifest.hpp"
+#include "checkpoint/model_buffers.hpp"
 #include "checkpoint/rank_reports.hpp"
 #include "checkpoint/save_on_node.hpp"
 #include "core/check.hpp"
@@ -426,7 +427,15 @@ SavedCheckpoint save_checkpoint_on_node(Engine& engine, const fs::path& dir, con
     bool committed = false;
     try {
       ckpt::crash_point("before_manifest", rank);
-      const CheckpointInfo info = describe(engine, tag, created, state, extras, shard_reports);
+      CheckpointInfo info = describe(engine, tag, created, state, extras, shard_reports);
+      // The model's buffers: this rank's values (the same on every rank when the program synchronizes them, as
+      // zero3::libtorch does).
+      const std::vector<ModelBuffer> buffers = engine.buffers();
+      if (!buffers.empty()) {
+        info.buffers = ckpt::describe_buffers(buffers);
+        info.buffers_file = ckpt::write_buffers_file(buffers, temp / ckpt::kBuffersFileName);
+        info.buffers_file.rank = rank;
+      }
       io::write_file_atomically(temp / ckpt::kManifestName, ckpt::manifest_to_json(info));
       const double manifest_done = seconds_since(t0);
       ckpt::crash_point("before_rename", rank);

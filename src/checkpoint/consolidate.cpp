@@ -5,6 +5,7 @@
 #include <optional>
 
 #include "checkpoint/manifest.hpp"
+#include "checkpoint/model_buffers.hpp"
 #include "checkpoint/model_export.hpp"
 #include "checkpoint/reshard.hpp"
 #include "zero3/checkpoint.hpp"
@@ -29,6 +30,9 @@ ExportedModel consolidate_checkpoint(const fs::path& dir, const std::string& tag
   const std::vector<ckpt::ExportParam> params = ckpt::plan_export(sources, options, options.dtype);
   std::vector<st::TensorDecl> decls;
   for (const ckpt::ExportParam& p : params) decls.push_back(p.decl);
+  ckpt::check_export_names(decls, info.buffers);
+  const std::vector<st::TensorDecl> buffer_decls = ckpt::buffer_decls(info.buffers);
+  decls.insert(decls.end(), buffer_decls.begin(), buffer_decls.end());
 
   std::error_code ec;
   fs::create_directories(out_dir, ec);
@@ -54,8 +58,9 @@ ExportedModel consolidate_checkpoint(const fs::path& dir, const std::string& tag
       writer.write_from_f32(p.decl.name, unit_buf.data() + p.offset, p.numel);
     }
   }
+  ckpt::export_buffers(info, writer);
   writer.finish();
-  ExportedModel m = ckpt::describe_export(out_dir, params, options.max_shard_bytes, true);
+  ExportedModel m = ckpt::describe_export(out_dir, params, options.max_shard_bytes, true, buffer_decls);
   m.dtype = ckpt::export_dtype(params, options.dtype);
   log::info("consolidated checkpoint ", info.path.string(), " (global step ", info.training_state.global_steps,
             "): ", m.summary());

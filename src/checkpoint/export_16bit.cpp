@@ -1,6 +1,7 @@
 // save_16bit_model: the engine's weights, gathered unit by unit, written by rank 0 as Hugging Face safetensors.
 #include <memory>
 
+#include "checkpoint/model_buffers.hpp"
 #include "checkpoint/model_export.hpp"
 #include "checkpoint/rank_reports.hpp"
 #include "core/check.hpp"
@@ -33,6 +34,9 @@ ExportedModel save_16bit_model(Engine& engine, const fs::path& out_dir, const Ex
     }
   }
   const std::vector<ckpt::ExportParam> params = ckpt::plan_export(sources, options, dtype);
+  // The model's buffers follow the parameters, rank 0's values in their own types (every rank lists the same).
+  const std::vector<ModelBuffer> buffers = engine.buffers();
+  const std::vector<st::TensorDecl> buffer_decls = ckpt::buffer_decls(ckpt::describe_buffers(buffers));
 
   ckpt::RankReport mine;
   std::unique_ptr<st::ShardedSafetensorsWriter> writer;
@@ -48,6 +52,8 @@ ExportedModel save_16bit_model(Engine& engine, const fs::path& out_dir, const Ex
       if (ec) throw IoError("cannot create " + out_dir.string() + ": " + ec.message());
       std::vector<st::TensorDecl> decls;
       for (const ckpt::ExportParam& p : params) decls.push_back(p.decl);
+      ckpt::check_export_names(decls, ckpt::describe_buffers(buffers));
+      decls.insert(decls.end(), buffer_decls.begin(), buffer_decls.end());
       writer = std::make_unique<st::ShardedSafetensorsWriter>(out_dir, decls, options.max_shard_bytes);
     } catch (const std::exception& e) {
       fail(e);
@@ -72,8 +78,9 @@ ExportedModel save_16bit_model(Engine& engine, const fs::path& out_dir, const Ex
   }
   if (writer) {
     try {
+      for (const ModelBuffer& b : buffers) writer->write(b.name, b.data, static_cast<size_t>(ckpt::buffer_bytes(b)));
       writer->finish();
-      mine.a = ckpt::describe_export(out_dir, params, options.max_shard_bytes, true).bytes;
+      mine.a = ckpt::describe_export(out_dir, params, options.max_shard_bytes, true, buffer_decls).bytes;
     } catch (const std::exception& e) {
       fail(e);
     }
@@ -81,7 +88,7 @@ ExportedModel save_16bit_model(Engine& engine, const fs::path& out_dir, const Ex
   const std::vector<ckpt::RankReport> reports =
       ckpt::exchange_reports(engine, mine, "save_16bit_model to " + out_dir.string());
   ckpt::throw_if_any_failed(reports, "save_16bit_model");
-  ExportedModel m = ckpt::describe_export(out_dir, params, options.max_shard_bytes, false);
+  ExportedModel m = ckpt::describe_export(out_dir, params, options.max_shard_bytes, false, buffer_decls);
   m.bytes = reports[0].a;
   m.dtype = dtype;
   log::info_rank0("save_16bit_model: ", m.summary());

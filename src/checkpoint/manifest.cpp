@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <unordered_map>
@@ -305,6 +306,17 @@ std::string manifest_to_json(const CheckpointInfo& info) {
                      {"ranges", std::move(ranges)}});
   }
   m["files"] = std::move(files);
+  if (!info.buffers.empty()) {
+    ordered_json tensors = ordered_json::array();
+    for (const CheckpointBuffer& b : info.buffers) {
+      tensors.push_back(
+          {{"name", b.name}, {"dtype", std::string(safetensors::dtype_name(b.dtype))}, {"shape", b.shape}});
+    }
+    m["buffers"] = {{"file", info.buffers_file.name},
+                    {"bytes", info.buffers_file.bytes},
+                    {"crc32c", crc_hex(info.buffers_file.crc32c)},
+                    {"tensors", std::move(tensors)}};
+  }
   // The config last: it is long, and a person reading the manifest wants the layout first.
   ordered_json config = ordered_json::parse(info.config_json, nullptr, false);
   m["config"] = config.is_discarded() ? ordered_json(info.config_json) : std::move(config);
@@ -439,6 +451,38 @@ CheckpointInfo manifest_from_json(std::string_view text, const std::filesystem::
   }
   check_layout(r, info);
 
+  if (m.contains("buffers")) {
+    const json& jb = r.field(m, "buffers", "");
+    CheckpointFile& f = info.buffers_file;
+    f.name = r.string(jb, "file", "buffers");
+    if (!safe_file_name(f.name) || file_names.count(f.name) || f.name == kManifestName) {
+      r.fail("buffers.file '" + f.name + "' is not a plain file name, or is another file's");
+    }
+    f.bytes = r.unsigned_integer(jb, "bytes", "buffers");
+    const std::string crc = r.string(jb, "crc32c", "buffers");
+    if (crc.size() != 8 || crc.find_first_not_of("0123456789abcdef") != std::string::npos) {
+      r.fail("buffers.crc32c '" + crc + "' is not 8 lowercase hex digits");
+    }
+    f.crc32c = static_cast<uint32_t>(std::stoul(crc, nullptr, 16));
+    const json& tensors = r.array(jb, "tensors", "buffers");
+    std::set<std::string> names;
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      const std::string where = "buffers.tensors[" + std::to_string(i) + "]";
+      CheckpointBuffer b;
+      b.name = r.string(tensors[i], "name", where);
+      if (b.name.empty() || !names.insert(b.name).second) r.fail(where + ".name '" + b.name + "' is empty or repeated");
+      const std::string dtype = r.string(tensors[i], "dtype", where);
+      const std::optional<safetensors::Dtype> t = safetensors::dtype_from_name(dtype);
+      if (!t) r.fail(where + ".dtype '" + dtype + "' is not a safetensors dtype");
+      b.dtype = *t;
+      for (const json& d : r.array(tensors[i], "shape", where)) {
+        if (!d.is_number_integer() || d.get<int64_t>() < 0) r.fail(where + ".shape has a negative dimension");
+        b.shape.push_back(d.get<int64_t>());
+      }
+      info.buffers.push_back(std::move(b));
+    }
+  }
+
   const json& config = r.field(m, "config", "");
   info.config_json = config.is_string() ? config.get<std::string>() : config.dump(2);
   // A save happens only at the end of an accumulation window of the run that saved.
@@ -483,7 +527,7 @@ int64_t CheckpointInfo::parameter_count() const {
 uint64_t CheckpointInfo::total_bytes() const {
   uint64_t n = 0;
   for (const CheckpointFile& f : files) n += f.bytes;
-  return n;
+  return n + buffers_file.bytes;
 }
 
 }  // namespace zero3

@@ -21,7 +21,7 @@ std::vector<ExportParam> plan_export(const std::vector<ExportSource>& sources, c
 }
 
 ExportedModel describe_export(const std::filesystem::path& out_dir, const std::vector<ExportParam>& params,
-                              uint64_t max_shard_bytes, bool stat_files) {
+                              uint64_t max_shard_bytes, bool stat_files, const std::vector<st::TensorDecl>& buffers) {
   std::vector<st::TensorDecl> decls;
   ExportedModel m;
   m.dir = out_dir;
@@ -29,7 +29,8 @@ ExportedModel describe_export(const std::filesystem::path& out_dir, const std::v
     decls.push_back(p.decl);
     m.parameters += p.numel;
   }
-  m.tensors = static_cast<int64_t>(params.size());
+  decls.insert(decls.end(), buffers.begin(), buffers.end());
+  m.tensors = static_cast<int64_t>(decls.size());
   const std::vector<st::ShardPlan> plan = st::plan_shards(decls, max_shard_bytes, "model");
   for (const st::ShardPlan& s : plan) m.files.push_back(s.file_name);
   if (plan.size() > 1) m.files.push_back("model.safetensors.index.json");

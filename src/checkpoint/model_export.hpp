@@ -35,8 +35,10 @@ std::vector<ExportParam> plan_export(const std::vector<ExportSource>& sources, c
 
 // What a finished export holds: file names from the shard plan (plus the index for several shards), counts, and
 // the files' sizes on disk (0 when `stat_files` is false: the files are on another rank's view).
+// `buffers` follow the parameters in the files (the model's buffers).
 ExportedModel describe_export(const std::filesystem::path& out_dir, const std::vector<ExportParam>& params,
-                              uint64_t max_shard_bytes, bool stat_files);
+                              uint64_t max_shard_bytes, bool stat_files,
+                              const std::vector<safetensors::TensorDecl>& buffers = {});
 
 // The export's dtype for the summary: `dtype`, else the first tensor's.
 DType export_dtype(const std::vector<ExportParam>& params, std::optional<DType> dtype);

@@ -1,6 +1,8 @@
 // The public Engine and UnitScope: argument checks and forwarding to EngineImpl.
 #include "zero3/engine.hpp"
 
+#include <set>
+
 #include "core/check.hpp"
 #include "zero/engine_impl.hpp"
 #include "zero/partition.hpp"
@@ -144,6 +146,21 @@ ShardView Engine::local_shard(UnitId unit) { return impl_->local_shard(unit); }
 void Engine::refresh_params() { impl_->refresh_params(); }
 
 void Engine::all_reduce_host(float* values, size_t count, ReduceOp op) { impl_->all_reduce_host(values, count, op); }
+
+void Engine::set_buffer_source(BufferSource source) { impl_->buffer_source_ = std::move(source); }
+
+std::vector<ModelBuffer> Engine::buffers() const {
+  if (!impl_->buffer_source_) return {};
+  std::vector<ModelBuffer> out = impl_->buffer_source_();
+  std::set<std::string> names;
+  for (const ModelBuffer& b : out) {
+    ZERO3_REQUIRE(!b.name.empty(), InvalidArgument, "Engine::buffers: a buffer without a name");
+    ZERO3_REQUIRE(names.insert(b.name).second, InvalidArgument, "Engine::buffers: buffer '", b.name,
+                  "' is listed twice");
+    ZERO3_REQUIRE(b.data != nullptr, InvalidArgument, "Engine::buffers: buffer '", b.name, "' has no data");
+  }
+  return out;
+}
 
 OffloadStats Engine::offload_stats() const {
   OffloadStats s;

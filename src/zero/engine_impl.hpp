@@ -234,6 +234,7 @@ class EngineImpl {
   bool window_backward_ = false;  // a backward scope was entered since the last accumulation boundary
 
   int64_t micro_steps_ = 0;
+  BufferSource buffer_source_;  // the model's buffers (Engine::set_buffer_source), for checkpoints and exports
   int64_t global_steps_ = 0;
   int64_t skipped_steps_ = 0;
   int64_t applied_steps_ = 0;

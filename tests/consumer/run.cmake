@@ -2,11 +2,16 @@
 # BUILD_DIR/consumer-install, checks that the installed programs start with an empty environment (their RPATH
 # finds libzero3, no LD_LIBRARY_PATH), builds tests/consumer against the installation with find_package(zero3)
 # and trains it on 2 ranks started by the installed `zero3 launch`, then builds the same program with the
-# installed pkg-config file (when PKG_CONFIG is given) and runs it on 1 rank.
+# installed pkg-config file (when PKG_CONFIG is given) and runs it on 1 rank. tests/libtorch/consumer (find_package(zero3
+# COMPONENTS libtorch)) runs through it too.
 #   BUILD_DIR, SOURCE_DIR (tests/consumer), GENERATOR, CXX (the compiler), LIBDIR (CMAKE_INSTALL_LIBDIR),
-#   PKG_CONFIG (the pkg-config program; empty: that part is skipped)
-set(prefix "${BUILD_DIR}/consumer-install")
-set(work "${BUILD_DIR}/consumer-build")
+#   PKG_CONFIG (the pkg-config program; empty: that part is skipped), NAME (default consumer: the installation
+#   and the consumer's build are BUILD_DIR/NAME-install and BUILD_DIR/NAME-build)
+if(NOT NAME)
+  set(NAME consumer)
+endif()
+set(prefix "${BUILD_DIR}/${NAME}-install")
+set(work "${BUILD_DIR}/${NAME}-build")
 file(REMOVE_RECURSE "${prefix}" "${work}")
 
 # Runs a command with nothing in the environment but PATH; fails the test unless it exits 0 and, when

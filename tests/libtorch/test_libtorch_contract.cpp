@@ -37,10 +37,12 @@ struct NetImpl : torch::nn::Module {
     bias = register_parameter("bias", torch::full({4}, 0.25));
   }
   at::Tensor forward(const at::Tensor& x) {
-    return zero3::libtorch::call(b, zero3::libtorch::call(a, x)) + bias;
+    const at::Tensor h = call_b_directly ? b->forward(zero3::libtorch::call(a, x)) : zero3::libtorch::call(b, zero3::libtorch::call(a, x));
+    return h + bias;
   }
   Scale a{nullptr}, b{nullptr};
   at::Tensor bias;
+  bool call_b_directly = false;  // the misuse: b(x) instead of call(b, x)
 };
 TORCH_MODULE(Net);
 
@@ -104,6 +106,18 @@ TEST(LibtorchWrap, RefusesBadUnitsAndParameters) {
                "already wrapped by another ShardedModel");
 }
 
+TEST(LibtorchWrap, ACheckpointedUnitMayNotHoldAnotherUnitsParameter) {
+  Net net;
+  net->b->register_parameter("tied", net->a->w);  // a.w is also b.tied: shared by two units, it belongs to the root
+  for (const std::string unit : {"a", "b"}) {
+    expect_error([&] { ShardedModel{*make_engine(), net.ptr(), WrapOptions{.units = {"a", "b"}, .checkpoint = {unit}}}; },
+                 "checkpointed unit '" + unit + "' uses parameter '" + (unit == "a" ? "a.w" : "b.tied") +
+                     "', which is registered as 'a.w' and 'b.tied' and so belongs to the root unit 'root'");
+  }
+  auto engine = make_engine();
+  ShardedModel unchecked(*engine, net.ptr(), WrapOptions{.units = {"a", "b"}});  // without checkpointing: fine
+}
+
 TEST(LibtorchWrap, NestedUnitsAreRefused) {
   auto engine = make_engine();
   auto outer = std::make_shared<torch::nn::Module>();
@@ -122,6 +136,20 @@ TEST(LibtorchCalls, UnitsAreCalledInsideTheModelInTraining) {
   }
   w.net->a->body = [](ScaleImpl& self, const at::Tensor& x) { return zero3::libtorch::call(&self, x) * self.w; };
   expect_error([&] { zero3::libtorch::call(w.net, input()); }, "called inside its own call");
+}
+
+TEST(LibtorchCalls, AUnitCalledDirectlyIsNamed) {
+  for (const bool evaluating : {false, true}) {
+    SCOPED_TRACE(evaluating ? "evaluation" : "training");
+    Wrapped w = wrap_net();
+    w.net->call_b_directly = true;
+    EvalMode eval;
+    if (evaluating) eval = w.sharded->evaluate();
+    expect_error([&] { zero3::libtorch::call(w.net, input()); },
+                 "the model (root unit 'root') used parameter 'b.w' of unit 'b', whose unit is not in use: aten::mul "
+                 "saw the parameter empty");
+    expect_error([&] { zero3::libtorch::call(w.net, input()); }, "call it through zero3::libtorch::call(b, x)");
+  }
 }
 
 TEST(LibtorchCalls, TensorsOutsideTheUnitAreRefused) {

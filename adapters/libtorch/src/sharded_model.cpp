@@ -17,11 +17,6 @@
 
 namespace zero3::libtorch::detail {
 
-// A parameter's values at wrapping, read by the engine while it materializes, then released.
-struct InitSource {
-  at::Tensor values;  // flat, contiguous, on the parameter's device
-};
-
 namespace {
 
 // Which ModelCore unit each wrapped module is. Calls look their module up here.
@@ -83,8 +78,9 @@ UnitRef find_unit(const torch::nn::Module* module) {
   return it == r.units.end() ? UnitRef{} : it->second;
 }
 
-ModelCore::ModelCore(Engine& engine_, std::shared_ptr<torch::nn::Module> model_, WrapOptions options_)
-    : engine(engine_), model(std::move(model_)), options(std::move(options_)) {
+ModelCore::ModelCore(Engine& engine_, std::shared_ptr<torch::nn::Module> model_, WrapOptions options_,
+                     std::shared_ptr<UnitRebuilder> rebuilder_)
+    : engine(engine_), model(std::move(model_)), options(std::move(options_)), rebuilder(std::move(rebuilder_)) {
   if (!model) throw InvalidArgument("zero3::libtorch::ShardedModel: the model is null");
   if (engine.materialized()) {
     throw InvalidArgument("zero3::libtorch::ShardedModel: the engine is already materialized; wrap the model on a "
@@ -168,6 +164,7 @@ ModelCore::ModelCore(Engine& engine_, std::shared_ptr<torch::nn::Module> model_,
     auto seen = param_by_impl.find(t.unsafeGetTensorImpl());
     if (seen != param_by_impl.end()) {
       TorchParam& p = params[static_cast<size_t>(seen->second)];
+      p.also.push_back(name);
       if (p.unit != owner && p.unit != 0) {
         log::info("zero3::libtorch: parameter '", p.name, "' is also '", name, "' in unit '",
                   units[static_cast<size_t>(owner)].name, "': shared by two units, it belongs to the root unit '",
@@ -203,11 +200,37 @@ ModelCore::ModelCore(Engine& engine_, std::shared_ptr<torch::nn::Module> model_,
     p.shape = t.sizes().vec();
     p.unit = owner;
     p.init = std::make_shared<InitSource>();
-    p.init->values = t.detach().contiguous().view({-1});
+    const int factory = rebuilder ? rebuilder->factory_of(name) : -1;
+    if (factory >= 0) {  // its storage is freed: the factory is run again in materialize()
+      p.init->rebuild = rebuilder;
+      p.init->factory = factory;
+      p.init->local = name.substr(rebuilder->factories[static_cast<size_t>(factory)].path.size() + 1);
+    } else {
+      p.init->values = t.detach().contiguous().view({-1});
+    }
     param_by_impl[t.unsafeGetTensorImpl()] = static_cast<int>(params.size());
     params.push_back(std::move(p));
   }
   for (size_t i = 0; i < params.size(); ++i) units[static_cast<size_t>(params[i].unit)].params.push_back(static_cast<int>(i));
+  // A checkpointed unit recomputes its forward inside its own backward scope, where only its own parameters are
+  // gathered: a parameter it shares with another unit (a tied weight, which belongs to the root) cannot be used there.
+  for (const UnitDesc& u : units) {
+    if (!u.checkpoint) continue;
+    for (const auto& item : u.module->named_parameters(/*recurse=*/true)) {
+      const TorchParam& p = params[static_cast<size_t>(param_by_impl.at(item.value().unsafeGetTensorImpl()))];
+      if (p.unit == static_cast<int>(&u - units.data())) continue;
+      std::string names = "'" + p.name + "'";
+      for (const std::string& other : p.also) names += " and '" + other + "'";
+      throw InvalidArgument("zero3::libtorch::ShardedModel: checkpointed unit '" + u.name + "' uses parameter '" +
+                            u.path + "." + item.key() + "', which is registered as " + names +
+                            " and so belongs to " +
+                            (units[static_cast<size_t>(p.unit)].root ? "the root unit '" : "unit '") +
+                            units[static_cast<size_t>(p.unit)].name +
+                            "' (a parameter shared by two units, a tied weight, belongs to the root): a checkpointed "
+                            "unit recomputes its forward with only its own parameters gathered. Do not checkpoint '" +
+                            u.name + "' (WrapOptions::checkpoint), or untie the weight");
+    }
+  }
 
   for (UnitDesc& u : units) {
     if (u.params.empty()) continue;
@@ -217,6 +240,10 @@ ModelCore::ModelCore(Engine& engine_, std::shared_ptr<torch::nn::Module> model_,
       std::shared_ptr<InitSource> source = p.init;
       const std::string name = p.name;
       ParamInit init = ParamInit::from_reader([source, name](int64_t begin, int64_t end, float* out) {
+        if (source->rebuild) {
+          source->rebuild->read(source->factory, source->local, begin, end, out);
+          return;
+        }
         if (!source->values.defined()) {
           throw InvalidArgument("zero3::libtorch: the initial values of parameter '" + name +
                                 "' were released when the model was materialized");
@@ -322,16 +349,45 @@ namespace zero3::libtorch {
 using detail::ModelCore;
 
 ShardedModel::ShardedModel(Engine& engine, std::shared_ptr<torch::nn::Module> model, WrapOptions options)
-    : core_(std::make_shared<ModelCore>(engine, std::move(model), std::move(options))) {}
+    : core_(std::make_shared<ModelCore>(engine, std::move(model), std::move(options))) {
+  detail::register_buffers(*core_);
+}
+
+ShardedModel::ShardedModel(Engine& engine, std::shared_ptr<torch::nn::Module> model, WrapOptions options,
+                           std::vector<UnitFactory> factories) {
+  if (!model) throw InvalidArgument("zero3::libtorch::ShardedModel: the model is null");
+  auto rebuilder = std::make_shared<detail::UnitRebuilder>();
+  rebuilder->factories = std::move(factories);
+  for (const UnitFactory& f : rebuilder->factories) {
+    if (std::find(options.units.begin(), options.units.end(), f.path) == options.units.end()) {
+      options.units.push_back(f.path);
+    }
+  }
+  rebuilder->build_all(*model);
+  core_ = std::make_shared<ModelCore>(engine, std::move(model), std::move(options), std::move(rebuilder));
+  detail::register_buffers(*core_);
+}
 
 ShardedModel::~ShardedModel() = default;
 
 void ShardedModel::materialize() {
   ModelCore& c = *core_;
   if (c.materialized) throw InvalidArgument("zero3::libtorch::ShardedModel::materialize: already materialized");
-  c.engine.materialize();
+  if (c.rebuilder) {
+    try {
+      c.engine.materialize();
+    } catch (...) {
+      c.rebuilder->finish();
+      throw;
+    }
+    c.rebuilder->finish();
+  } else {
+    c.engine.materialize();
+  }
+  c.rebuilder.reset();  // the factories and what they hold
   for (detail::TorchParam& p : c.params) {
     p.init->values = at::Tensor();
+    p.init->rebuild.reset();
     c10::TensorImpl* impl = p.tensor.unsafeGetTensorImpl();
     impl->set_storage_keep_dtype(
         c10::Storage(c10::Storage::use_byte_size_t(), size_t{0}, c10::DataPtr(nullptr, c.device), nullptr, false));
@@ -339,6 +395,7 @@ void ShardedModel::materialize() {
     impl->set_sizes_contiguous({0});
   }
   c.materialized = true;
+  detail::sync_buffers(c, BufferSync::broadcast);  // the same start on every rank, whatever each rank built
 }
 
 void ShardedModel::backward(const at::Tensor& loss) {
@@ -364,7 +421,24 @@ StepResult ShardedModel::step() {
     throw InvalidArgument("zero3::libtorch::ShardedModel::step: called inside a call of unit '" +
                           c.units[static_cast<size_t>(c.frames.back().unit)].name + "'");
   }
-  return c.engine.step();
+  StepResult result = c.engine.step();
+  detail::sync_buffers(c, c.options.buffer_sync);
+  return result;
+}
+
+void ShardedModel::sync_buffers() {
+  ModelCore& c = *core_;
+  if (!c.frames.empty()) {
+    throw InvalidArgument("zero3::libtorch::ShardedModel::sync_buffers: called inside a call of unit '" +
+                          c.units[static_cast<size_t>(c.frames.back().unit)].name + "'");
+  }
+  detail::sync_buffers(c, c.options.buffer_sync);
+}
+
+std::vector<std::string> ShardedModel::buffer_names() const {
+  std::vector<std::string> out;
+  for (const detail::NamedBuffer& b : detail::model_buffers(*core_->model)) out.push_back(b.name);
+  return out;
 }
 
 EvalMode ShardedModel::evaluate() { return core_->engine.evaluate(); }

@@ -22,6 +22,7 @@
 // as an argument) would get a wrong or lost gradient, so it is an error naming it.
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/SequenceNumber.h>
+#include <ATen/record_function.h>
 #include <ATen/core/grad_mode.h>
 #include <ATen/ops/from_blob.h>
 #include <ATen/ops/zeros.h>
@@ -31,6 +32,7 @@
 
 #include <cstdint>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <type_traits>
 #include <unordered_set>
@@ -69,17 +71,81 @@ class OpenCall {
   bool frame_;
 };
 
-// The CPU generator's state, restored for a checkpointed unit's recomputation and put back afterwards.
-at::Tensor cpu_rng_state() {
-  at::Generator gen = at::detail::getDefaultCPUGenerator();
-  std::lock_guard<std::mutex> lock(gen.mutex());
-  return gen.get_state();
+// A unit's module called directly (block(x), not call(block, x)) runs on its emptied parameters, and libtorch's error
+// ("weight should contain 32 elements not 0") does not say why. Until a training call and an evaluation call of the
+// model have completed, an op observer (RecordFunction, thread-local) watches every op's tensor inputs for a parameter of a
+// unit that is not in use; the first one seen becomes the error.
+thread_local ModelCore* watched_core = nullptr;
+
+void note_idle_use(ModelCore& core, const at::Tensor& t, const char* op) {
+  auto it = core.param_by_impl.find(t.unsafeGetTensorImpl());
+  if (it == core.param_by_impl.end()) return;
+  const UnitDesc& owner = core.units[static_cast<size_t>(core.params[static_cast<size_t>(it->second)].unit)];
+  if (owner.open > 0 || owner.root) return;
+  int user = 0;  // the innermost call in progress: a unit's, else the model's
+  for (size_t u = 1; u < core.units.size(); ++u) {
+    if (core.units[u].open > 0) user = static_cast<int>(u);
+  }
+  core.idle_use = IdleUse{it->second, user, op};
 }
 
-void set_cpu_rng_state(const at::Tensor& state) {
-  at::Generator gen = at::detail::getDefaultCPUGenerator();
-  std::lock_guard<std::mutex> lock(gen.mutex());
-  gen.set_state(state);
+std::unique_ptr<at::ObserverContext> watch_op(const at::RecordFunction& fn) {
+  ModelCore* core = watched_core;
+  if (core == nullptr || core->idle_use.param >= 0) return nullptr;
+  for (const c10::IValue& v : fn.inputs()) {
+    if (v.isTensor()) {
+      note_idle_use(*core, v.toTensor(), fn.name());
+    } else if (v.isTensorList()) {
+      for (const at::Tensor& t : v.toTensorVector()) note_idle_use(*core, t, fn.name());
+    }
+    if (core->idle_use.param >= 0) break;
+  }
+  return nullptr;
+}
+
+class IdleUseWatch {
+ public:
+  explicit IdleUseWatch(ModelCore& core) : core_(core), previous_(watched_core) {
+    core_.idle_use = IdleUse{};
+    watched_core = &core_;
+    handle_ = at::addThreadLocalCallback(at::RecordFunctionCallback(&watch_op).needsInputs(true));
+  }
+  ~IdleUseWatch() {
+    at::removeCallback(handle_);
+    watched_core = previous_;
+  }
+  IdleUseWatch(const IdleUseWatch&) = delete;
+  IdleUseWatch& operator=(const IdleUseWatch&) = delete;
+
+ private:
+  ModelCore& core_;
+  ModelCore* previous_;
+  at::CallbackHandle handle_;
+};
+
+[[noreturn]] void throw_idle_use(const ModelCore& core, const std::string& torch_error) {
+  const TorchParam& p = core.params[static_cast<size_t>(core.idle_use.param)];
+  const std::string& owner = core.units[static_cast<size_t>(p.unit)].name;
+  throw InvalidArgument("zero3::libtorch: " + unit_label(core.units[static_cast<size_t>(core.idle_use.user)]) +
+                        " used " + core.describe_param(core.idle_use.param) + ", whose unit is not in use: " +
+                        core.idle_use.op + " saw the parameter empty" +
+                        (torch_error.empty() ? "" : " (libtorch: " + torch_error + ")") + ". A unit called directly, " +
+                        owner + "(x) or " + owner + "->forward(x), does this: call it through zero3::libtorch::call(" +
+                        owner + ", x). Using another unit's parameter does too: put the modules that use it in one "
+                        "unit, or tie it so that it belongs to the root");
+}
+
+// Runs a call's forward; libtorch's error from an op on an idle unit's parameter becomes the error above.
+std::vector<at::Tensor> run_forward(const ModelCore& core, const ForwardFn& forward,
+                                    const std::vector<at::Tensor>& inputs) {
+  try {
+    return forward(inputs);
+  } catch (const c10::Error& e) {
+    if (core.idle_use.param < 0) throw;
+    std::string what = e.what_without_backtrace();
+    if (const size_t nl = what.find('\n'); nl != std::string::npos) what.resize(nl);
+    throw_idle_use(core, what);
+  }
 }
 
 void check_outputs_alias_no_parameter(const ModelCore& core, const UnitDesc& unit, const std::vector<at::Tensor>& outs) {
@@ -251,6 +317,10 @@ class UnitBackward : public Node {
       UnitScope scope = engine.backward_scope(unit.id);
       {
         PointedUnit pointed(*core, unit, scope);
+        // The forward already updated the unit's running statistics: the recomputation's update is undone, after the
+        // gradients (batch norm's backward checks that the statistics it saved were not changed in place).
+        std::optional<KeptBuffers> kept_buffers;
+        if (unit.checkpoint) kept_buffers.emplace(*unit.module);
         if (unit.checkpoint) {
           OpenCall open(*core, unit_, /*frame=*/false);
           for (size_t i = 0; i < x_in.size(); ++i) {
@@ -265,7 +335,7 @@ class UnitBackward : public Node {
           std::vector<at::Tensor> recomputed;
           try {
             at::AutoGradMode grad_on(true);
-            recomputed = forward(x_in);
+            recomputed = run_forward(*core, forward, x_in);
           } catch (...) {
             set_cpu_rng_state(current_rng);
             throw;
@@ -338,12 +408,12 @@ std::vector<at::Tensor> run_evaluation(ModelCore& core, int unit_index, const st
   const UnitDesc& unit = core.units[static_cast<size_t>(unit_index)];
   OpenCall open(core, unit_index, /*frame=*/false);
   at::NoGradGuard no_grad;
-  if (!unit.id.valid()) return forward(inputs);
+  if (!unit.id.valid()) return run_forward(core, forward, inputs);
   std::vector<at::Tensor> outputs;
   UnitScope scope = core.engine.forward_scope(unit.id);
   {
     PointedUnit pointed(core, unit, scope);
-    outputs = forward(inputs);
+    outputs = run_forward(core, forward, inputs);
     check_outputs_alias_no_parameter(core, unit, outputs);
   }
   scope.close();
@@ -355,7 +425,7 @@ std::vector<at::Tensor> run_training(ModelCore& core, int unit_index, const std:
   const UnitDesc& unit = core.units[static_cast<size_t>(unit_index)];
   if (!unit.id.valid()) {  // no parameters: nothing to gather, the forward records into the enclosing graph
     OpenCall open(core, unit_index, /*frame=*/true);
-    return forward(inputs);
+    return run_forward(core, forward, inputs);
   }
   std::vector<at::Tensor> inner(inputs.size());
   std::vector<char> has_edge(inputs.size(), 0);
@@ -381,9 +451,9 @@ std::vector<at::Tensor> run_training(ModelCore& core, int unit_index, const std:
       PointedUnit pointed(core, unit, scope);
       if (unit.checkpoint) {
         at::NoGradGuard no_grad;
-        outputs = forward(inner);
+        outputs = run_forward(core, forward, inner);
       } else {
-        outputs = forward(inner);
+        outputs = run_forward(core, forward, inner);
       }
       check_outputs_alias_no_parameter(core, unit, outputs);
     }
@@ -430,6 +500,20 @@ std::vector<at::Tensor> run_training(ModelCore& core, int unit_index, const std:
 
 }  // namespace
 
+// The CPU generator's state: restored for a checkpointed unit's recomputation and put back afterwards, and for a
+// unit factory's second run.
+at::Tensor cpu_rng_state() {
+  at::Generator gen = at::detail::getDefaultCPUGenerator();
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  return gen.get_state();
+}
+
+void set_cpu_rng_state(const at::Tensor& state) {
+  at::Generator gen = at::detail::getDefaultCPUGenerator();
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  gen.set_state(state);
+}
+
 std::vector<at::Tensor> run_unit(UnitRef ref, std::vector<at::Tensor> inputs, ForwardFn forward) {
   ModelCore& core = *ref.core;
   const UnitDesc& unit = core.units[static_cast<size_t>(ref.unit)];
@@ -470,6 +554,18 @@ std::vector<at::Tensor> run_unit(UnitRef ref, std::vector<at::Tensor> inputs, Fo
                           "schedule");
   }
   core.check_unchanged(unit);
+  bool& watch = evaluating ? core.watch_evaluation : core.watch_training;
+  if (unit.root && watch) {
+    std::vector<at::Tensor> outputs;
+    {
+      IdleUseWatch watching(core);
+      outputs = evaluating ? run_evaluation(core, ref.unit, inputs, forward)
+                           : run_training(core, ref.unit, inputs, std::move(forward));
+    }
+    if (core.idle_use.param >= 0) throw_idle_use(core, "");  // an op that accepted the empty parameter
+    watch = false;  // a call completed without touching an idle unit's parameter
+    return outputs;
+  }
   if (evaluating) return run_evaluation(core, ref.unit, inputs, forward);
   return run_training(core, ref.unit, inputs, std::move(forward));
 }

@@ -40,6 +40,12 @@
 //    scope (the gather again, prefetched along the engine's recorded order), runs the unit's own backward
 //    (recomputing its forward first for units in WrapOptions::checkpoint, with the CPU generator's state of the
 //    forward), adds the parameters' gradients into the scope's buffer and closes it (reduce-scatter).
+//  - Buffers. Every buffer of the model (register_buffer: BatchNorm's running statistics) stays whole on every rank
+//    and is part of the model's state: synchronized across the ranks (WrapOptions::buffer_sync) when the model is
+//    materialized and at every step(); saved by zero3::save_checkpoint (rank 0's) and restored by load_checkpoint on
+//    any world size; written by save_16bit_model and consolidate_checkpoint under the module's names, in their own
+//    types. A checkpointed unit's recomputation in backward leaves them as its forward left them (not updated
+//    twice). Buffers must be contiguous cpu tensors of a real or integer type (InvalidArgument at wrapping).
 //  - Training. One micro-step is one or more calls of the model, one backward, then step(); gradient
 //    accumulation is the config's gradient_accumulation_steps. Under torch::NoGradGuard a call is an error unless
 //    the engine is evaluating (evaluate()). torch::optim does not apply: the parameters have no gradient.
@@ -53,6 +59,7 @@
 
 #include <array>
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
@@ -70,6 +77,16 @@
 
 namespace zero3::libtorch {
 
+// How the model's buffers (BatchNorm's running statistics, any tensor registered with register_buffer) are kept the
+// same on every data-parallel rank. Both write rank 0's buffers into every rank when the model is materialized, and
+// synchronize at the end of every ShardedModel::step() (every micro-step), so the next forward on every rank starts
+// from the same buffers, as DDP's default broadcast before each forward does.
+enum class BufferSync : uint8_t {
+  broadcast,  // rank 0's buffers replace every rank's (DDP's broadcast_buffers): the statistics of rank 0's batches
+  average,    // floating-point buffers become their mean over the ranks (each rank's statistics count); integer
+              // buffers (num_batches_tracked) take rank 0's value
+};
+
 struct WrapOptions {
   // Paths of the submodules that are units, as Module::named_modules() spells them ("blocks.0", "tok_emb"). A
   // unit may not contain another. Their order does not matter: units are declared in the model's module order.
@@ -78,6 +95,23 @@ struct WrapOptions {
   std::vector<std::string> checkpoint = {};
   // The engine's name for the unit of every other parameter. Not declared when no parameter is left for it.
   std::string root_unit = "root";
+  BufferSync buffer_sync = BufferSync::broadcast;
+};
+
+// A unit the adapter builds itself, so that no rank ever holds more than one unit at full size (libtorch's modules
+// allocate and initialize their parameters in their constructors; a model built whole needs its full size on every
+// rank first). See ShardedModel's second constructor.
+struct UnitFactory {
+  // The unit's path in the model ("blocks.3"); it becomes a unit (listing it in WrapOptions::units is optional).
+  std::string path;
+  // Constructs the unit's module at full size. Called twice: when the model is wrapped (its parameters are then
+  // declared and their storage freed) and in materialize() (this rank's slices are read, then the module is
+  // released), each time with the CPU generator in the state it had before the first call: what it builds must
+  // depend on nothing else (InvalidArgument when the second module's parameters differ in names or shapes).
+  std::function<std::shared_ptr<torch::nn::Module>()> make;
+  // Registers the first module in the model at `path`. Unset: the parent's register_module(), or push_back() when
+  // the parent is a ModuleList (the path's last part must then be its size).
+  std::function<void(std::shared_ptr<torch::nn::Module>)> install = nullptr;
 };
 
 namespace detail {
@@ -98,21 +132,39 @@ class ShardedModel {
   // `options.units` plus the root. The parameters' current values (torch's initialization, or weights the
   // program loaded) become the initial values. InvalidArgument for a unit path that is not a submodule, units
   // that nest, a parameter that is not a leaf, does not require gradients, is not of the engine's compute dtype
-  // (bf16/fp16 in the config: convert the model with model->to() first) or lives on another device, and for a
-  // module already wrapped.
+  // (bf16/fp16 in the config: convert the model with model->to() first) or lives on another device, for a
+  // module already wrapped, for a checkpointed unit whose module holds a parameter of another unit or of the root (a
+  // tied weight: naming both), and for a buffer that is not a contiguous cpu tensor of a real or integer type. The
+  // model's buffers are registered with the engine (Engine::set_buffer_source) for checkpoints and exports.
   ShardedModel(Engine& engine, std::shared_ptr<torch::nn::Module> model, WrapOptions options = {});
+  // The same for a model whose units are built here, one at a time: `model` holds the rest (the root's parameters,
+  // the units built as usual, and the parents the factories' units go into). For each factory in order, its module
+  // is constructed, installed at its path, and its parameters' storage is freed before the next one is constructed;
+  // materialize() builds each again, reads this rank's slices and releases it before building the next. Every
+  // rank's peak is one unit at full size plus the rest of the model. The initial values are the modules' own, as if
+  // the factories had run once in this order.
+  ShardedModel(Engine& engine, std::shared_ptr<torch::nn::Module> model, WrapOptions options,
+               std::vector<UnitFactory> factories);
   ~ShardedModel();
   ShardedModel(const ShardedModel&) = delete;
   ShardedModel& operator=(const ShardedModel&) = delete;
 
-  // Collective: Engine::materialize(), then every parameter tensor of the module is emptied and its storage freed.
+  // Collective: Engine::materialize(), then every parameter tensor of the module is emptied and its storage freed,
+  // and every rank's buffers become rank 0's.
   void materialize();
 
   // loss.backward(), multiplied by the engine's loss scale when fp16 scales it. With fp16 loss scaling a bare
   // loss.backward() is an error (its gradients would be unscaled by the wrong factor).
   void backward(const at::Tensor& loss);
-  // Engine::step(): ends the micro-step; at a boundary zero3's optimizer steps. InvalidArgument inside a call.
+  // Engine::step(): ends the micro-step; at a boundary zero3's optimizer steps. Then the buffers are synchronized
+  // (WrapOptions::buffer_sync). InvalidArgument inside a call.
   StepResult step();
+  // Collective: synchronizes the buffers now, as step() does (after changing them outside training, e.g. after
+  // loading a model's statistics on rank 0 only).
+  void sync_buffers();
+  // The module's buffers by their names, in the module's order (a buffer registered twice under its first name):
+  // what checkpoints, consolidation and save_16bit_model write beside the parameters.
+  std::vector<std::string> buffer_names() const;
   // Engine::evaluate(): calls run without gradients until the returned EvalMode ends.
   EvalMode evaluate();
 
