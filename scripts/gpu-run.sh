@@ -80,7 +80,7 @@ ONLY_STEPS=()
 if [ -n "$ONLY" ] && [ "$ONLY" != rest ]; then
   IFS=, read -r -a ONLY_STEPS <<<"$ONLY"
   for s in "${ONLY_STEPS[@]}"; do
-    printf '%s\n' "${STEPS[@]}" env | grep -qx -- "$s" ||
+    grep -qx -- "$s" <<<"$(printf '%s\n' "${STEPS[@]}" env)" ||
       { echo "gpu-run: --only $s: no such step; the steps: env ${STEPS[*]}, or rest" >&2; exit 2; }
   done
 fi
@@ -768,7 +768,7 @@ with_found_libraries
 if [ -z "$ONLY" ]; then
   for step in "${STEPS[@]}"; do run_named "$step"; done
 else
-  printf '%s\n' "${ONLY_STEPS[@]}" | grep -qxE 'configure|build' || required reuse-build 1 10 step_reuse_build
+  grep -qxE 'configure|build' <<<"$(printf '%s\n' "${ONLY_STEPS[@]}")" || required reuse-build 1 10 step_reuse_build
   for step in "${ONLY_STEPS[@]}"; do [ "$step" = env ] || run_named "$step"; done
 fi
 

@@ -30,11 +30,11 @@ cat "$WORK"/node*.log | grep -E "ERROR|zero3 launch" || true
 for rank in 0 1 2 3; do
   line=$(cat "$WORK"/node*.log | grep -E "^\[rank $rank\] .*ERROR" | head -1)
   [ -n "$line" ] || fail "rank $rank reported no error"
-  echo "$line" | grep -qE "(all_gather|reduce_scatter|all_reduce|broadcast|barrier)[a-z_]*\(.*\) on rank [0-9]+ of [0-9]+" ||
+  grep -qE "(all_gather|reduce_scatter|all_reduce|broadcast|barrier)[a-z_]*\(.*\) on rank [0-9]+ of [0-9]+" <<<"$line" ||
     fail "rank $rank's error does not name the collective: $line"
-  echo "$line" | grep -qE " over (all [0-9]+ ranks|the [A-Za-z' -]+ group of ranks [0-9]+(, [0-9.]+)*)" ||
+  grep -qE " over (all [0-9]+ ranks|the [A-Za-z' -]+ group of ranks [0-9]+(, [0-9.]+)*)" <<<"$line" ||
     fail "rank $rank's error does not name the group of the collective: $line"
-  echo "$line" | grep -qE "timed out after $timeout_ms ms|failed" || fail "rank $rank's error is not a communication failure: $line"
+  grep -qE "timed out after $timeout_ms ms|failed" <<<"$line" || fail "rank $rank's error is not a communication failure: $line"
 done
 echo "every rank failed with a communication error naming its collective; the job ended $took s after it started"
 echo PASS
