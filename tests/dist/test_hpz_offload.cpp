@@ -55,22 +55,6 @@ Config hpz_config() {
   return c;
 }
 
-struct Trained {
-  EngineRun run;
-  ScheduleStats stats;
-  MemoryStats memory;
-};
-
-Trained train(Engine& engine, const TrainPlan& plan) {
-  MlpUnits units = declare_mlp(engine, plan.dims);
-  engine.materialize();
-  Trained t;
-  t.run = train_mlp(engine, units, plan);
-  t.stats = engine.schedule_stats();
-  t.memory = engine.memory();
-  return t;
-}
-
 // The bytes of hpZ's secondary partition on this rank, from the engine's units.
 int64_t secondary_bytes(const Engine& engine, int64_t hpz) {
   int64_t total = 0;

@@ -54,22 +54,6 @@ Config mics_config() {
   return c;
 }
 
-struct Trained {
-  EngineRun run;
-  ScheduleStats stats;
-  MemoryStats memory;
-};
-
-Trained train(Engine& engine, const TrainPlan& plan) {
-  MlpUnits units = declare_mlp(engine, plan.dims);
-  engine.materialize();
-  Trained t;
-  t.run = train_mlp(engine, units, plan);
-  t.stats = engine.schedule_stats();
-  t.memory = engine.memory();
-  return t;
-}
-
 class MicsOffload : public ::testing::TestWithParam<Variant> {};
 
 TEST_P(MicsOffload, BitIdenticalToMicsWithoutOffload) {

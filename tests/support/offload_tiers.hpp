@@ -1,10 +1,12 @@
 // Where the offload tests put the optimizer state and the parameter slices: a config's offload sections set from
-// two choices, as the stream-path offload test and the hpZ offload test both need them.
+// two choices, as the stream-path, hpZ and MiCS offload tests need them; and the training run they compare.
 #pragma once
 
 #include <string>
 
+#include "support/mlp_trainer.hpp"
 #include "zero3/config.hpp"
+#include "zero3/engine.hpp"
 
 namespace zero3::testing {
 
@@ -28,6 +30,23 @@ inline void apply_offload(Config& c, Where optimizer, Where param, bool pin, con
     c.zero.offload_optimizer.buffer_count = 4;
   }
   if (param == Where::nvme) c.zero.offload_param.buffer_size = 100'000;
+}
+
+// One model trained on `engine`: what the run produced, the schedule's counters and the memory it held.
+struct Trained {
+  EngineRun run;
+  ScheduleStats stats;
+  MemoryStats memory;
+};
+
+inline Trained train(Engine& engine, const TrainPlan& plan) {
+  MlpUnits units = declare_mlp(engine, plan.dims);
+  engine.materialize();
+  Trained t;
+  t.run = train_mlp(engine, units, plan);
+  t.stats = engine.schedule_stats();
+  t.memory = engine.memory();
+  return t;
 }
 
 }  // namespace zero3::testing
