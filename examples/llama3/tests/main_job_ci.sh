@@ -38,8 +38,10 @@ awk -F, -v t="$threshold" 'NR > 1 { loss[$1] = $4; n = $1 }
     printf "first loss %.4f, mean of steps 51-60 %.4f (must be < %s)\n", loss[1], m, t
     if (!(m < t) || !(loss[1] > 5.0)) { print "FAIL: the loss did not fall as expected"; exit 1 }
   }' "$work/metrics.csv"
-awk -F, 'NR == 1 { if ($NF != "eval_loss") { print "FAIL: no eval_loss column"; exit 1 } next }
-  $NF != "" { ev[$1] = $NF; ++n }
+awk -F, 'NR == 1 { for (i = 1; i <= NF; ++i) if ($i == "eval_loss") e = i
+    if (!e) { print "FAIL: no eval_loss column"; exit 1 }
+    next }
+  $e != "" { ev[$1] = $e; ++n }
   END {
     if (n != 2 || !(30 in ev) || !(60 in ev)) { print "FAIL: expected evaluations after steps 30 and 60"; exit 1 }
     printf "evaluation loss after step 30 %.4f, after step 60 %.4f\n", ev[30], ev[60]
@@ -59,9 +61,10 @@ echo "== 2. resume from global_step30 and run steps 31-60 again"
 "$zero3" launch -n 2 -- "$train" "${common[@]}" "${evaluation[@]}" --steps 60 --save-dir "$work/ckpt" \
   --resume global_step30 --metrics "$work/metrics_resumed.csv" > "$work/resume.log" 2>&1 ||
   { cat "$work/resume.log"; exit 1; }
-awk -F, 'FNR == 1 { next } NR == FNR { if ($1 > 30) { want[$1] = $4; want_eval[$1] = $NF }; next }
+awk -F, 'FNR == 1 { for (i = 1; i <= NF; ++i) if ($i == "eval_loss") e = i; next }
+  NR == FNR { if ($1 > 30) { want[$1] = $4; want_eval[$1] = $e }; next }
   { got[$1] = $4
-    if ($NF != want_eval[$1]) { print "FAIL: step " $1 " evaluation " $NF " after resume, " want_eval[$1] " before"; bad = 1 } }
+    if ($e != want_eval[$1]) { print "FAIL: step " $1 " evaluation " $e " after resume, " want_eval[$1] " before"; bad = 1 } }
   END {
     n = 0
     for (s in want) { ++n; if (got[s] != want[s]) { print "FAIL: step " s " loss " got[s] " after resume, " want[s] " before"; bad = 1 } }
