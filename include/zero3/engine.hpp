@@ -317,6 +317,16 @@ class EvalMode {
   detail::EngineImpl* impl_ = nullptr;
 };
 
+// An Engine that runs the stages one pipeline rank holds (PipelineEngine, pipeline_engine.hpp, makes it): all the
+// micro-batches of an optimizer step go through one micro-step, so every step() ends an accumulation window.
+struct PipelineStageBinding {
+  // The ranks of the other stages with this rank's data-parallel index (the pipeline group): the gradient
+  // statistics (Inf/NaN count, squared norm) are summed over it too, so clipping and skipping agree across stages.
+  std::shared_ptr<Communicator> pipeline_group;
+  // The micro-batches of one step (the config's gradient_accumulation_steps): gradients are averaged over them.
+  int64_t micro_batches = 1;
+};
+
 class Engine {
  public:
   // `config` must have been through resolve() (Config::resolved), for this communicator's world size:
@@ -333,6 +343,9 @@ class Engine {
   // parameters are ready there once its scope is open, and its gradients are read there when the scope closes.
   // A Device that zero3 did not make (make_device, make_cpu_device) is InvalidArgument.
   Engine(const Config& config, std::shared_ptr<Communicator> comm, Device& device);
+  // One pipeline rank's stage engine: `comm` is the stage's data-parallel group, and the config's pipeline.stages
+  // may be above 1 (the batch sizes are checked against comm's size as the data-parallel size).
+  Engine(const Config& config, std::shared_ptr<Communicator> comm, Device& device, PipelineStageBinding stage);
   ~Engine();
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;

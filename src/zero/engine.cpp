@@ -108,6 +108,12 @@ void EvalMode::end() {
 Engine::Engine(const Config& config, std::shared_ptr<Communicator> comm, Device& device)
     : impl_(std::make_unique<detail::EngineImpl>(config, std::move(comm), device)) {}
 
+Engine::Engine(const Config& config, std::shared_ptr<Communicator> comm, Device& device, PipelineStageBinding stage) {
+  ZERO3_REQUIRE(stage.pipeline_group != nullptr, InvalidArgument,
+                "Engine: a pipeline stage's engine needs its pipeline group (PipelineStageBinding::pipeline_group)");
+  impl_ = std::make_unique<detail::EngineImpl>(config, std::move(comm), device, std::move(stage));
+}
+
 Engine::~Engine() = default;
 
 UnitId Engine::add_unit(const std::string& name) { return impl_->add_unit(name); }

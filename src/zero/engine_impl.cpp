@@ -26,12 +26,18 @@ int64_t require_set(const std::optional<int64_t>& v, const char* key) {
 
 }  // namespace
 
-EngineImpl::EngineImpl(const Config& config, std::shared_ptr<Communicator> comm, Device& device)
-    : config_(config), user_comm_(std::move(comm)), comm_(user_comm_), device_(device), loss_scaler_(config.fp16) {
+EngineImpl::EngineImpl(const Config& config, std::shared_ptr<Communicator> comm, Device& device,
+                       PipelineStageBinding stage)
+    : config_(config),
+      user_comm_(std::move(comm)),
+      comm_(user_comm_),
+      device_(device),
+      pipeline_group_(std::move(stage.pipeline_group)),
+      loss_scaler_(config.fp16) {
   ZERO3_REQUIRE(comm_ != nullptr, InvalidArgument, "Engine: the communicator is null");
   rank_ = comm_->rank();
   world_ = comm_->size();
-  require_resolved(config_, world_);
+  require_resolved(config_, world_, pipeline_group_ != nullptr);
   const ZeroConfig& z = config_.zero;
   ZERO3_REQUIRE(z.stage >= 0 && z.stage <= 3, ConfigError, "zero_optimization.stage: ", z.stage,
                 " is not a ZeRO stage (0, 1, 2 or 3)");
@@ -98,6 +104,12 @@ EngineImpl::EngineImpl(const Config& config, std::shared_ptr<Communicator> comm,
   acc_dtype_ = config_.grad_accum_dtype.value_or(DType::f32);
   comm_dtype_ = config_.communication_dtype();
   gas_ = *config_.gradient_accumulation_steps;  // resolved: set and consistent with the world size
+  grad_divisor_ = gas_;
+  if (pipeline_group_) {
+    ZERO3_REQUIRE(stage.micro_batches == gas_, InvalidArgument, "Engine: a pipeline stage of ", stage.micro_batches,
+                  " micro-batches per step, but gradient_accumulation_steps is ", gas_);
+    gas_ = 1;  // every micro-batch of the step goes through one micro-step
+  }
   overlap_ = z.overlap_comm_set ? z.overlap_comm : z.stage == 3;
   reduce_bucket_numel_ = require_set(z.reduce_bucket_size, "zero_optimization.reduce_bucket_size");
   ZERO3_REQUIRE(reduce_bucket_numel_ >= 0, ConfigError, "zero_optimization.reduce_bucket_size: ", reduce_bucket_numel_,

@@ -106,7 +106,8 @@ struct UnitState {
 
 class EngineImpl {
  public:
-  EngineImpl(const Config& config, std::shared_ptr<Communicator> comm, Device& device);
+  EngineImpl(const Config& config, std::shared_ptr<Communicator> comm, Device& device,
+             PipelineStageBinding stage = {});
   ~EngineImpl();
 
   // Declaration and materialization (engine_materialize.cpp).
@@ -159,7 +160,11 @@ class EngineImpl {
   DType compute_dtype_ = DType::f32;
   DType acc_dtype_ = DType::f32;
   DType comm_dtype_ = DType::f32;
-  int64_t gas_ = 1;
+  int64_t gas_ = 1;  // micro-steps per optimizer step (1 for a pipeline stage: its micro-batches share one)
+  // What the gradients are averaged over: gas_, or a pipeline stage's micro-batches.
+  int64_t grad_divisor_ = 1;
+  // A pipeline stage's pipeline group: the gradient statistics are summed over it (read_boundary).
+  std::shared_ptr<Communicator> pipeline_group_;
   bool overlap_ = false;
   int64_t reduce_bucket_numel_ = 0;
   SchedulePolicy schedule_policy_;

@@ -33,7 +33,7 @@ void EngineImpl::make_reducers() {
   // DeepSpeed's averaging: each micro-step's gradient counts 1/gradient_accumulation_steps; over ranks,
   // prescale_gradients divides before the sum, otherwise gradient_predivide_factor is divided out before
   // and the rest of 1/world after it.
-  const double inv_gas = 1.0 / static_cast<double>(gas_);
+  const double inv_gas = 1.0 / static_cast<double>(grad_divisor_);
   if (config_.prescale_gradients) {
     ro.pre_scale = static_cast<float>(inv_gas / world_);
     ro.post_scale = 1.0f;

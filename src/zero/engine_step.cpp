@@ -109,6 +109,13 @@ EngineImpl::BoundaryValues EngineImpl::read_boundary(bool stats) {
       Communicator* comm = groups_.shard.comm.get();
       issue_collective("all_reduce of the gradient statistics (Inf/NaN count, squared norm) over " + groups_.shard.label,
                        [&] { return comm->all_reduce(values + kAgree, 2, DType::f32, op, compute_); });
+      if (pipeline_group_ && pipeline_group_->size() > 1) {
+        // A pipeline stage: the other stages' counts and squared norms, so that every stage takes the same step.
+        Communicator* stages = pipeline_group_.get();
+        issue_collective(log::concat("all_reduce of the gradient statistics over the ", stages->size(),
+                                     " pipeline stages"),
+                         [&] { return stages->all_reduce(values + kAgree, 2, DType::f32, ReduceOp::sum, compute_); });
+      }
     }
     device_.copy(host, values, value_bytes, compute_);
     wait_for_device_writes();  // the boundary's one host wait

@@ -19,7 +19,7 @@ std::string source_of(const Config& c) { return c.source.empty() ? "built in the
 
 }  // namespace
 
-void require_resolved(const Config& c, int world) {
+void require_resolved(const Config& c, int world, bool pipeline_stage) {
   if (!c.resolved) {
     // What resolve() would have filled in: the "auto" keys, and the batch sizes DeepSpeed infers from the others
     // and the world size.
@@ -46,11 +46,11 @@ void require_resolved(const Config& c, int world) {
                                   " after resolve(); resolve it again"));
   }
   // A pipelined config divides the world among its stages: refused before the batch check would blame the batch.
-  if (c.pipeline.stages.value_or(1) > 1) {
-    throw Unsupported(log::concat(
+  if (!pipeline_stage && c.pipeline.stages.value_or(1) > 1) {
+    throw InvalidArgument(log::concat(
         "Engine: pipeline.stages = ", *c.pipeline.stages, " (config ", source_of(c),
-        "): the pipeline's schedules, stage groups and point-to-point transfers exist, but the engine that runs a "
-        "model's stages is not built yet (docs/pipeline.md); use pipeline.stages 1"));
+        "): a pipelined config runs on a zero3::PipelineEngine (zero3/pipeline_engine.hpp), which makes each "
+        "stage's Engine over its data-parallel group; an Engine over the whole world cannot hold a stage"));
   }
   if (*mb < 1 || *ga < 1 || *tb != *mb * *ga * world) {
     throw ConfigError(log::concat("train_batch_size: ", *tb, " is not train_micro_batch_size_per_gpu ", *mb,

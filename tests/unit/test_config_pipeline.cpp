@@ -130,7 +130,7 @@ TEST(ConfigPipeline, DeepSpeedsOwnDefaultsAreAcceptedAndSaidWhatTheyDo) {
   EXPECT_TRUE(ignored);
 }
 
-TEST(ConfigPipeline, TheEngineRefusesStagesItCannotRunYet) {
+TEST(ConfigPipeline, AWorldEngineRefusesAPipelinedConfig) {
   CommOptions options;
   options.backend = "local";
   auto comm = std::shared_ptr<Communicator>(make_communicator(options, LaunchInfo{}, nullptr));
@@ -140,10 +140,18 @@ TEST(ConfigPipeline, TheEngineRefusesStagesItCannotRunYet) {
   c.pipeline.stages = 2;
   try {
     Engine engine(c, comm, *device);
-    ADD_FAILURE() << "a two-stage engine was created";
-  } catch (const Unsupported& e) {
+    ADD_FAILURE() << "an engine over the whole world was created for two stages";
+  } catch (const InvalidArgument& e) {
     EXPECT_NE(std::string(e.what()).find("Engine: pipeline.stages = 2 (config "), std::string::npos) << e.what();
-    EXPECT_NE(std::string(e.what()).find("the engine that runs a model's stages is not built yet (docs/pipeline.md)"),
+    EXPECT_NE(std::string(e.what()).find("runs on a zero3::PipelineEngine"), std::string::npos) << e.what();
+  }
+  // A stage's engine needs its pipeline group, and as many micro-batches as the config accumulates.
+  EXPECT_THROW(Engine(c, comm, *device, PipelineStageBinding{}), InvalidArgument);
+  try {
+    Engine engine(c, comm, *device, PipelineStageBinding{comm, 5});
+    ADD_FAILURE() << "a stage engine of 5 micro-batches was created for gradient_accumulation_steps 2";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("5 micro-batches per step, but gradient_accumulation_steps is 2"),
               std::string::npos)
         << e.what();
   }
