@@ -60,7 +60,8 @@ ActivationScale activation_scale(const ModelDesc& model, const PipelinePlanOptio
 
 bool is_decoder_layer(const ActivationScale& a, int unit) { return unit >= 1 && unit <= a.decoder_layers; }
 
-std::string count_of(int64_t n, const char* what) { return std::to_string(n) + " " + what + (n == 1 ? "" : "s"); }
+// "1 micro-batch", "3 micro-batches"
+std::string micro_batches(int64_t n) { return std::to_string(n) + (n == 1 ? " micro-batch" : " micro-batches"); }
 
 // The schedule walked for rank `r`: the most (micro-batch, stage) pairs held at once, and the bytes at the moment
 // of the most bytes.
@@ -183,7 +184,7 @@ PipelinePlan plan_pipeline(const ModelDesc& model, const Config& config, const P
     auto add = [&](int64_t bytes, std::string what) {
       if (bytes > 0) rp.memory.entries.push_back({MemoryCategory::activations, MemoryTier::device, bytes, std::move(what)});
     };
-    const std::string held = count_of(f.most, "micro-batch") + " in flight (" +
+    const std::string held = micro_batches(f.most) + " in flight (" +
                              pipeline::schedule_name(p.schedule.kind) + ")";
     add(f.held.layers, "activations kept for backward, " + held);
     add(f.held.received, "received activations kept for backward, " + held);
