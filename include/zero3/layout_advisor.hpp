@@ -126,9 +126,9 @@ struct AdvisedLayout {
   size_t rank_bandwidth = 0;    // ranked: 1-based rank by the bandwidth reading alone (StepTime::step_s)
   size_t rank_fixed_cost = 0;   // ranked: by the fixed-cost reading alone (StepTime::step_fixed_s)
   std::vector<DeepSpeedDifference> deepspeed;  // what DeepSpeed refuses or changes in this layout
-  std::string note;  // what the row needs besides its edits (a pipelined row: the program's split and batch flags)
+  std::string note;   // what the row needs besides its edits (a pipelined row: the program's split and batch flags)
   double bubble = 0;  // a pipelined row: its schedule's bubble_fraction()
-  Config config;                               // the edited config, resolved (refused by the reader: the user's)
+  Config config;      // the edited config, resolved (refused by the reader: the user's)
 };
 
 inline constexpr int64_t kDefaultGpuHeadroomBytes = int64_t{1} << 30;
@@ -142,7 +142,7 @@ struct AdviseOptions {
   // What every GPU must keep free beyond its plan and the cluster's gpu_reserved_gib for a layout to fit: the margin
   // for what the estimates miss (allocator fragmentation, buffers outside the plan). >= 0.
   int64_t gpu_headroom_bytes = kDefaultGpuHeadroomBytes;
-  ResolveInputs inputs;  // what resolves the config's "auto" (batch, hidden size); the world is the cluster's
+  ResolveInputs inputs;   // what resolves the config's "auto" (batch, hidden size); the world is the cluster's
   bool pipelines = true;  // rank pipelined layouts too
 };
 

@@ -69,40 +69,39 @@ struct PipelinePlanOptions {
 
 // One pipeline rank: every world rank with this pipeline rank holds the same (its data-parallel group's slices).
 struct PipelineRankPlan {
-  int rank = 0;                  // pipeline rank (position in its pipeline group)
-  std::vector<int> stages;       // its (virtual) stages, ascending
-  std::vector<int64_t> world_ranks;  // the world ranks that hold it, by data-parallel index
-  ModelDesc units;               // their units, in forward order
-  int64_t decoder_layers = 0;    // of them, a Llama's decoder layers (with dims)
-  bool first = false;            // holds the first stage (the embedding)
-  bool last = false;             // holds the last stage (the head and the loss)
-  int in_flight = 0;             // most (micro-batch, stage) pairs held at once between forward and backward
-  int64_t held_activation_bytes = 0;  // the activations at that moment: residual streams, caches, received inputs
-  int64_t once_activation_bytes = 0;  // what it holds once: workspace, attention, loss chunk, staging, 2 buffers
-  MemoryPlan memory;                  // its units over its data-parallel group, the activations included
-  TrafficPlan traffic;                // its data-parallel group's ZeRO traffic per optimizer step
-  int64_t boundary_sent_bytes = 0;    // per optimizer step, per world rank: activations and gradients sent on
+  int rank = 0;                           // pipeline rank (position in its pipeline group)
+  std::vector<int> stages;                // its (virtual) stages, ascending
+  std::vector<int64_t> world_ranks;       // the world ranks that hold it, by data-parallel index
+  ModelDesc units;                        // their units, in forward order
+  int64_t decoder_layers = 0;             // of them, a Llama's decoder layers (with dims)
+  bool first = false;                     // holds the first stage (the embedding)
+  bool last = false;                      // holds the last stage (the head and the loss)
+  int in_flight = 0;                      // most (micro-batch, stage) pairs held at once between forward and backward
+  int64_t held_activation_bytes = 0;      // the activations at that moment: residual streams, caches, received inputs
+  int64_t once_activation_bytes = 0;      // what it holds once: workspace, attention, loss chunk, staging, 2 buffers
+  MemoryPlan memory;                      // its units over its data-parallel group, the activations included
+  TrafficPlan traffic;                    // its data-parallel group's ZeRO traffic per optimizer step
+  int64_t boundary_sent_bytes = 0;        // per optimizer step, per world rank: activations and gradients sent on
   int64_t boundary_inter_node_bytes = 0;  // of them, the most a world rank of this pipeline rank sends off its node
-  int boundary_calls = 0;             // its send_recv calls per optimizer step
-  int boundary_inter_node_calls = 0;  // of them, calls with a transfer that crosses nodes (the most of its ranks)
+  int boundary_inter_node_calls = 0;      // its send_recv calls per step with a transfer that crosses nodes (the most)
 };
 
 struct PipelinePlan {
   pipeline::Schedule schedule;  // the config's schedule (ranks S, micro-batches m, stages per rank v)
   std::string stage_order;      // zero3.pipeline_stage_order
   int64_t world_size = 1, ranks_per_node = 1, nodes = 1;
-  int64_t data_parallel = 1;           // D = world / S
-  int64_t group_ranks_per_node = 1;    // a data-parallel group's ranks on each node it spans
-  std::vector<int> bounds;             // S x v + 1 unit indices: stage s holds units [bounds[s], bounds[s + 1])
-  std::string partition;               // describe_partition(): each stage's units and parameters
-  double bubble = 0;                   // bubble_fraction(schedule)
+  int64_t data_parallel = 1;         // D = world / S
+  int64_t group_ranks_per_node = 1;  // a data-parallel group's ranks on each node it spans
+  std::vector<int> bounds;           // S x v + 1 unit indices: stage s holds units [bounds[s], bounds[s + 1])
+  std::string partition;             // describe_partition(): each stage's units and parameters
+  double bubble = 0;                 // bubble_fraction(schedule)
   int64_t boundary_numel = 0;
   DType activation_dtype = DType::bf16;
   int64_t boundary_bytes_per_step = 0;  // each way, per stage boundary and data-parallel index: m x numel x dtype
   std::vector<PipelineRankPlan> ranks;  // by pipeline rank
   std::vector<int64_t> node_inter_node_bytes;  // per node, per optimizer step: boundary transfers + ZeRO, sent off
   std::vector<int64_t> node_boundary_inter_node_bytes;  // of them, the boundary transfers
-  std::vector<int64_t> node_host_bytes;        // per node: host memory of its ranks (device tier too on cpu)
+  std::vector<int64_t> node_host_bytes;                 // per node: host memory of its ranks (device tier too on cpu)
 
   size_t worst_rank() const;  // the pipeline rank with the most device bytes (the first of equals)
   int64_t max_node_inter_node_bytes() const;
@@ -126,8 +125,8 @@ struct PipelineStepTime {
   // rank's schedule step), bound and the bytes of the busiest node and GPU; grad_accum is m.
   StepTime time;
   double bubble = 0;
-  size_t slowest_rank = 0;       // the pipeline rank whose schedule step sets the pace (bandwidth reading)
-  std::vector<StepTime> ranks;   // each pipeline rank's schedule step (micro_step_s: without its transfers)
+  size_t slowest_rank = 0;      // the pipeline rank whose schedule step sets the pace (bandwidth reading)
+  std::vector<StepTime> ranks;  // each pipeline rank's schedule step (micro_step_s: without its transfers)
   std::vector<double> transfer_s, transfer_fixed_s;  // each rank's boundary transfers per schedule step
   double pipeline_s = 0, pipeline_fixed_s = 0;       // m x the slowest step / (1 - bubble)
 };

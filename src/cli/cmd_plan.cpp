@@ -198,8 +198,8 @@ int run_advise(const ClusterRun& run) {
     const AdvisedLayout& picked = advice.ranked[run.pick - 1];
     io::write_file_atomically(run.write_config, apply_config_edits(text, picked.edits, run.config_path) + "\n");
     std::printf("wrote %s: %s, ranked %zu (%zu edit%s of %s)\n", run.write_config.c_str(),
-                picked.choice.describe(cluster.gpus_per_node, cluster.world()).c_str(), run.pick,
-                picked.edits.size(), picked.edits.size() == 1 ? "" : "s", run.config_path.c_str());
+                picked.choice.describe(cluster.gpus_per_node, cluster.world()).c_str(), run.pick, picked.edits.size(),
+                picked.edits.size() == 1 ? "" : "s", run.config_path.c_str());
     if (!picked.note.empty()) std::printf("note: %s\n", picked.note.c_str());
     if (!picked.deepspeed.empty()) {
       std::printf("note: DeepSpeed does not run this layout as written (see its row); zero3 does\n");
@@ -231,10 +231,10 @@ int run_step_time(const ClusterRun& run) {
                         "layouts beside them");
     }
     const PipelineStepTime t = model_pipeline_step_time(model, dims, config, cluster, options);
-    std::printf("model %s (%s): %lld parameters; config %s\ncluster %s (%s): %d nodes x %d GPUs\n",
-                model.name.c_str(), run.model_path.c_str(), static_cast<long long>(model.numel()),
-                run.config_path.c_str(), cluster.name.empty() ? "-" : cluster.name.c_str(), run.cluster_path.c_str(),
-                cluster.nodes, cluster.gpus_per_node);
+    std::printf("model %s (%s): %lld parameters; config %s\ncluster %s (%s): %d nodes x %d GPUs\n", model.name.c_str(),
+                run.model_path.c_str(), static_cast<long long>(model.numel()), run.config_path.c_str(),
+                cluster.name.empty() ? "-" : cluster.name.c_str(), run.cluster_path.c_str(), cluster.nodes,
+                cluster.gpus_per_node);
     std::printf("%s", format_pipeline_step_time(t, run.steps).c_str());
     if (const std::string refusal = engine_refusal(config, cluster); !refusal.empty()) {
       std::printf("zero3 refuses this config on this cluster: %s\n", refusal.c_str());
@@ -547,8 +547,9 @@ int run_plan(const Args& args) {
   }
   if (config.pipeline.stages.value_or(1) > 1) {
     if (activation_bytes) {
-      return usage_error("--activation-bytes is one figure for every rank; a pipelined config's plan scales the "
-                         "estimate to each stage: give --seq-len instead");
+      return usage_error(
+          "--activation-bytes is one figure for every rank; a pipelined config's plan scales the "
+          "estimate to each stage: give --seq-len instead");
     }
     PipelinePlanOptions po;
     po.world_size = options.world_size;
@@ -564,9 +565,10 @@ int run_plan(const Args& args) {
     if (!seq_len) {
       std::printf("activations and stage boundaries: not counted (give --seq-len with a Llama config.json)\n");
     } else {
-      std::printf("%spipelined: that estimate (the whole model, one micro-batch) scaled to each pipeline rank's "
-                  "layers and its micro-batches in flight\n",
-                  activations_line.c_str());
+      std::printf(
+          "%spipelined: that estimate (the whole model, one micro-batch) scaled to each pipeline rank's "
+          "layers and its micro-batches in flight\n",
+          activations_line.c_str());
     }
     const PipelinePlan plan = plan_pipeline(model, config, po);
     std::printf("%s", format_pipeline_plan(plan).c_str());

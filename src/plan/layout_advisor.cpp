@@ -10,13 +10,13 @@
 #include "config/config_checks.hpp"
 #include "config/json_text.hpp"
 #include "core/check.hpp"
-#include "zero/resolved_config.hpp"
 #include "plan/advisor_pipeline.hpp"
 #include "plan/stage_group_nodes.hpp"
+#include "zero/resolved_config.hpp"
 #include "zero/topology.hpp"
-#include "zero3/pipeline_plan.hpp"
 #include "zero3/error.hpp"
 #include "zero3/log.hpp"
+#include "zero3/pipeline_plan.hpp"
 
 namespace zero3 {
 namespace {
@@ -195,7 +195,8 @@ std::vector<LayoutChoice> enumerate(int64_t nodes, int64_t per_node, const std::
 }
 
 // The pipelined layouts of the header's list on a world of `world` ranks for a model of `units` units.
-std::vector<LayoutChoice> enumerate_pipelined(int64_t world, int64_t units, const std::vector<OffloadDevice>& offloads) {
+std::vector<LayoutChoice> enumerate_pipelined(int64_t world, int64_t units,
+                                              const std::vector<OffloadDevice>& offloads) {
   std::vector<LayoutChoice> out;
   for (int64_t stages = 2; stages <= world; stages *= 2) {
     if (world % stages != 0 || stages > units) continue;
@@ -258,7 +259,8 @@ bool ranks_before(const AdvisedLayout& a, const AdvisedLayout& b) {
 // The step of a config's layout: pipelined or not.
 StepTime time_layout(const ModelDesc& model, const LlamaDims& dims, const Config& config, const ClusterDesc& cluster,
                      const StepTimeOptions& timing) {
-  if (config.pipeline.stages.value_or(1) > 1) return model_pipeline_step_time(model, dims, config, cluster, timing).time;
+  if (config.pipeline.stages.value_or(1) > 1)
+    return model_pipeline_step_time(model, dims, config, cluster, timing).time;
   return model_step_time(model, dims, config, cluster, timing);
 }
 
@@ -370,8 +372,8 @@ std::string engine_refusal(const Config& config, const ClusterDesc& cluster) {
     const int64_t stages = config.pipeline.stages.value_or(1);
     if (stages > 1) {
       // As the pipeline engine makes each stage's Engine: over the stage's data-parallel group.
-      const detail::NodeLayout group = detail::stage_group_nodes(
-          detail::stage_topology(config, stages, cluster.world(), cluster.gpus_per_node));
+      const detail::NodeLayout group =
+          detail::stage_group_nodes(detail::stage_topology(config, stages, cluster.world(), cluster.gpus_per_node));
       detail::require_resolved(config, group.world, /*pipeline_stage=*/true);
       config_detail::check_layouts(config);
       config_detail::check_quantization_precision(config);
@@ -402,8 +404,8 @@ std::string LayoutChoice::layout(int64_t gpus_per_node, int64_t world) const {
   if (pipeline_stages > 1) {
     const std::string schedule =
         virtual_stages > 1 ? "interleaved x" + std::to_string(virtual_stages) : pipeline_schedule;
-    std::string s = "pipeline " + std::to_string(pipeline_stages) + " x " + schedule + ", ZeRO-" +
-                    std::to_string(zero_stage);
+    std::string s =
+        "pipeline " + std::to_string(pipeline_stages) + " x " + schedule + ", ZeRO-" + std::to_string(zero_stage);
     if (world > 0) {
       const int64_t d = world / pipeline_stages;
       s += d == 1 ? ", 1 rank" : ", " + (d % gpus_per_node == 0 ? group(d) : std::to_string(d) + " ranks");
@@ -452,7 +454,8 @@ Advice advise_layouts(const std::string& config_json, const std::string& config_
 
   std::vector<LayoutChoice> choices = enumerate(cluster.nodes, cluster.gpus_per_node, offloads);
   if (options.pipelines) {
-    for (const LayoutChoice& l : enumerate_pipelined(cluster.world(), static_cast<int64_t>(model.units.size()), offloads))
+    for (const LayoutChoice& l :
+         enumerate_pipelined(cluster.world(), static_cast<int64_t>(model.units.size()), offloads))
       choices.push_back(l);
   }
   const LayoutChoice as_is = choice_of(user);
@@ -718,7 +721,8 @@ std::string format_advice(const Advice& advice, const ClusterDesc& cluster, int6
     const AdvisedLayout& bw = advice.ranked[r.bandwidth_first];
     const AdvisedLayout& fixed = advice.ranked[r.fixed_cost_first];
     auto name = [&](const AdvisedLayout& a, size_t index) {
-      return "rank " + std::to_string(index + 1) + " (" + a.choice.describe(cluster.gpus_per_node, cluster.world()) + ")";
+      return "rank " + std::to_string(index + 1) + " (" + a.choice.describe(cluster.gpus_per_node, cluster.world()) +
+             ")";
     };
     if (r.bandwidth_first != r.fixed_cost_first) {
       std::snprintf(buf, sizeof buf,
@@ -755,8 +759,8 @@ std::string format_advice(const Advice& advice, const ClusterDesc& cluster, int6
   }
   out << "\ndo not fit (never ranked): " << advice.not_fitting.size() << '\n';
   for (const AdvisedLayout& a : advice.not_fitting) {
-    out << "  " << a.choice.describe(cluster.gpus_per_node, cluster.world()) << (a.is_user_config ? " (your config)" : "") << ": "
-        << a.reason << '\n';
+    out << "  " << a.choice.describe(cluster.gpus_per_node, cluster.world())
+        << (a.is_user_config ? " (your config)" : "") << ": " << a.reason << '\n';
   }
   // Refused layouts by reason: most share one.
   out << "\nrefused (never ranked): " << advice.refused.size() << '\n';
@@ -768,7 +772,8 @@ std::string format_advice(const Advice& advice, const ClusterDesc& cluster, int6
     out << "  " << reason << '\n';
     for (const AdvisedLayout& a : advice.refused) {
       if (a.reason != reason) continue;
-      out << "    " << a.choice.describe(cluster.gpus_per_node, cluster.world()) << (a.is_user_config ? " (your config)" : "") << '\n';
+      out << "    " << a.choice.describe(cluster.gpus_per_node, cluster.world())
+          << (a.is_user_config ? " (your config)" : "") << '\n';
     }
   }
   if (!sources.empty()) {

@@ -102,14 +102,15 @@ size_t PipelinePlan::worst_rank() const {
 }
 
 int64_t PipelinePlan::max_node_inter_node_bytes() const {
-  return node_inter_node_bytes.empty() ? 0 : *std::max_element(node_inter_node_bytes.begin(), node_inter_node_bytes.end());
+  return node_inter_node_bytes.empty() ? 0
+                                       : *std::max_element(node_inter_node_bytes.begin(), node_inter_node_bytes.end());
 }
 
 PipelinePlan plan_pipeline(const ModelDesc& model, const Config& config, const PipelinePlanOptions& options) {
-  ZERO3_REQUIRE(options.world_size >= 1 && options.ranks_per_node >= 1 &&
-                    options.world_size % options.ranks_per_node == 0,
-                InvalidArgument, "plan_pipeline: world_size ", options.world_size, " and ranks_per_node ",
-                options.ranks_per_node, " must be >= 1, the node size dividing the world");
+  ZERO3_REQUIRE(
+      options.world_size >= 1 && options.ranks_per_node >= 1 && options.world_size % options.ranks_per_node == 0,
+      InvalidArgument, "plan_pipeline: world_size ", options.world_size, " and ranks_per_node ", options.ranks_per_node,
+      " must be >= 1, the node size dividing the world");
   ZERO3_REQUIRE(options.boundary_numel >= 0, InvalidArgument, "plan_pipeline: boundary_numel ", options.boundary_numel,
                 " must be >= 0");
   ZERO3_REQUIRE(!model.units.empty(), InvalidArgument, "plan_pipeline: model '", model.name, "' has no units");
@@ -144,7 +145,8 @@ PipelinePlan plan_pipeline(const ModelDesc& model, const Config& config, const P
       l += is_decoder_layer(scale, u) ? 1 : 0;
     }
     StageActivations& a = per_stage[static_cast<size_t>(s)];
-    a.layers = (l + (s == 0 && scale.known ? 1 : 0)) * scale.stream + (options.checkpointing ? 0 : l * scale.layer_cache);
+    a.layers =
+        (l + (s == 0 && scale.known ? 1 : 0)) * scale.stream + (options.checkpointing ? 0 : l * scale.layer_cache);
     a.received = s > 0 ? boundary_one : 0;
   }
 
@@ -182,10 +184,10 @@ PipelinePlan plan_pipeline(const ModelDesc& model, const Config& config, const P
 
     rp.memory = plan_memory(rp.units, config, memory);
     auto add = [&](int64_t bytes, std::string what) {
-      if (bytes > 0) rp.memory.entries.push_back({MemoryCategory::activations, MemoryTier::device, bytes, std::move(what)});
+      if (bytes > 0)
+        rp.memory.entries.push_back({MemoryCategory::activations, MemoryTier::device, bytes, std::move(what)});
     };
-    const std::string held = micro_batches(f.most) + " in flight (" +
-                             pipeline::schedule_name(p.schedule.kind) + ")";
+    const std::string held = micro_batches(f.most) + " in flight (" + pipeline::schedule_name(p.schedule.kind) + ")";
     add(f.held.layers, "activations kept for backward, " + held);
     add(f.held.received, "received activations kept for backward, " + held);
     add(rp.once_activation_bytes, "activation workspace and boundary buffers, once");
@@ -197,14 +199,13 @@ PipelinePlan plan_pipeline(const ModelDesc& model, const Config& config, const P
       rp.world_ranks.push_back(world_rank);
       const int node = topology.nodes.node_of(world_rank);
       int64_t sent = 0, off_node = 0;
-      int calls = 0, calls_off_node = 0;
+      int calls_off_node = 0;
       bool call_crosses = false;
       for (const pipeline::Action& a : p.schedule.actions[static_cast<size_t>(r)]) {
         if (!a.is_transfer()) continue;
         if (!a.joins_previous) {
           calls_off_node += call_crosses ? 1 : 0;
           call_crosses = false;
-          ++calls;
         }
         const bool crosses = topology.nodes.node_of(topology.rank_of(a.peer_rank, i)) != node;
         call_crosses |= crosses;
@@ -215,7 +216,6 @@ PipelinePlan plan_pipeline(const ModelDesc& model, const Config& config, const P
       }
       calls_off_node += call_crosses ? 1 : 0;
       rp.boundary_sent_bytes = sent;
-      rp.boundary_calls = calls;
       rp.boundary_inter_node_bytes = std::max(rp.boundary_inter_node_bytes, off_node);
       rp.boundary_inter_node_calls = std::max(rp.boundary_inter_node_calls, calls_off_node);
       const RankTraffic& t = rp.traffic.ranks[static_cast<size_t>(i)];
@@ -252,7 +252,8 @@ std::string format_pipeline_plan(const PipelinePlan& p) {
       << " micro-batches; " << p.data_parallel << " data-parallel ranks per stage (" << p.stage_order << ", "
       << p.group_ranks_per_node << " per node) on " << p.nodes << " nodes x " << p.ranks_per_node << " ranks\n";
   std::snprintf(buf, sizeof buf, "bubble %.4f; boundary: %s elements per micro-batch (%s), %s each way per step\n",
-                p.bubble, detail::with_commas(p.boundary_numel).c_str(), std::string(dtype_name(p.activation_dtype)).c_str(),
+                p.bubble, detail::with_commas(p.boundary_numel).c_str(),
+                std::string(dtype_name(p.activation_dtype)).c_str(),
                 detail::with_commas(p.boundary_bytes_per_step).c_str());
   out << buf << "partition: " << p.partition << "\n\n";
   std::snprintf(buf, sizeof buf, "%-5s %-10s %6s %9s %12s %12s %12s %14s %14s %14s\n", "rank", "stages", "units",
@@ -267,19 +268,18 @@ std::string format_pipeline_plan(const PipelinePlan& p) {
       zero += t.reductions;
     }
     const int64_t ranks = static_cast<int64_t>(r.traffic.ranks.size());
-    std::snprintf(buf, sizeof buf, "%-5d %-10s %6zu %9d %12s %12s %12s %14s %14s %14s\n", r.rank, stages.c_str(),
-                  r.units.units.size(), r.in_flight, human(r.memory.rank_bytes(MemoryCategory::activations)).c_str(),
-                  human(r.memory.rank_bytes(MemoryTier::device)).c_str(),
-                  human(r.memory.rank_bytes(MemoryTier::host)).c_str(),
-                  human(zero.intra_node_bytes / std::max<int64_t>(ranks, 1)).c_str(),
-                  human(zero.inter_node_bytes / std::max<int64_t>(ranks, 1)).c_str(),
-                  human(r.boundary_inter_node_bytes).c_str());
+    std::snprintf(
+        buf, sizeof buf, "%-5d %-10s %6zu %9d %12s %12s %12s %14s %14s %14s\n", r.rank, stages.c_str(),
+        r.units.units.size(), r.in_flight, human(r.memory.rank_bytes(MemoryCategory::activations)).c_str(),
+        human(r.memory.rank_bytes(MemoryTier::device)).c_str(), human(r.memory.rank_bytes(MemoryTier::host)).c_str(),
+        human(zero.intra_node_bytes / std::max<int64_t>(ranks, 1)).c_str(),
+        human(zero.inter_node_bytes / std::max<int64_t>(ranks, 1)).c_str(), human(r.boundary_inter_node_bytes).c_str());
     out << buf;
   }
   out << "(per world rank of the pipeline rank; ZeRO bytes per step averaged over its data-parallel group; boundary "
          "off: activations and gradients it sends to another node per step)\n";
-  out << "worst rank: " << p.worst_rank() << " (" << human(p.ranks[p.worst_rank()].memory.rank_bytes(MemoryTier::device))
-      << " on the device)\n";
+  out << "worst rank: " << p.worst_rank() << " ("
+      << human(p.ranks[p.worst_rank()].memory.rank_bytes(MemoryTier::device)) << " on the device)\n";
   for (size_t n = 0; n < p.node_inter_node_bytes.size(); ++n) {
     std::snprintf(buf, sizeof buf, "node %zu: %s to other nodes per step (%s of it stage boundaries)\n", n,
                   detail::with_commas(p.node_inter_node_bytes[n]).c_str(),

@@ -54,8 +54,9 @@ PipelineStepTime model_pipeline_step_time(const ModelDesc& model, const LlamaDim
   ZERO3_REQUIRE(!dims.tie_word_embeddings, InvalidArgument, "model_pipeline_step_time: model '", model.name,
                 "' ties its embeddings to its head; the pipeline plans do not model a weight shared by the first and "
                 "the last stage");
-  ZERO3_REQUIRE(config.zero.stage >= 1 && config.zero.stage <= 3, ConfigError, "zero_optimization.stage: ",
-                config.zero.stage, "; the pipelined step-time model covers stages 1-3 inside the stages");
+  ZERO3_REQUIRE(config.zero.stage >= 1 && config.zero.stage <= 3, ConfigError,
+                "zero_optimization.stage: ", config.zero.stage,
+                "; the pipelined step-time model covers stages 1-3 inside the stages");
   const int64_t micro_batch = require_batch(config.train_micro_batch_size_per_gpu, "train_micro_batch_size_per_gpu");
   const int64_t m = require_batch(config.gradient_accumulation_steps, "gradient_accumulation_steps");
   config_detail::check_layouts(config);
@@ -138,16 +139,15 @@ PipelineStepTime model_pipeline_step_time(const ModelDesc& model, const LlamaDim
 
     t.has_fixed_cost = fixed;
     t.inter_node_collectives = micro_collectives + boundary_collectives + r.boundary_inter_node_calls;
-    t.inter_node_fixed_s = fixed ? (static_cast<double>(link_micro) / nccl_bw +
-                                    static_cast<double>(micro_collectives) * overhead_s) / md
-                                 : t.inter_node_s;
+    t.inter_node_fixed_s =
+        fixed ? (static_cast<double>(link_micro) / nccl_bw + static_cast<double>(micro_collectives) * overhead_s) / md
+              : t.inter_node_s;
     std::tie(t.micro_step_fixed_s, t.bound_fixed) =
         detail::busiest(t.compute_s, t.inter_node_fixed_s, t.intra_node_s, t.offload_s);
-    t.boundary_comm_fixed_s =
-        fixed ? std::max(static_cast<double>(link_boundary) / nccl_bw +
-                             static_cast<double>(boundary_collectives) * overhead_s,
-                         static_cast<double>(boundary_intra) / pcie_bw)
-              : t.boundary_comm_s;
+    t.boundary_comm_fixed_s = fixed ? std::max(static_cast<double>(link_boundary) / nccl_bw +
+                                                   static_cast<double>(boundary_collectives) * overhead_s,
+                                               static_cast<double>(boundary_intra) / pcie_bw)
+                                    : t.boundary_comm_s;
     t.boundary_fixed_s = t.boundary_comm_fixed_s + (t.boundary_s - t.boundary_comm_s);
 
     const double slot = t.micro_step_s + transfer;
@@ -176,9 +176,10 @@ PipelineStepTime model_pipeline_step_time(const ModelDesc& model, const LlamaDim
 
   const StepTime& pace = out.ranks[out.slowest_rank];
   sum.flow = DataFlow::zero3;
-  sum.layout = "pipeline " + std::to_string(p.schedule.ranks) + " x " + pipeline::schedule_name(p.schedule.kind) +
-               (p.schedule.stages_per_rank > 1 ? " (" + std::to_string(p.schedule.stages_per_rank) + " per rank)" : "") +
-               ", ZeRO-" + std::to_string(config.zero.stage) + " over " + std::to_string(p.data_parallel) + " ranks";
+  sum.layout =
+      "pipeline " + std::to_string(p.schedule.ranks) + " x " + pipeline::schedule_name(p.schedule.kind) +
+      (p.schedule.stages_per_rank > 1 ? " (" + std::to_string(p.schedule.stages_per_rank) + " per rank)" : "") +
+      ", ZeRO-" + std::to_string(config.zero.stage) + " over " + std::to_string(p.data_parallel) + " ranks";
   sum.grad_accum = static_cast<int>(m);
   sum.tokens_per_gpu = pace.tokens_per_gpu;
   sum.flops_per_gpu = pace.flops_per_gpu;

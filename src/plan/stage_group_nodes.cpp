@@ -21,9 +21,9 @@ NodeLayout stage_group_nodes(const pipeline::PipelineTopology& t) {
     for (int r : t.data_parallel_group(t.rank_of(s, 0)).ranks) ++per_node[t.nodes.node_of(r)];
     for (const auto& [node, n] : per_node) {
       if (k < 0) k = n;
-      ZERO3_REQUIRE(n == k, ConfigError, "zero3.pipeline_stage_order: ", pipeline::stage_order_name(t.order),
-                    " puts ", n, " ranks of stage ", s, "'s data-parallel group on node ", node, " and ", k,
-                    " on another (", t.describe(), "); the plans need the same count on every node a group spans");
+      ZERO3_REQUIRE(n == k, ConfigError, "zero3.pipeline_stage_order: ", pipeline::stage_order_name(t.order), " puts ",
+                    n, " ranks of stage ", s, "'s data-parallel group on node ", node, " and ", k, " on another (",
+                    t.describe(), "); the plans need the same count on every node a group spans");
     }
   }
   NodeLayout group;

@@ -8,8 +8,8 @@
 #include <utility>
 
 #include "config/config_checks.hpp"
-#include "plan/step_time_parts.hpp"
 #include "core/check.hpp"
+#include "plan/step_time_parts.hpp"
 #include "zero3/dtype.hpp"
 #include "zero3/error.hpp"
 #include "zero3/traffic_plan.hpp"

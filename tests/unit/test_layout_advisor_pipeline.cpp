@@ -67,7 +67,9 @@ SeedJob seed_job(const std::string& cluster_file = "g6e-12xlarge-efa.json") {
   return j;
 }
 
-Advice advise(const SeedJob& j) { return advise_layouts(j.config_text, j.config_path, j.model, j.dims, j.cluster, j.options); }
+Advice advise(const SeedJob& j) {
+  return advise_layouts(j.config_text, j.config_path, j.model, j.dims, j.cluster, j.options);
+}
 
 bool pipelined(const AdvisedLayout& a) { return a.choice.pipeline_stages > 1; }
 
@@ -205,11 +207,10 @@ TEST(LayoutAdvisorPipeline, TheSeedsAnswer) {
 TEST(LayoutAdvisorPipeline, ANumericBatchIsEdited) {
   if (source_dir().empty()) GTEST_SKIP() << "ZERO3_SOURCE_DIR is not set (run through ctest)";
   SeedJob j = seed_job();
-  j.config_text = apply_config_edits(j.config_text,
-                                     {{"train_batch_size", "256"},
-                                      {"train_micro_batch_size_per_gpu", "4"},
-                                      {"gradient_accumulation_steps", "4"}},
-                                     j.config_path);
+  j.config_text = apply_config_edits(
+      j.config_text,
+      {{"train_batch_size", "256"}, {"train_micro_batch_size_per_gpu", "4"}, {"gradient_accumulation_steps", "4"}},
+      j.config_path);
   j.options.inputs.micro_batch.reset();
   j.options.inputs.grad_accum.reset();
   const Advice a = advise(j);
@@ -240,11 +241,12 @@ TEST(LayoutAdvisorPipeline, CommandWritesAPipelinedConfigThatChecksAndPlans) {
   ASSERT_GE(fd, 0);
   close(fd);
   int status = 0;
-  const std::string out = run_command(zero3 + " plan --advise" + model + " --config " + src +
-                                          "/configs/llama-3-8b-stage3.json" + cluster +
-                                          " --seq-len 512 --micro-batch 4 --grad-accum 4 --no-grad-checkpointing "
-                                          "--top 2 --write-config " + path + " 2>&1",
-                                      &status);
+  const std::string out =
+      run_command(zero3 + " plan --advise" + model + " --config " + src + "/configs/llama-3-8b-stage3.json" + cluster +
+                      " --seq-len 512 --micro-batch 4 --grad-accum 4 --no-grad-checkpointing "
+                      "--top 2 --write-config " +
+                      path + " 2>&1",
+                  &status);
   ASSERT_EQ(status, 0) << out;
   EXPECT_NE(out.find("176 layouts of"), std::string::npos) << out;
   EXPECT_NE(out.find("    1  pipeline 4 x 1f1b, ZeRO-2, one node"), std::string::npos) << out;
@@ -261,9 +263,9 @@ TEST(LayoutAdvisorPipeline, CommandWritesAPipelinedConfigThatChecksAndPlans) {
   const std::string file((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   EXPECT_NE(file.find("\"pipeline\": {\n        \"stages\": 4"), std::string::npos) << file;
 
-  const std::string check = run_command(zero3 + " config check " + path +
-                                            " --world-size 16 --hidden-size 4096 --micro-batch 4 --grad-accum 16 2>&1",
-                                        &status);
+  const std::string check = run_command(
+      zero3 + " config check " + path + " --world-size 16 --hidden-size 4096 --micro-batch 4 --grad-accum 16 2>&1",
+      &status);
   EXPECT_EQ(status, 0) << check;
   const std::string plan = run_command(zero3 + " plan" + model + " --config " + path +
                                            " --world-size 16 --ranks-per-node 4 --seq-len 512 --micro-batch 4 "

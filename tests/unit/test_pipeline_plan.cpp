@@ -48,10 +48,11 @@ Config config_for(const Shape& s) {
                            std::to_string(s.micro_batches) + R"(, "bf16": {"enabled": true},
       "zero_optimization": {"stage": 3, "reduce_bucket_size": 4096, "stage3_prefetch_bucket_size": 4096,
                             "stage3_param_persistence_threshold": 0},
-      "pipeline": {"stages": )" + std::to_string(s.stages) +
+      "pipeline": {"stages": )" +
+                           std::to_string(s.stages) +
                            R"(, "partition": "uniform"},
-      "zero3": {"pipeline_schedule": ")" + s.schedule +
-                           R"(", "pipeline_virtual_stages": )" + std::to_string(s.virtual_stages) +
+      "zero3": {"pipeline_schedule": ")" +
+                           s.schedule + R"(", "pipeline_virtual_stages": )" + std::to_string(s.virtual_stages) +
                            R"(, "pipeline_stage_order": ")" + s.order + R"("}})";
   Config c = parse_config(text, "pipeline-test.json");
   ResolveInputs in;
@@ -156,7 +157,7 @@ TEST(PipelinePlan, BoundaryBytesAndTheLinksTheyCross) {
   EXPECT_EQ(p.boundary_bytes_per_step, 4 * kStream);
   EXPECT_EQ(p.boundary_bytes_per_step, 8192);
   EXPECT_EQ(p.data_parallel, 2);
-  EXPECT_EQ(p.group_ranks_per_node, 2);  // a stage per node: ZeRO within the node
+  EXPECT_EQ(p.group_ranks_per_node, 2);   // a stage per node: ZeRO within the node
   EXPECT_NEAR(p.bubble, 1.0 / 5, 1e-12);  // (S - 1) / (m + S - 1)
   for (const PipelineRankPlan& r : p.ranks) {
     EXPECT_EQ(r.boundary_sent_bytes, 8192);        // activations forward from rank 0, gradients back from rank 1
@@ -257,8 +258,7 @@ TEST(PipelinePlan, StepTimeHasTheBubble) {
   s.virtual_stages = 2;
   s.stages = 2;
   s.world = 4;
-  const PipelineStepTime interleaved =
-      model_pipeline_step_time(model, dims, config_for(s), small_cluster(2, 2), o);
+  const PipelineStepTime interleaved = model_pipeline_step_time(model, dims, config_for(s), small_cluster(2, 2), o);
   s.schedule = "1f1b";
   s.virtual_stages = 1;
   const PipelineStepTime plain = model_pipeline_step_time(model, dims, config_for(s), small_cluster(2, 2), o);
@@ -286,16 +286,18 @@ TEST(PipelinePlan, BadInputNamed) {
             std::string::npos);
   s.world = 6;
   const Config three = config_for(s);
-  EXPECT_NE(error_of([&] { plan_pipeline(model, three, plan_options(4, 1)); })
-                .find("pipeline.stages: 3 stages do not divide the 4 ranks"),
+  EXPECT_NE(error_of([&] {
+              plan_pipeline(model, three, plan_options(4, 1));
+            }).find("pipeline.stages: 3 stages do not divide the 4 ranks"),
             std::string::npos);
   // More stages than the model's 6 units, also through the virtual stages.
   s.stages = 8;
   s.world = 8;
   s.micro_batches = 8;
   const Config eight = config_for(s);
-  EXPECT_NE(error_of([&] { plan_pipeline(model, eight, plan_options(8, 1)); })
-                .find("pipeline.stages: 8 stages for 6 layers; every stage needs at least one layer"),
+  EXPECT_NE(error_of([&] {
+              plan_pipeline(model, eight, plan_options(8, 1));
+            }).find("pipeline.stages: 8 stages for 6 layers; every stage needs at least one layer"),
             std::string::npos);
   s = Shape{};
   s.stages = 4;
@@ -310,8 +312,9 @@ TEST(PipelinePlan, BadInputNamed) {
   s.world = 12;
   s.order = "stages_within_node";
   const Config uneven = config_for(s);
-  EXPECT_NE(error_of([&] { plan_pipeline(model, uneven, plan_options(12, 3)); })
-                .find("zero3.pipeline_stage_order: stages_within_node puts"),
+  EXPECT_NE(error_of([&] {
+              plan_pipeline(model, uneven, plan_options(12, 3));
+            }).find("zero3.pipeline_stage_order: stages_within_node puts"),
             std::string::npos);
   // Tied embeddings cross the first and the last stage.
   LlamaDims tied = dims;
