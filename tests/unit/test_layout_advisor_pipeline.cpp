@@ -139,8 +139,8 @@ TEST(LayoutAdvisorPipeline, EveryPipelinedRowIsWhatItsEditsMake) {
 // row (MiCS/HSDP + qwZ + qgZ, both offloads), whose node link carries 24.09 GB a step against the pipeline's
 // 2.15 GB (the stage boundaries' activations and gradients, 16 MiB per micro-batch each way; ZeRO stays on the
 // node). Its worst rank (the first: the embedding, 7 layers and 4 micro-batches in flight) takes 20.16 GiB. DeepSpeed
-// refuses it (ZeRO-2 inside a pipeline); the second row, ZeRO-1, is the first DeepSpeed runs: 3.68-3.79 s. All 52
-// pipelined rows of 4, 8 and 16 stages (and two of 2) rank before the first unpipelined one; over TCP the answer is
+// refuses it (ZeRO-2 inside a pipeline); the second row, ZeRO-1, is the first DeepSpeed runs: 3.68-3.79 s. 52
+// pipelined rows (all 48 of 4, 8 and 16 stages, 4 of 2) rank before the first unpipelined one; over TCP the answer is
 // the same row, 3.76-4.07 s, against MiCS/HSDP's 11.30-17.75 s.
 TEST(LayoutAdvisorPipeline, TheSeedsAnswer) {
   if (source_dir().empty()) GTEST_SKIP() << "ZERO3_SOURCE_DIR is not set (run through ctest)";
