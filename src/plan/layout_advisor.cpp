@@ -505,7 +505,8 @@ Advice advise_layouts(const std::string& config_json, const std::string& config_
     const bool pipelined = choice.pipeline_stages > 1;
     ResolveInputs row_inputs = inputs;
     try {
-      if (pipelined) {  // the user's global batch at the row's stages: more micro-batches
+      if (choice.pipeline_stages != user.pipeline.stages.value_or(1)) {
+        // The user's global batch at the row's stages: the micro-batches follow the data-parallel size.
         const int64_t ga = detail::pipelined_grad_accum(user, cluster.world(), choice.pipeline_stages);
         if (row_inputs.grad_accum) row_inputs.grad_accum = ga;
         const json* file_ga = find_path(raw, "gradient_accumulation_steps");

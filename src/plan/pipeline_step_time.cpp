@@ -1,3 +1,5 @@
+#include "zero3/pipeline_plan.hpp"
+
 #include <algorithm>
 #include <cstdio>
 #include <sstream>
@@ -7,17 +9,9 @@
 #include "core/check.hpp"
 #include "plan/step_time_parts.hpp"
 #include "zero3/error.hpp"
-#include "zero3/pipeline_plan.hpp"
 
 namespace zero3 {
 namespace {
-
-int64_t require_batch(const std::optional<int64_t>& v, const char* key) {
-  ZERO3_REQUIRE(v.has_value() && *v >= 1, ConfigError, key,
-                ": still \"auto\" or below 1; give the batch (zero3 plan --micro-batch / --grad-accum) to model a "
-                "step");
-  return *v;
-}
 
 // Every node's ZeRO bytes to other nodes per step, by phase: the link each rank's group shares with the others on
 // its node.
@@ -46,19 +40,16 @@ PipelineStepTime model_pipeline_step_time(const ModelDesc& model, const LlamaDim
                                           const ClusterDesc& cluster, const StepTimeOptions& options) {
   ZERO3_REQUIRE(options.seq_len >= 1, InvalidArgument, "model_pipeline_step_time: seq_len ", options.seq_len,
                 " must be at least 1");
-  ZERO3_REQUIRE(dims.hidden_size > 0 && dims.num_attention_heads > 0 && dims.num_hidden_layers > 0 &&
-                    static_cast<int64_t>(model.units.size()) == dims.num_hidden_layers + 2,
-                InvalidArgument,
-                "model_pipeline_step_time: a Llama's dimensions and units (embedding, layers, head) are needed for "
-                "each stage's FLOPs");
-  ZERO3_REQUIRE(!dims.tie_word_embeddings, InvalidArgument, "model_pipeline_step_time: model '", model.name,
-                "' ties its embeddings to its head; the pipeline plans do not model a weight shared by the first and "
-                "the last stage");
+  // plan_pipeline() checks the units against the dimensions (embedding, layers, head) and refuses tied embeddings.
+  ZERO3_REQUIRE(dims.hidden_size > 0 && dims.num_attention_heads > 0 && dims.num_hidden_layers > 0, InvalidArgument,
+                "model_pipeline_step_time: the model's Llama dimensions are needed for each stage's FLOPs (a Hugging "
+                "Face Llama config.json, not a unit list)");
   ZERO3_REQUIRE(config.zero.stage >= 1 && config.zero.stage <= 3, ConfigError,
                 "zero_optimization.stage: ", config.zero.stage,
                 "; the pipelined step-time model covers stages 1-3 inside the stages");
-  const int64_t micro_batch = require_batch(config.train_micro_batch_size_per_gpu, "train_micro_batch_size_per_gpu");
-  const int64_t m = require_batch(config.gradient_accumulation_steps, "gradient_accumulation_steps");
+  const int64_t micro_batch =
+      detail::require_batch(config.train_micro_batch_size_per_gpu, "train_micro_batch_size_per_gpu");
+  const int64_t m = detail::require_batch(config.gradient_accumulation_steps, "gradient_accumulation_steps");
   config_detail::check_layouts(config);
   config_detail::check_quantization_precision(config);
 

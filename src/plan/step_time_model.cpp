@@ -17,13 +17,6 @@
 namespace zero3 {
 namespace {
 
-int64_t require_batch(const std::optional<int64_t>& v, const char* key) {
-  ZERO3_REQUIRE(v.has_value(), ConfigError, key,
-                ": still \"auto\"; give the batch (zero3 plan --micro-batch / --grad-accum) to model a step");
-  ZERO3_REQUIRE(*v >= 1, ConfigError, key, ": ", *v, " must be at least 1");
-  return *v;
-}
-
 // The FLOPs of one token's forward pass: every weight matrix once, the embedding lookup none.
 double forward_flops_per_token(const ModelDesc& model, const LlamaDims& d, int64_t seq_len) {
   double matmul = static_cast<double>(model.numel());
@@ -41,8 +34,9 @@ StepTime model_step_time(const ModelDesc& model, const LlamaDims& dims, const Co
                 "model_step_time: the model's Llama dimensions are needed for its FLOPs (a Hugging Face Llama "
                 "config.json, not a unit list)");
   ZERO3_REQUIRE(cluster.world() >= 1, InvalidArgument, "model_step_time: the cluster has no GPUs");
-  const int64_t micro_batch = require_batch(config.train_micro_batch_size_per_gpu, "train_micro_batch_size_per_gpu");
-  const int64_t ga = require_batch(config.gradient_accumulation_steps, "gradient_accumulation_steps");
+  const int64_t micro_batch =
+      detail::require_batch(config.train_micro_batch_size_per_gpu, "train_micro_batch_size_per_gpu");
+  const int64_t ga = detail::require_batch(config.gradient_accumulation_steps, "gradient_accumulation_steps");
   const ZeroConfig& z = config.zero;
 
   ZERO3_REQUIRE(z.stage == 3, ConfigError, "zero_optimization.stage: ", z.stage,

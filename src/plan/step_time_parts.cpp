@@ -3,7 +3,9 @@
 #include <algorithm>
 #include <iterator>
 
+#include "core/check.hpp"
 #include "zero3/dtype.hpp"
+#include "zero3/error.hpp"
 
 namespace zero3::detail {
 namespace {
@@ -15,6 +17,13 @@ constexpr double kAdamBytesPerParam = 30;
 constexpr double kNvmeOptimizerBytesPerParam = 2 * 12;
 
 }  // namespace
+
+int64_t require_batch(const std::optional<int64_t>& v, const char* key) {
+  ZERO3_REQUIRE(v.has_value(), ConfigError, key,
+                ": still \"auto\"; give the batch (zero3 plan --micro-batch / --grad-accum) to model a step");
+  ZERO3_REQUIRE(*v >= 1, ConfigError, key, ": ", *v, " must be at least 1");
+  return *v;
+}
 
 double forward_flops_per_token(double matmul_elements, int64_t decoder_layers, const LlamaDims& d, int64_t seq_len) {
   const int64_t head_dim = d.head_dim > 0 ? d.head_dim : d.hidden_size / d.num_attention_heads;

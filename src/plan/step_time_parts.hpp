@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <utility>
 
@@ -13,6 +14,9 @@
 #include "zero3/traffic_plan.hpp"
 
 namespace zero3::detail {
+
+// A batch size the step needs: `v` resolved and at least 1, else ConfigError naming `key` and the zero3 plan flag.
+int64_t require_batch(const std::optional<int64_t>& v, const char* key);
 
 // The FLOPs of one token's forward pass through units with `matmul_elements` weights used as matrices (2 FLOPs per
 // weight) and `decoder_layers` of a Llama's layers (attention's QK^T and AV over the causal context, on average
