@@ -11,13 +11,23 @@
 //   over the whole world is plain ZeRO-3);
 // each with and without qwZ and qgZ (zero_quantized_weights, zero_quantized_gradients: 4 choices), each with
 // offload_optimizer and offload_param none, cpu, or nvme when the user's config names an nvme_path; hpZ also with
-// its secondary partition in host memory (zero3.hpz_secondary_memory "host") for a GPU that cannot hold it.
+// its secondary partition in host memory (zero3.hpz_secondary_memory "host") for a GPU that cannot hold it;
+// and pipelined (AdviseOptions::pipelines, pipeline_plan.hpp): S = 2, 4, 8, ... stages dividing the world (at most
+// the model's units), stages_across_nodes, schedule 1f1b, and interleaved_1f1b with 2 stages per rank where the
+// units allow, with ZeRO stage 1, 2 or 3 over each stage's world / S ranks (plain: no hpZ, MiCS or quantization
+// inside a stage), each with the offloads above that the stage allows (parameters at stage 3 only). A pipelined row
+// keeps the user's global batch and micro-batch: train_batch_size = micro x accumulation x world / S, so its
+// gradient_accumulation_steps are the user's x S (an edit where the config gives a number; a note naming the
+// program's --grad-accum where it is "auto"), never another batch; a user batch that S does not divide in this way
+// is refused with the numbers. Its note says that the program must split its model (llama3_train
+// --pipeline-stages S).
 //
 // Each candidate's config is the user's JSON with the candidate's edits applied, read and resolved as `zero3 config
 // check --world-size N L` reads it (a config the reader refuses is "refused" with its error); then the engine's
-// own checks (engine_refusal()); then plan_memory() against the cluster's GPU and host memory, the activations
-// included (estimate_activations(), activation_plan.hpp: the figure `llama3_train --dry-run` prints for the same
-// config, unless the caller gives its own) and a headroom left free on every GPU; then model_step_time(). Refused
+// own checks (engine_refusal()); then plan_memory() (pipelined: plan_pipeline(), its worst rank) against the
+// cluster's GPU and host memory, the activations included (estimate_activations(), activation_plan.hpp: the figure
+// `llama3_train --dry-run` prints for the same config, unless the caller gives its own) and a headroom left free on
+// every GPU; then model_step_time() (pipelined: model_pipeline_step_time()). Refused
 // layouts and those that do not fit are never ranked; the others are ranked by the high end of their predicted step
 // range (the slower of the step-time model's two readings of the network), then the low end, then the fewer edits,
 // then the less GPU memory. Each row also carries its rank under each reading alone.
@@ -59,7 +69,9 @@ std::string apply_config_edits(const std::string& json_text, const std::vector<C
 // Why the engine would refuse `config` (resolved) on `cluster`'s GPUs (nodes x gpus_per_node ranks, ranks numbered
 // node by node), or "" when it would take it: the engine's own checks, called, not restated: the resolved batch
 // for the world (detail::require_resolved), the layout keys (config_detail::check_layouts,
-// check_quantization_precision) and the groups against the nodes (detail::make_shard_layout).
+// check_quantization_precision) and the groups against the nodes (detail::make_shard_layout). A pipelined config
+// (pipeline.stages > 1) is checked as the pipeline engine makes each stage's Engine: the batch for the stage's
+// data-parallel group, the groups against that group's share of the nodes.
 std::string engine_refusal(const Config& config, const ClusterDesc& cluster);
 
 // A candidate layout: the keys it sets.
@@ -72,11 +84,18 @@ struct LayoutChoice {
   OffloadDevice offload_optimizer = OffloadDevice::none;
   OffloadDevice offload_param = OffloadDevice::none;
   bool secondary_on_host = false;  // hpZ: zero3.hpz_secondary_memory "host"
+  // Pipelined (pipeline_plan.hpp): pipeline.stages > 1, its schedule and virtual stages, and the ZeRO stage inside.
+  int64_t pipeline_stages = 1;
+  std::string pipeline_schedule = "1f1b";
+  int64_t virtual_stages = 1;
+  std::string stage_order = "stages_across_nodes";
+  int zero_stage = 3;
 
-  // "hpZ, one node + qwZ + qgZ" (groups named in nodes of `gpus_per_node`), and describe() with the offloads:
+  // "hpZ, one node + qwZ + qgZ" (groups named in nodes of `gpus_per_node`), "pipeline 4 x 1f1b, ZeRO-1, one node"
+  // (the stage's data-parallel group among `world` ranks), and describe() with the offloads:
   // "hpZ, one node + qwZ + qgZ; offload optimizer cpu, parameters none".
-  std::string layout(int64_t gpus_per_node) const;
-  std::string describe(int64_t gpus_per_node) const;
+  std::string layout(int64_t gpus_per_node, int64_t world = 0) const;
+  std::string describe(int64_t gpus_per_node, int64_t world = 0) const;
   friend bool operator==(const LayoutChoice&, const LayoutChoice&) = default;
 };
 
@@ -107,7 +126,9 @@ struct AdvisedLayout {
   size_t rank_bandwidth = 0;    // ranked: 1-based rank by the bandwidth reading alone (StepTime::step_s)
   size_t rank_fixed_cost = 0;   // ranked: by the fixed-cost reading alone (StepTime::step_fixed_s)
   std::vector<DeepSpeedDifference> deepspeed;  // what DeepSpeed refuses or changes in this layout
-  Config config;                               // the edited config, resolved (refused by the reader: the user's)
+  std::string note;   // what the row needs besides its edits (a pipelined row: the program's split and batch flags)
+  double bubble = 0;  // a pipelined row: its schedule's bubble_fraction()
+  Config config;      // the edited config, resolved (refused by the reader: the user's)
 };
 
 inline constexpr int64_t kDefaultGpuHeadroomBytes = int64_t{1} << 30;
@@ -121,7 +142,8 @@ struct AdviseOptions {
   // What every GPU must keep free beyond its plan and the cluster's gpu_reserved_gib for a layout to fit: the margin
   // for what the estimates miss (allocator fragmentation, buffers outside the plan). >= 0.
   int64_t gpu_headroom_bytes = kDefaultGpuHeadroomBytes;
-  ResolveInputs inputs;  // what resolves the config's "auto" (batch, hidden size); the world is the cluster's
+  ResolveInputs inputs;   // what resolves the config's "auto" (batch, hidden size); the world is the cluster's
+  bool pipelines = true;  // rank pipelined layouts too
 };
 
 // Which reading of the network decides the first row, when a reading alone would put another layout first.

@@ -16,6 +16,7 @@
 #include "zero3/error.hpp"
 #include "zero3/layout_advisor.hpp"
 #include "zero3/memory_plan.hpp"
+#include "zero3/pipeline_plan.hpp"
 #include "zero3/step_time_model.hpp"
 #include "zero3/traffic_plan.hpp"
 
@@ -30,7 +31,10 @@ constexpr const char* kUsage =
     "Prints the bytes each rank and each node will hold for parameters, fp32 master weights, gradients,\n"
     "Adam state and staging buffers, and where each lives (device, host, nvme), for the ZeRO stage,\n"
     "offload settings and layout (hpZ, MiCS) of the config; then the bytes each node sends per optimizer\n"
-    "step, within the node and to other nodes (with --ranks-per-node dividing --world-size). MODEL.json\n"
+    "step, within the node and to other nodes (with --ranks-per-node dividing --world-size). A pipelined\n"
+    "config (pipeline.stages above 1) is planned per pipeline rank: its stages' units over its data-parallel\n"
+    "group, the activations its schedule keeps in flight, the stage boundaries' bytes (pipeline_plan.hpp).\n"
+    "MODEL.json\n"
     "is a Hugging Face Llama config.json or a unit list\n"
     "{\"units\": [{\"name\": \"layer.0\", \"params\": [[4096, 4096], [4096]]}, ...]}.\n"
     "--ranks-per-node defaults to --world-size (one node). --hidden-size resolves the config's \"auto\"\n"
@@ -55,16 +59,20 @@ constexpr const char* kUsage =
     "MiCS over two nodes, with ZeRO++'s qwZ and qgZ) for the same job, flagging the rows the engine refuses.\n"
     "--measured SECONDS, the measured time of S steps of DeepSpeed's run of this job on this cluster, prints the\n"
     "model's error against it and the collective_efficiency and collective_overhead_ms that would meet it.\n"
+    "A pipelined config is modelled as a pipeline: each pipeline rank's schedule step (compute, its ZeRO\n"
+    "traffic, its stage-boundary transfers), the bubble and the optimizer boundary (pipeline_plan.hpp).\n"
     "\n"
     "       zero3 plan --advise --model LLAMA_CONFIG.json --config DS_CONFIG.json --cluster CLUSTER.json\n"
     "                  --seq-len N [--grad-checkpointing | --no-grad-checkpointing] [--activation-bytes BYTES]\n"
     "                  [--gpu-headroom BYTES] [--micro-batch M] [--grad-accum G] [--steps S] [--top K]\n"
-    "                  [--write-config FILE [--pick N]] [--precision bf16|fp16|fp32] [--lr X]\n"
+    "                  [--write-config FILE [--pick N]] [--no-pipelines] [--precision bf16|fp16|fp32] [--lr X]\n"
     "\n"
     "Ranks every stage-3 layout zero3 runs on the cluster for this config and model: plain ZeRO-3, hpZ over\n"
     "each node, MiCS/HSDP over 1..N nodes (hierarchical where the group spans nodes), each with and without\n"
     "qwZ and qgZ and each offload (cpu; nvme when the config names an nvme_path), hpZ also with its secondary\n"
-    "partition in host memory; those that fit the cluster's\n"
+    "partition in host memory; and pipelined: 2, 4, ... stages across the nodes, 1f1b or interleaved_1f1b, ZeRO\n"
+    "1-3 inside each stage, at the same global batch (more micro-batches), unless --no-pipelines; those that\n"
+    "fit the cluster's\n"
     "GPU and host memory (gpu_memory_gib, host_memory_gib) ranked by predicted step time, each with the config\n"
     "edits that select it, its rank by each reading of the network alone, and what DeepSpeed refuses or\n"
     "changes in it; the ones that do not fit and the ones the engine refuses listed apart with the reason.\n"
@@ -131,10 +139,23 @@ struct ClusterRun {
   std::optional<double> measured_s;
   std::optional<int64_t> activation_bytes;
   bool checkpointing = true;
+  bool pipelines = true;  // --advise: rank pipelined layouts too (--no-pipelines: not)
   int64_t gpu_headroom_bytes = kDefaultGpuHeadroomBytes;
   std::optional<int64_t> hidden_size;
   ResolveInputs inputs;
 };
+
+// What the activations of the config's micro-batch are estimated for.
+ActivationOptions activation_options(const Config& config, int64_t seq_len, bool checkpointing) {
+  ActivationOptions act;
+  act.micro_batch = *config.train_micro_batch_size_per_gpu;
+  act.seq_len = seq_len;
+  act.checkpointing = checkpointing;
+  act.on_gpu = config.zero3.device != "cpu";
+  act.compute = config.compute_dtype();
+  act.grad_accum = config.grad_accum_dtype.value_or(DType::f32);
+  return act;
+}
 
 // The model of a --cluster or --advise run: a Llama config.json, whose dimensions give the FLOPs.
 ModelDesc load_llama(const std::string& path, const char* flag, int64_t* hidden, LlamaDims* dims) {
@@ -159,6 +180,7 @@ int run_advise(const ClusterRun& run) {
   options.gpu_headroom_bytes = run.gpu_headroom_bytes;
   options.inputs = run.inputs;
   options.inputs.hidden_size = run.hidden_size.value_or(model_hidden);
+  options.pipelines = run.pipelines;
   const std::string text = config_detail::read_config_file(run.config_path, kMaxConfigBytes);
   const Advice advice = advise_layouts(text, run.config_path, model, dims, cluster, options);
   std::printf("zero3 plan --advise: model %s (%s), %lld parameters; seq %lld\n", model.name.c_str(),
@@ -176,8 +198,9 @@ int run_advise(const ClusterRun& run) {
     const AdvisedLayout& picked = advice.ranked[run.pick - 1];
     io::write_file_atomically(run.write_config, apply_config_edits(text, picked.edits, run.config_path) + "\n");
     std::printf("wrote %s: %s, ranked %zu (%zu edit%s of %s)\n", run.write_config.c_str(),
-                picked.choice.describe(cluster.gpus_per_node).c_str(), run.pick, picked.edits.size(),
+                picked.choice.describe(cluster.gpus_per_node, cluster.world()).c_str(), run.pick, picked.edits.size(),
                 picked.edits.size() == 1 ? "" : "s", run.config_path.c_str());
+    if (!picked.note.empty()) std::printf("note: %s\n", picked.note.c_str());
     if (!picked.deepspeed.empty()) {
       std::printf("note: DeepSpeed does not run this layout as written (see its row); zero3 does\n");
     }
@@ -201,6 +224,23 @@ int run_step_time(const ClusterRun& run) {
 
   StepTimeOptions options;
   options.seq_len = run.seq_len;
+  if (config.pipeline.stages.value_or(1) > 1) {
+    if (run.layouts || run.measured_s) {
+      throw ConfigError(run.config_path + ": pipeline.stages " + std::to_string(*config.pipeline.stages) +
+                        ": --layouts and --measured model unpipelined runs; zero3 plan --advise ranks pipelined "
+                        "layouts beside them");
+    }
+    const PipelineStepTime t = model_pipeline_step_time(model, dims, config, cluster, options);
+    std::printf("model %s (%s): %lld parameters; config %s\ncluster %s (%s): %d nodes x %d GPUs\n", model.name.c_str(),
+                run.model_path.c_str(), static_cast<long long>(model.numel()), run.config_path.c_str(),
+                cluster.name.empty() ? "-" : cluster.name.c_str(), run.cluster_path.c_str(), cluster.nodes,
+                cluster.gpus_per_node);
+    std::printf("%s", format_pipeline_step_time(t, run.steps).c_str());
+    if (const std::string refusal = engine_refusal(config, cluster); !refusal.empty()) {
+      std::printf("zero3 refuses this config on this cluster: %s\n", refusal.c_str());
+    }
+    return 0;
+  }
   options.flow = DataFlow::deepspeed;
   const StepTime deepspeed = model_step_time(model, dims, config, cluster, options);
   options.flow = DataFlow::zero3;
@@ -317,7 +357,7 @@ int run_plan(const Args& args) {
   MemoryPlanOptions options;
   std::optional<int64_t> world_size, ranks_per_node, hidden_size, seq_len, steps, activation_bytes;
   std::string cluster_path;
-  bool layouts = false, advise = false;
+  bool layouts = false, advise = false, no_pipelines = false;
   std::optional<int64_t> top, pick, gpu_headroom;
   std::optional<bool> checkpointing;
   std::string write_config;
@@ -335,6 +375,10 @@ int run_plan(const Args& args) {
     }
     if (a == "--advise") {
       advise = true;
+      continue;
+    }
+    if (a == "--no-pipelines") {
+      no_pipelines = true;
       continue;
     }
     if (a == "--grad-checkpointing" || a == "--no-grad-checkpointing") {
@@ -418,6 +462,7 @@ int run_plan(const Args& args) {
   if (model_path.empty()) return usage_error("--model is required");
   if (config_path.empty()) return usage_error("--config is required");
   if (advise && cluster_path.empty()) return usage_error("--advise needs --cluster (the cluster description)");
+  if (no_pipelines && !advise) return usage_error("--no-pipelines goes with --advise");
   if (!cluster_path.empty()) {
     if (world_size || ranks_per_node) {
       return usage_error(
@@ -450,6 +495,7 @@ int run_plan(const Args& args) {
     run.measured_s = measured;
     run.activation_bytes = activation_bytes;
     run.checkpointing = checkpointing.value_or(true);
+    run.pipelines = !no_pipelines;
     run.gpu_headroom_bytes = gpu_headroom.value_or(kDefaultGpuHeadroomBytes);
     run.hidden_size = hidden_size;
     run.inputs = inputs;
@@ -490,13 +536,7 @@ int run_plan(const Args& args) {
   options.activation_bytes = activation_bytes.value_or(0);
   std::string activations_line;
   if (seq_len) {
-    ActivationOptions act;
-    act.micro_batch = *config.train_micro_batch_size_per_gpu;
-    act.seq_len = *seq_len;
-    act.checkpointing = checkpointing.value_or(true);
-    act.on_gpu = config.zero3.device != "cpu";
-    act.compute = config.compute_dtype();
-    act.grad_accum = config.grad_accum_dtype.value_or(DType::f32);
+    const ActivationOptions act = activation_options(config, *seq_len, checkpointing.value_or(true));
     options.activation_bytes = estimate_activations(dims, act).total();
     activations_line = "activations per rank: " + std::to_string(options.activation_bytes) + " bytes, micro-batch " +
                        std::to_string(act.micro_batch) + " x seq " + std::to_string(act.seq_len) +
@@ -504,6 +544,41 @@ int run_plan(const Args& args) {
                        " (as llama3_train --dry-run counts them)\n";
   } else if (!activation_bytes) {
     activations_line = "activations: not counted (give --seq-len with a Llama config.json, or --activation-bytes)\n";
+  }
+  if (config.pipeline.stages.value_or(1) > 1) {
+    if (activation_bytes) {
+      return usage_error(
+          "--activation-bytes is one figure for every rank; a pipelined config's plan scales the "
+          "estimate to each stage: give --seq-len instead");
+    }
+    PipelinePlanOptions po;
+    po.world_size = options.world_size;
+    po.ranks_per_node = options.ranks_per_node;
+    if (seq_len) {
+      po.boundary_numel = *config.train_micro_batch_size_per_gpu * *seq_len * dims.hidden_size;
+      po.dims = dims;
+      po.activations = estimate_activations(dims, activation_options(config, *seq_len, checkpointing.value_or(true)));
+      po.checkpointing = checkpointing.value_or(true);
+    }
+    std::printf("model %s (%s), config %s\n", model.name.empty() ? "-" : model.name.c_str(), model_path.c_str(),
+                config_path.c_str());
+    if (!seq_len) {
+      std::printf("activations and stage boundaries: not counted (give --seq-len with a Llama config.json)\n");
+    } else {
+      std::printf(
+          "%spipelined: that estimate (the whole model, one micro-batch) scaled to each pipeline rank's "
+          "layers and its micro-batches in flight\n",
+          activations_line.c_str());
+    }
+    const PipelinePlan plan = plan_pipeline(model, config, po);
+    std::printf("%s", format_pipeline_plan(plan).c_str());
+    for (const PipelineRankPlan& r : plan.ranks) {
+      std::printf("\npipeline rank %d, stages", r.rank);
+      for (int s : r.stages) std::printf(" %d", s);
+      std::printf(" (its data-parallel group: %lld ranks)\n%s", static_cast<long long>(plan.data_parallel),
+                  format_memory_plan(r.memory).c_str());
+    }
+    return 0;
   }
   MemoryPlan plan = plan_memory(model, config, options);
   std::printf("model %s (%s), config %s\n", model.name.empty() ? "-" : model.name.c_str(), model_path.c_str(),

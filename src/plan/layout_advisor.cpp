@@ -10,10 +10,13 @@
 #include "config/config_checks.hpp"
 #include "config/json_text.hpp"
 #include "core/check.hpp"
+#include "plan/advisor_pipeline.hpp"
+#include "plan/stage_group_nodes.hpp"
 #include "zero/resolved_config.hpp"
 #include "zero/topology.hpp"
 #include "zero3/error.hpp"
 #include "zero3/log.hpp"
+#include "zero3/pipeline_plan.hpp"
 
 namespace zero3 {
 namespace {
@@ -39,6 +42,35 @@ const json* find_path(const json& root, const std::string& path) {
 
 const char* device_name(OffloadDevice d) {
   return d == OffloadDevice::cpu ? "cpu" : d == OffloadDevice::nvme ? "nvme" : "none";
+}
+
+// The pipeline's keys and the ZeRO stage inside it (LayoutChoice's pipeline fields): a key set to its default is
+// removed where the file has it, else left out. The batch of a pipelined row is edited apart (advise_layouts).
+void pipeline_edits(const LayoutChoice& want, const Config& user, const json& raw, std::vector<ConfigEdit>& edits) {
+  auto key = [&](const std::string& path, bool same, bool is_default, const std::string& value) {
+    if (same) return;
+    if (is_default && find_path(raw, path) != nullptr) {
+      edits.push_back({path, std::nullopt});
+    } else if (!is_default || find_path(raw, path) == nullptr) {
+      edits.push_back({path, value});
+    }
+  };
+  const int64_t stages = user.pipeline.stages.value_or(1);
+  if (want.zero_stage != user.zero.stage) edits.push_back({"zero_optimization.stage", std::to_string(want.zero_stage)});
+  if (want.pipeline_stages != stages) {
+    if (want.pipeline_stages == 1 && find_path(raw, "pipeline.stages") != nullptr) {
+      edits.push_back({"pipeline.stages", std::nullopt});
+    } else if (want.pipeline_stages > 1) {
+      edits.push_back({"pipeline.stages", std::to_string(want.pipeline_stages)});
+    }
+  }
+  if (want.pipeline_stages == 1) return;  // the schedule keys of an unpipelined row stay as the user has them
+  key("zero3.pipeline_schedule", want.pipeline_schedule == user.zero3.pipeline_schedule,
+      want.pipeline_schedule == "1f1b", json(want.pipeline_schedule).dump());
+  key("zero3.pipeline_virtual_stages", want.virtual_stages == user.zero3.pipeline_virtual_stages,
+      want.virtual_stages == 1, std::to_string(want.virtual_stages));
+  key("zero3.pipeline_stage_order", want.stage_order == user.zero3.pipeline_stage_order,
+      want.stage_order == "stages_across_nodes", json(want.stage_order).dump());
 }
 
 // The edits that take the user's config (`user`, read from `raw`) to `want`. A key whose wanted value is its
@@ -93,6 +125,7 @@ std::vector<ConfigEdit> edits_for(const LayoutChoice& want, const Config& user, 
   };
   offload("offload_optimizer", "cpu_offload", z.offload_optimizer, want.offload_optimizer);
   offload("offload_param", "cpu_offload_param", z.offload_param, want.offload_param);
+  pipeline_edits(want, user, raw, edits);
   if (user.zero3.hpz_secondary_on_host != want.secondary_on_host) {
     if (want.secondary_on_host) {
       edits.push_back({"zero3.hpz_secondary_memory", json("host").dump()});
@@ -113,6 +146,13 @@ LayoutChoice choice_of(const Config& c) {
   l.offload_optimizer = c.zero.offload_optimizer.device;
   l.offload_param = c.zero.offload_param.device;
   l.secondary_on_host = c.zero.hpz_partition_size > 1 && c.zero3.hpz_secondary_on_host;
+  l.pipeline_stages = c.pipeline.stages.value_or(1);
+  l.zero_stage = c.zero.stage;
+  if (l.pipeline_stages > 1) {
+    l.pipeline_schedule = c.zero3.pipeline_schedule;
+    l.virtual_stages = c.zero3.pipeline_virtual_stages;
+    l.stage_order = c.zero3.pipeline_stage_order;
+  }
   return l;
 }
 
@@ -145,6 +185,34 @@ std::vector<LayoutChoice> enumerate(int64_t nodes, int64_t per_node, const std::
           out.push_back(l);
           if (s.hpz > 1) {  // hpZ's secondary partition in host memory, for a GPU that cannot hold it
             l.secondary_on_host = true;
+            out.push_back(l);
+          }
+        }
+      }
+    }
+  }
+  return out;
+}
+
+// The pipelined layouts of the header's list on a world of `world` ranks for a model of `units` units.
+std::vector<LayoutChoice> enumerate_pipelined(int64_t world, int64_t units,
+                                              const std::vector<OffloadDevice>& offloads) {
+  std::vector<LayoutChoice> out;
+  for (int64_t stages = 2; stages <= world; stages *= 2) {
+    if (world % stages != 0 || stages > units) continue;
+    for (int64_t virtual_stages : {1, 2}) {
+      if (stages * virtual_stages > units) continue;
+      for (int zero_stage = 1; zero_stage <= 3; ++zero_stage) {
+        for (OffloadDevice opt : offloads) {
+          for (OffloadDevice param : offloads) {
+            if (zero_stage < 3 && param != OffloadDevice::none) continue;  // parameter offload needs stage 3
+            LayoutChoice l;
+            l.pipeline_stages = stages;
+            l.virtual_stages = virtual_stages;
+            l.pipeline_schedule = virtual_stages > 1 ? "interleaved_1f1b" : "1f1b";
+            l.zero_stage = zero_stage;
+            l.offload_optimizer = opt;
+            l.offload_param = param;
             out.push_back(l);
           }
         }
@@ -188,6 +256,14 @@ bool ranks_before(const AdvisedLayout& a, const AdvisedLayout& b) {
          std::tuple(b.time.step_high_s(), b.time.step_low_s(), b.edits.size(), b.gpu_bytes);
 }
 
+// The step of a config's layout: pipelined or not.
+StepTime time_layout(const ModelDesc& model, const LlamaDims& dims, const Config& config, const ClusterDesc& cluster,
+                     const StepTimeOptions& timing) {
+  if (config.pipeline.stages.value_or(1) > 1)
+    return model_pipeline_step_time(model, dims, config, cluster, timing).time;
+  return model_step_time(model, dims, config, cluster, timing);
+}
+
 // The ranking's first row with every ranked layout re-timed at `overhead_ms` per cross-node collective.
 size_t first_at_overhead(const Advice& advice, const ModelDesc& model, const LlamaDims& dims, ClusterDesc cluster,
                          const StepTimeOptions& timing, double overhead_ms) {
@@ -198,7 +274,7 @@ size_t first_at_overhead(const Advice& advice, const ModelDesc& model, const Lla
     AdvisedLayout r;
     r.edits = a.edits;
     r.gpu_bytes = a.gpu_bytes;
-    r.time = model_step_time(model, dims, a.config, cluster, timing);
+    r.time = time_layout(model, dims, a.config, cluster, timing);
     rows.push_back(std::move(r));
   }
   size_t best = 0;
@@ -239,6 +315,16 @@ std::vector<DeepSpeedDifference> deepspeed_differences(const LayoutChoice& c, in
     out.push_back({true, "has no NVMe place for hpZ's secondary partition with offload_param nvme",
                    "runtime/zero/partition_parameters.py, Init._partition_param_sec: torch.empty on device \"nvme\", "
                    "which is no torch device (read in the source, not run)"});
+  }
+  if (c.pipeline_stages > 1 && c.zero_stage >= 2) {
+    out.push_back({true,
+                   "refuses ZeRO-2 and ZeRO-3 inside a pipeline (\"ZeRO-2 and ZeRO-3 are incompatible with pipeline "
+                   "parallelism\")",
+                   "runtime/pipe/engine.py, PipelineEngine.__init__: assert zero_optimization_stage() < 2"});
+  }
+  if (c.pipeline_stages > 1 && c.pipeline_schedule != "1f1b") {
+    out.push_back({true, "has no " + c.pipeline_schedule + " schedule (its pipeline engine runs 1F1B only)",
+                   "runtime/pipe/schedule.py: TrainSchedule, the schedule runtime/pipe/engine.py train_batch runs"});
   }
   if (c.hpz_partition_size > 1 && c.secondary_on_host && c.offload_param == OffloadDevice::none) {
     out.push_back({false, "keeps hpZ's secondary partition on the GPU (zero3.hpz_secondary_memory is zero3's key)",
@@ -282,27 +368,51 @@ std::string apply_config_edits(const std::string& json_text, const std::vector<C
 
 std::string engine_refusal(const Config& config, const ClusterDesc& cluster) {
   try {
+    const std::string source = (cluster.source.empty() ? std::string("the cluster") : cluster.source);
+    const int64_t stages = config.pipeline.stages.value_or(1);
+    if (stages > 1) {
+      // As the pipeline engine makes each stage's Engine: over the stage's data-parallel group.
+      const detail::NodeLayout group =
+          detail::stage_group_nodes(detail::stage_topology(config, stages, cluster.world(), cluster.gpus_per_node));
+      detail::require_resolved(config, group.world, /*pipeline_stage=*/true);
+      config_detail::check_layouts(config);
+      config_detail::check_quantization_precision(config);
+      detail::make_shard_layout(config.zero, group);
+      return "";
+    }
     detail::require_resolved(config, cluster.world());
     config_detail::check_layouts(config);
     config_detail::check_quantization_precision(config);
     detail::make_shard_layout(
-        config.zero, detail::make_node_layout(
-                         cluster.world(), cluster.gpus_per_node,
-                         (cluster.source.empty() ? std::string("the cluster") : cluster.source) + ": gpus_per_node"));
+        config.zero, detail::make_node_layout(cluster.world(), cluster.gpus_per_node, source + ": gpus_per_node"));
   } catch (const ConfigError& e) {
     return e.what();
   } catch (const Unsupported& e) {
+    return e.what();
+  } catch (const InvalidArgument& e) {
     return e.what();
   }
   return "";
 }
 
-std::string LayoutChoice::layout(int64_t gpus_per_node) const {
+std::string LayoutChoice::layout(int64_t gpus_per_node, int64_t world) const {
   auto group = [&](int64_t ranks) {
     if (ranks % gpus_per_node != 0) return "groups of " + std::to_string(ranks) + " ranks";
     const int64_t k = ranks / gpus_per_node;
     return k == 1 ? std::string("one node") : std::to_string(k) + " nodes";
   };
+  if (pipeline_stages > 1) {
+    const std::string schedule =
+        virtual_stages > 1 ? "interleaved x" + std::to_string(virtual_stages) : pipeline_schedule;
+    std::string s =
+        "pipeline " + std::to_string(pipeline_stages) + " x " + schedule + ", ZeRO-" + std::to_string(zero_stage);
+    if (world > 0) {
+      const int64_t d = world / pipeline_stages;
+      s += d == 1 ? ", 1 rank" : ", " + (d % gpus_per_node == 0 ? group(d) : std::to_string(d) + " ranks");
+    }
+    if (stage_order != "stages_across_nodes") s += ", " + stage_order;
+    return s;
+  }
   std::string s = hpz_partition_size > 1
                       ? std::string(secondary_on_host ? "hpZ/host, " : "hpZ, ") + group(hpz_partition_size)
                   : mics_shard_size > 0 ? std::string(mics_shard_size == gpus_per_node ? "MiCS/HSDP, " : "MiCS, ") +
@@ -313,8 +423,8 @@ std::string LayoutChoice::layout(int64_t gpus_per_node) const {
   return s;
 }
 
-std::string LayoutChoice::describe(int64_t gpus_per_node) const {
-  const std::string s = layout(gpus_per_node);
+std::string LayoutChoice::describe(int64_t gpus_per_node, int64_t world) const {
+  const std::string s = layout(gpus_per_node, world);
   if (offload_optimizer == OffloadDevice::none && offload_param == OffloadDevice::none) return s + "; no offload";
   return s + "; offload optimizer " + device_name(offload_optimizer) + ", parameters " + device_name(offload_param);
 }
@@ -343,6 +453,11 @@ Advice advise_layouts(const std::string& config_json, const std::string& config_
   if (!nvme_path.empty()) offloads.push_back(OffloadDevice::nvme);
 
   std::vector<LayoutChoice> choices = enumerate(cluster.nodes, cluster.gpus_per_node, offloads);
+  if (options.pipelines) {
+    for (const LayoutChoice& l :
+         enumerate_pipelined(cluster.world(), static_cast<int64_t>(model.units.size()), offloads))
+      choices.push_back(l);
+  }
   const LayoutChoice as_is = choice_of(user);
   if (std::none_of(choices.begin(), choices.end(), [&](const LayoutChoice& c) { return c == as_is; })) {
     choices.push_back(as_is);  // the user's own layout, outside the list: ranked beside it
@@ -387,9 +502,21 @@ Advice advise_layouts(const std::string& config_json, const std::string& config_
     a.deepspeed = deepspeed_differences(choice, cluster.world());
     a.config = user;
     Config c;
+    const bool pipelined = choice.pipeline_stages > 1;
+    ResolveInputs row_inputs = inputs;
     try {
+      if (choice.pipeline_stages != user.pipeline.stages.value_or(1)) {
+        // The user's global batch at the row's stages: the micro-batches follow the data-parallel size.
+        const int64_t ga = detail::pipelined_grad_accum(user, cluster.world(), choice.pipeline_stages);
+        if (row_inputs.grad_accum) row_inputs.grad_accum = ga;
+        const json* file_ga = find_path(raw, "gradient_accumulation_steps");
+        if (file_ga != nullptr && file_ga->is_number() && ga != *user.gradient_accumulation_steps) {
+          a.edits.push_back({"gradient_accumulation_steps", std::to_string(ga)});
+          a.is_user_config = false;
+        }
+      }
       c = parse_config(apply_config_edits(config_json, a.edits, config_source), config_source + " with the edits");
-      resolve(c, inputs);
+      resolve(c, row_inputs);
     } catch (const ConfigError& e) {
       a.reason = std::string("zero3 config check: ") + e.what();
       advice.refused.push_back(std::move(a));
@@ -401,12 +528,27 @@ Advice advise_layouts(const std::string& config_json, const std::string& config_
       continue;
     }
     a.config = c;
-    const MemoryPlan plan = plan_memory(model, c, memory);
-    a.gpu_bytes = plan.device_is_host ? 0 : plan.rank_bytes(MemoryTier::device);
+    if (pipelined) {
+      try {
+        const detail::PipelinedMemory plan = detail::plan_pipelined_row(model, dims, c, cluster, advice);
+        a.gpu_bytes = plan.gpu_bytes;
+        a.host_node_bytes = plan.host_node_bytes;
+        a.nvme_node_bytes = plan.nvme_node_bytes;
+        a.bubble = plan.bubble;
+      } catch (const Error& e) {  // more stages than units, tied embeddings: what the pipeline plans refuse
+        a.reason = std::string("zero3 plan: ") + e.what();
+        advice.refused.push_back(std::move(a));
+        continue;
+      }
+      a.note = detail::pipelined_note(choice, c, row_inputs.grad_accum.has_value());
+    } else {
+      const MemoryPlan plan = plan_memory(model, c, memory);
+      a.gpu_bytes = plan.device_is_host ? 0 : plan.rank_bytes(MemoryTier::device);
+      a.host_node_bytes =
+          plan.node_bytes(MemoryTier::host) + (plan.device_is_host ? plan.node_bytes(MemoryTier::device) : 0);
+      a.nvme_node_bytes = plan.node_bytes(MemoryTier::nvme);
+    }
     a.gpu_free_bytes = advice.gpu_plan_bytes - a.gpu_bytes;
-    a.host_node_bytes =
-        plan.node_bytes(MemoryTier::host) + (plan.device_is_host ? plan.node_bytes(MemoryTier::device) : 0);
-    a.nvme_node_bytes = plan.node_bytes(MemoryTier::nvme);
     if (a.gpu_bytes + advice.gpu_headroom_bytes > advice.gpu_plan_bytes) {
       a.reason = "GPU " + gib(a.gpu_bytes) + " + headroom " + gib(advice.gpu_headroom_bytes) + " > " +
                  gib(advice.gpu_plan_bytes);
@@ -421,7 +563,7 @@ Advice advise_layouts(const std::string& config_json, const std::string& config_
       continue;
     }
     a.verdict = Verdict::ranked;
-    a.time = model_step_time(model, dims, c, cluster, timing);
+    a.time = time_layout(model, dims, c, cluster, timing);
     advice.ranked.push_back(std::move(a));
   }
   std::stable_sort(advice.ranked.begin(), advice.ranked.end(), ranks_before);
@@ -502,7 +644,10 @@ std::string format_advice(const Advice& advice, const ClusterDesc& cluster, int6
                   cluster.collective_efficiency);
   }
   out << buf;
-  out << "hpZ/host: hpZ with its secondary partition in pinned host memory (zero3.hpz_secondary_memory \"host\")\n\n";
+  out << "hpZ/host: hpZ with its secondary partition in pinned host memory (zero3.hpz_secondary_memory \"host\")\n";
+  out << "pipeline S x schedule, ZeRO-k, group: S stages across the nodes (pipeline.stages, zero3.pipeline_schedule; "
+         "interleaved xV: interleaved_1f1b with V stages per rank), ZeRO stage k inside each over its data-parallel "
+         "group; GPU: its worst pipeline rank\n\n";
 
   const std::string steps_header = std::to_string(steps) + " steps";
   std::snprintf(buf, sizeof buf, "%5s  %-40s %-9s %-10s %10s %9s %10s %15s %15s %4s %5s  %s\n", "rank", "layout",
@@ -530,7 +675,7 @@ std::string format_advice(const Advice& advice, const ClusterDesc& cluster, int6
     const std::string rank = std::to_string(i + 1) + (a.is_user_config ? "*" : "");
     auto where = [](OffloadDevice d) { return d == OffloadDevice::none ? "GPU" : device_name(d); };
     std::snprintf(buf, sizeof buf, "%5s  %-40s %-9s %-10s %10s %9s %10s %15s %15s %4zu %5zu  %s\n", rank.c_str(),
-                  a.choice.layout(cluster.gpus_per_node).c_str(), where(a.choice.offload_optimizer),
+                  a.choice.layout(cluster.gpus_per_node, cluster.world()).c_str(), where(a.choice.offload_optimizer),
                   where(a.choice.offload_param), gib(a.gpu_bytes).c_str(), gib(a.gpu_free_bytes).c_str(),
                   gib(a.host_node_bytes).c_str(), format_seconds_range(t.step_low_s(), t.step_high_s()).c_str(),
                   format_seconds_range(t.step_low_s() * n, t.step_high_s() * n).c_str(), a.rank_bandwidth,
@@ -539,6 +684,10 @@ std::string format_advice(const Advice& advice, const ClusterDesc& cluster, int6
     std::string edits;
     for (const ConfigEdit& e : a.edits) edits += (edits.empty() ? "" : ", ") + e.text();
     out << "       edits: " << (edits.empty() ? "none (your config as it is)" : edits) << '\n';
+    if (!a.note.empty()) {
+      std::snprintf(buf, sizeof buf, "       pipelined: bubble %.3f; %s\n", a.bubble, a.note.c_str());
+      out << buf;
+    }
     if (!a.deepspeed.empty()) {
       const bool refuses =
           std::any_of(a.deepspeed.begin(), a.deepspeed.end(), [](const DeepSpeedDifference& d) { return d.refuses; });
@@ -573,7 +722,8 @@ std::string format_advice(const Advice& advice, const ClusterDesc& cluster, int6
     const AdvisedLayout& bw = advice.ranked[r.bandwidth_first];
     const AdvisedLayout& fixed = advice.ranked[r.fixed_cost_first];
     auto name = [&](const AdvisedLayout& a, size_t index) {
-      return "rank " + std::to_string(index + 1) + " (" + a.choice.describe(cluster.gpus_per_node) + ")";
+      return "rank " + std::to_string(index + 1) + " (" + a.choice.describe(cluster.gpus_per_node, cluster.world()) +
+             ")";
     };
     if (r.bandwidth_first != r.fixed_cost_first) {
       std::snprintf(buf, sizeof buf,
@@ -599,7 +749,7 @@ std::string format_advice(const Advice& advice, const ClusterDesc& cluster, int6
       std::snprintf(buf, sizeof buf,
                     "  %s would lead only while a collective across nodes costs less than %.2f ms; this description "
                     "says %.4g ms (collective_overhead_ms, fitted to a measured run).\n",
-                    bw.choice.layout(cluster.gpus_per_node).c_str(), *r.crossover_overhead_ms,
+                    bw.choice.layout(cluster.gpus_per_node, cluster.world()).c_str(), *r.crossover_overhead_ms,
                     cluster.collective_overhead_ms);
       out << buf;
     }
@@ -610,8 +760,8 @@ std::string format_advice(const Advice& advice, const ClusterDesc& cluster, int6
   }
   out << "\ndo not fit (never ranked): " << advice.not_fitting.size() << '\n';
   for (const AdvisedLayout& a : advice.not_fitting) {
-    out << "  " << a.choice.describe(cluster.gpus_per_node) << (a.is_user_config ? " (your config)" : "") << ": "
-        << a.reason << '\n';
+    out << "  " << a.choice.describe(cluster.gpus_per_node, cluster.world())
+        << (a.is_user_config ? " (your config)" : "") << ": " << a.reason << '\n';
   }
   // Refused layouts by reason: most share one.
   out << "\nrefused (never ranked): " << advice.refused.size() << '\n';
@@ -623,7 +773,8 @@ std::string format_advice(const Advice& advice, const ClusterDesc& cluster, int6
     out << "  " << reason << '\n';
     for (const AdvisedLayout& a : advice.refused) {
       if (a.reason != reason) continue;
-      out << "    " << a.choice.describe(cluster.gpus_per_node) << (a.is_user_config ? " (your config)" : "") << '\n';
+      out << "    " << a.choice.describe(cluster.gpus_per_node, cluster.world())
+          << (a.is_user_config ? " (your config)" : "") << '\n';
     }
   }
   if (!sources.empty()) {

@@ -9,6 +9,7 @@
 
 #include "config/config_checks.hpp"
 #include "core/check.hpp"
+#include "plan/step_time_parts.hpp"
 #include "zero3/dtype.hpp"
 #include "zero3/error.hpp"
 #include "zero3/traffic_plan.hpp"
@@ -16,66 +17,11 @@
 namespace zero3 {
 namespace {
 
-// Adam's memory traffic per parameter (bench_cpu_adam's count): read the fp32 master, gradient and both moments
-// (16 B), write the master and moments (12 B) and the 16-bit copy (2 B).
-constexpr double kAdamBytesPerParam = 30;
-// NVMe optimizer offload reads and writes the fp32 master and both moments every step.
-constexpr double kNvmeOptimizerBytesPerParam = 2 * 12;
-
-int64_t require_batch(const std::optional<int64_t>& v, const char* key) {
-  ZERO3_REQUIRE(v.has_value(), ConfigError, key,
-                ": still \"auto\"; give the batch (zero3 plan --micro-batch / --grad-accum) to model a step");
-  ZERO3_REQUIRE(*v >= 1, ConfigError, key, ": ", *v, " must be at least 1");
-  return *v;
-}
-
-// The FLOPs of one token's forward pass: every weight matrix once (2 FLOPs per weight), the embedding lookup
-// none; attention's QK^T and AV over the causal context, on average (seq + 1) / 2 positions.
+// The FLOPs of one token's forward pass: every weight matrix once, the embedding lookup none.
 double forward_flops_per_token(const ModelDesc& model, const LlamaDims& d, int64_t seq_len) {
-  const int64_t head_dim = d.head_dim > 0 ? d.head_dim : d.hidden_size / d.num_attention_heads;
-  const double q_width = static_cast<double>(d.num_attention_heads * head_dim);
   double matmul = static_cast<double>(model.numel());
   if (!d.tie_word_embeddings) matmul -= static_cast<double>(d.vocab_size * d.hidden_size);  // the lookup table
-  const double context = (static_cast<double>(seq_len) + 1) / 2;
-  return 2 * matmul + 4 * context * q_width * static_cast<double>(d.num_hidden_layers);
-}
-
-// One rank's bytes of one optimizer step from plan_traffic(), by when they go and what they are.
-struct PhaseBytes {
-  // During the micro-steps.
-  CollectiveTraffic primary_gathers;    // from the primary partition
-  CollectiveTraffic secondary_gathers;  // hpZ's, from the secondary partition
-  CollectiveTraffic reductions;
-  // Once per step, outside them.
-  CollectiveTraffic boundary_gathers;
-  CollectiveTraffic boundary_reductions;
-
-  explicit PhaseBytes(const RankTraffic& t)
-      : primary_gathers(t.gathers - t.boundary_gathers - t.secondary_gathers),
-        secondary_gathers(t.secondary_gathers),
-        reductions(t.reductions - t.boundary_reductions),
-        boundary_gathers(t.boundary_gathers),
-        boundary_reductions(t.boundary_reductions) {}
-  CollectiveTraffic micro() const {
-    CollectiveTraffic m = primary_gathers;
-    m += secondary_gathers;
-    m += reductions;
-    return m;
-  }
-  CollectiveTraffic boundary() const {
-    CollectiveTraffic m = boundary_gathers;
-    m += boundary_reductions;
-    return m;
-  }
-};
-
-// A micro-step's terms run at once: the busiest sets its time, and names its bound.
-std::pair<double, std::string> busiest(double compute_s, double inter_node_s, double intra_node_s, double offload_s) {
-  const std::pair<double, const char*> terms[] = {
-      {compute_s, "compute"}, {inter_node_s, "inter-node"}, {intra_node_s, "intra-node"}, {offload_s, "offload"}};
-  const auto* b = std::max_element(std::begin(terms), std::end(terms),
-                                   [](const auto& x, const auto& y) { return x.first < y.first; });
-  return {b->first, b->second};
+  return detail::forward_flops_per_token(matmul, d.num_hidden_layers, d, seq_len);
 }
 
 }  // namespace
@@ -88,8 +34,9 @@ StepTime model_step_time(const ModelDesc& model, const LlamaDims& dims, const Co
                 "model_step_time: the model's Llama dimensions are needed for its FLOPs (a Hugging Face Llama "
                 "config.json, not a unit list)");
   ZERO3_REQUIRE(cluster.world() >= 1, InvalidArgument, "model_step_time: the cluster has no GPUs");
-  const int64_t micro_batch = require_batch(config.train_micro_batch_size_per_gpu, "train_micro_batch_size_per_gpu");
-  const int64_t ga = require_batch(config.gradient_accumulation_steps, "gradient_accumulation_steps");
+  const int64_t micro_batch =
+      detail::require_batch(config.train_micro_batch_size_per_gpu, "train_micro_batch_size_per_gpu");
+  const int64_t ga = detail::require_batch(config.gradient_accumulation_steps, "gradient_accumulation_steps");
   const ZeroConfig& z = config.zero;
 
   ZERO3_REQUIRE(z.stage == 3, ConfigError, "zero_optimization.stage: ", z.stage,
@@ -135,7 +82,7 @@ StepTime model_step_time(const ModelDesc& model, const LlamaDims& dims, const Co
     int64_t micro_inter = 0, boundary_inter = 0;
     for (int r = node * per_node; r < (node + 1) * per_node; ++r) {
       const RankTraffic& rank = plan.ranks[static_cast<size_t>(r)];
-      const PhaseBytes b(rank);
+      const detail::PhaseBytes b(rank);
       const CollectiveTraffic micro = b.micro(), boundary = b.boundary();
       micro_inter += micro.inter_node_bytes;
       boundary_inter += boundary.inter_node_bytes;
@@ -156,33 +103,10 @@ StepTime model_step_time(const ModelDesc& model, const LlamaDims& dims, const Co
   t.gpu_intra_bytes = max_micro_intra + max_boundary_intra;
 
   // Copies between the GPU and host memory, per optimizer step: during the micro-steps and at the boundary.
-  const bool param_off = z.offload_param.device != OffloadDevice::none;
-  const bool optimizer_off = z.offload_optimizer.device != OffloadDevice::none;
-  int64_t micro_h2d = 0, micro_d2h = 0, step_h2d = 0, step_d2h = 0;
-  if (param_off) micro_h2d += primary_slice * c;  // each gather from the primary partition brings the slice up
-  if (config.zero3.hpz_secondary_on_host && !deepspeed) {
-    // hpZ's secondary partition in host memory: filled once a step from the device, copied up before each gather
-    // that reads it.
-    micro_d2h += secondary_fill * c;
-    micro_h2d += secondary_read * c;
-  }
-  if (optimizer_off) {
-    if (deepspeed) {
-      // stage3.py partition_grads: each micro-step's reduced partition goes to the pinned host buffer and comes
-      // back to the device (to be added to, or as the device-side buffer), in the accumulation dtype; at the
-      // boundary it goes down once more as fp32 for the optimizer.
-      const int64_t acc = static_cast<int64_t>(dtype_size(config.grad_accum_dtype.value_or(config.compute_dtype())));
-      micro_h2d += ga * owned * acc;
-      micro_d2h += ga * owned * acc;
-      step_d2h += owned * 4;
-    } else {
-      // The accumulator stays on the device; the optimizer step streams it down once.
-      step_d2h += owned * static_cast<int64_t>(dtype_size(config.grad_accum_dtype.value_or(DType::f32)));
-    }
-    if (!param_off) step_h2d += owned * c;  // the new parameters go up (host slices are written in place)
-  } else if (param_off) {
-    step_d2h += owned * c;  // Adam on the GPU; the new slice goes to host memory
-  }
+  const detail::HostCopies copies =
+      detail::host_copies(config, ga, owned, primary_slice, secondary_fill, secondary_read, deepspeed);
+  const int64_t micro_h2d = copies.micro_h2d, micro_d2h = copies.micro_d2h;
+  const int64_t step_h2d = copies.step_h2d, step_d2h = copies.step_d2h;
   t.gpu_h2d_bytes = micro_h2d + step_h2d;
   t.gpu_d2h_bytes = micro_d2h + step_d2h;
 
@@ -198,18 +122,14 @@ StepTime model_step_time(const ModelDesc& model, const LlamaDims& dims, const Co
   if (z.offload_param.device == OffloadDevice::nvme) {
     t.offload_s = std::max(t.offload_s, static_cast<double>(primary_slice * c * per_node) / gad / nvme_bw);
   }
-  std::tie(t.micro_step_s, t.bound) = busiest(t.compute_s, t.inter_node_s, t.intra_node_s, t.offload_s);
+  std::tie(t.micro_step_s, t.bound) = detail::busiest(t.compute_s, t.inter_node_s, t.intra_node_s, t.offload_s);
 
   t.boundary_comm_s =
       std::max(static_cast<double>(node_boundary_inter) / inter_bw, static_cast<double>(max_boundary_intra) / pcie_bw);
-  const double node_owned = static_cast<double>(owned) * per_node;
-  t.optimizer_s = optimizer_off ? node_owned * kAdamBytesPerParam / (cluster.cpu_memory_gb_s * 1e9)
-                                : static_cast<double>(owned) * kAdamBytesPerParam / (cluster.gpu_memory_gb_s * 1e9);
-  t.step_offload_s = static_cast<double>(std::max(step_h2d, step_d2h)) / pcie_bw;
-  double nvme_bytes = 0;
-  if (z.offload_optimizer.device == OffloadDevice::nvme) nvme_bytes += node_owned * kNvmeOptimizerBytesPerParam;
-  if (z.offload_param.device == OffloadDevice::nvme) nvme_bytes += node_owned * static_cast<double>(c);
-  t.nvme_s = nvme_bytes / nvme_bw;
+  const detail::StepRest rest = detail::step_rest(config, cluster, owned, per_node, copies);
+  t.optimizer_s = rest.optimizer_s;
+  t.step_offload_s = rest.step_offload_s;
+  t.nvme_s = rest.nvme_s;
   const double boundary_rest_s = std::max({t.optimizer_s, t.step_offload_s, t.nvme_s});
   t.boundary_s = t.boundary_comm_s + boundary_rest_s;
   t.step_s = gad * t.micro_step_s + t.boundary_s;
@@ -233,7 +153,7 @@ StepTime model_step_time(const ModelDesc& model, const LlamaDims& dims, const Co
       (static_cast<double>(node_micro_inter) / nccl_bw + static_cast<double>(micro_inter_collectives) * overhead_s) /
       gad;
   std::tie(t.micro_step_fixed_s, t.bound_fixed) =
-      busiest(t.compute_s, t.inter_node_fixed_s, t.intra_node_s, t.offload_s);
+      detail::busiest(t.compute_s, t.inter_node_fixed_s, t.intra_node_s, t.offload_s);
   t.boundary_comm_fixed_s = std::max(
       static_cast<double>(node_boundary_inter) / nccl_bw + static_cast<double>(boundary_inter_collectives) * overhead_s,
       static_cast<double>(max_boundary_intra) / pcie_bw);

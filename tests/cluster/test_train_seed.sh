@@ -83,7 +83,7 @@ case $MODE in
   advised)
     cp "$seed" "$WORK/seed.json"
     # The seed's job on its cluster, as docs/performance-model.md ("The advised layout") asks the advisor.
-    "$ZERO3" plan --advise --config "$seed" --model "$ROOT/configs/models/llama-3-8b.json" \
+    "$ZERO3" plan --advise --no-pipelines --config "$seed" --model "$ROOT/configs/models/llama-3-8b.json" \
       --cluster "$ROOT/configs/clusters/g6e-12xlarge-efa.json" --seq-len 512 --micro-batch 4 --grad-accum 4 \
       --no-grad-checkpointing --top 3 --write-config "$WORK/layout.json" \
       > "$WORK/advice.txt" 2>&1 || { cat "$WORK/advice.txt"; fail "zero3 plan --advise failed"; }

@@ -67,6 +67,7 @@ SeedJob seed_job(const std::string& cluster_file = "g6e-12xlarge-efa.json") {
   j.options.inputs.micro_batch = 4;
   j.options.inputs.grad_accum = 4;
   j.options.inputs.hidden_size = hidden;
+  j.options.pipelines = false;  // the unpipelined answer; test_layout_advisor_pipeline.cpp ranks the pipelines too
   return j;
 }
 
@@ -716,7 +717,7 @@ TEST(LayoutAdvisor, CommandPrintsTheRankingAndItsEditsPassConfigCheck) {
   if (!bin || source_dir().empty()) GTEST_SKIP() << "ZERO3_BIN_DIR / ZERO3_SOURCE_DIR are not set (run through ctest)";
   const std::string src = source_dir();
   int status = 0;
-  const std::string out = run_command(std::string(bin) + "/zero3 plan --advise --model " + src +
+  const std::string out = run_command(std::string(bin) + "/zero3 plan --advise --no-pipelines --model " + src +
                                           "/configs/models/llama-3-8b.json --config " + src +
                                           "/configs/llama-3-8b-stage3.json --cluster " + src +
                                           "/configs/clusters/g6e-12xlarge-efa.json --seq-len 512 --micro-batch 4 "
@@ -754,8 +755,8 @@ TEST(LayoutAdvisor, CommandPrintsTheRankingAndItsEditsPassConfigCheck) {
   ASSERT_GE(fd, 0);
   close(fd);
   const std::string written = run_command(
-      std::string(bin) + "/zero3 plan --advise --model " + src + "/configs/models/llama-3-8b.json --config " + src +
-          "/configs/llama-3-8b-stage3.json --cluster " + src +
+      std::string(bin) + "/zero3 plan --advise --no-pipelines --model " + src +
+          "/configs/models/llama-3-8b.json --config " + src + "/configs/llama-3-8b-stage3.json --cluster " + src +
           "/configs/clusters/g6e-12xlarge-efa.json --seq-len 512 --micro-batch 4 --grad-accum 4 "
           "--activation-bytes 7320166404 --top 1 --write-config " +
           path + " 2>&1",
@@ -776,8 +777,8 @@ TEST(LayoutAdvisor, PickWritesAnyRankedRowAndTheDryRunAgrees) {
   if (!bin || source_dir().empty()) GTEST_SKIP() << "ZERO3_BIN_DIR / ZERO3_SOURCE_DIR are not set (run through ctest)";
   const std::string src = source_dir();
   const std::string model = src + "/configs/models/llama-3-8b.json", config = src + "/configs/llama-3-8b-stage3.json";
-  const std::string advise_cmd = std::string(bin) + "/zero3 plan --advise --model " + model + " --config " + config +
-                                 " --cluster " + src +
+  const std::string advise_cmd = std::string(bin) + "/zero3 plan --advise --no-pipelines --model " + model +
+                                 " --config " + config + " --cluster " + src +
                                  "/configs/clusters/g6e-12xlarge-efa.json --seq-len 512 --micro-batch 4 "
                                  "--grad-accum 4 --no-grad-checkpointing --top 1";
   const SeedJob j = seed_job();
