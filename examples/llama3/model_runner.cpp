@@ -118,6 +118,38 @@ float* ModelRunner::grad_staging(int64_t numel, int slot) {
   return static_cast<float*>(ensure(grad_staging_[check_slot(slot, "grad_staging")], numel, sizeof(float)));
 }
 
+void ModelRunner::load_layer_input(int64_t i, const void* src) {
+  check_boundary(i, "load_layer_input");
+  ops_.copy(layer_input(i), src, boundary_bytes());
+}
+
+void ModelRunner::store_layer_input(int64_t i, void* dst) {
+  check_boundary(i, "store_layer_input");
+  ops_.copy(dst, layer_input(i), boundary_bytes());
+}
+
+void ModelRunner::load_grad(const void* src) {
+  check_boundary(0, "load_grad");
+  ops_.copy(dx_.ptr, src, boundary_bytes());
+}
+
+void ModelRunner::store_grad(void* dst) {
+  check_boundary(0, "store_grad");
+  ops_.copy(dst, dx_.ptr, boundary_bytes());
+}
+
+void ModelRunner::check_boundary(int64_t i, const char* what) const {
+  if (!batch_ready_) throw zero3::InvalidArgument(std::string("ModelRunner::") + what + ": no begin_batch yet");
+  if (i < 0 || i > config_.num_hidden_layers) {
+    throw zero3::InvalidArgument(std::string("ModelRunner::") + what + ": layer input " + std::to_string(i) +
+                                 " outside [0, " + std::to_string(config_.num_hidden_layers) + "]");
+  }
+}
+
+size_t ModelRunner::boundary_bytes() const {
+  return static_cast<size_t>(shape_.tokens() * config_.hidden_size) * ops_.act_size();
+}
+
 // ---------------------------------------------------------------------------------------------------------
 // The batch
 

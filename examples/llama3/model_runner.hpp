@@ -13,6 +13,8 @@
 //                                                      head being the embedding unit's weight
 //   layer_backward(i, w, g)              i = L-1..0    recomputes layer i's forward first with checkpointing
 //   embed_backward(g)
+// A pipeline stage runs a contiguous part of this: load_layer_input / store_layer_input where it starts and ends,
+// load_grad / store_grad for the gradient of those boundaries.
 // Parameters `w`: a unit's flat buffer (llama_layout.hpp) in ops.act(), backend memory. Gradients `g`: the
 // unit's flat f32 gradient buffer in backend memory, accumulated (+=). On the cuda backend every call
 // queues work and returns (head_forward_backward waits for its loss unless the loss is deferred); the buffers may
@@ -87,6 +89,14 @@ class ModelRunner {
   void layer_backward(int64_t layer, const void* w, float* g);
   void embed_backward(float* g);
 
+  // A pipeline stage's boundaries (pipeline_model.hpp), after begin_batch; (tokens, hidden) act elements in backend
+  // memory. The residual stream entering layer i (i = 0: the embedding's output; i = L: the head's input), and the
+  // gradient flowing backward (what layer_backward reads and leaves, embed_backward reads and the head leaves).
+  void load_layer_input(int64_t i, const void* src);
+  void store_layer_input(int64_t i, void* dst);
+  void load_grad(const void* src);
+  void store_grad(void* dst);
+
   // Scratch of a whole unit for dtype staging: `numel` act elements / f32 elements (kept, grown on demand). Slot 0
   // or 1: two units staged at once (the head and, with tied embeddings, the embedding inside its scope).
   static constexpr int kStagingSlots = 2;
@@ -117,6 +127,8 @@ class ModelRunner {
   void* layer_input(int64_t i) const;
   Cache& cache_of(int64_t layer);
   void check_layer(int64_t layer, const char* what) const;
+  void check_boundary(int64_t layer_input, const char* what) const;
+  size_t boundary_bytes() const;
 
   void linear_forward(const void* x, int64_t ldx, const void* w, void* y, int64_t ldy, int64_t in, int64_t out);
   void linear_backward(const void* x, int64_t ldx, const void* w, const void* dy, int64_t lddy, void* dx, int64_t lddx,
