@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <string>
 
+#include "ops/cross_entropy.hpp"
+#include "zero3/dtype.hpp"
 #include "zero3/error.hpp"
 
 namespace llama3 {
@@ -71,7 +73,7 @@ void PipelineStageModel::declare(zero3::Engine& engine, const zero3::PipelineSta
   if (engine.compute_dtype() != ops_->act() && engine.device().type() == zero3::DeviceType::cuda) {
     throw zero3::InvalidArgument("PipelineStageModel::declare: the stage engine computes in " +
                                  std::string(zero3::dtype_name(engine.compute_dtype())) + ", the model's backend in " +
-                                 zero3::dtype_name(ops_->act()));
+                                 std::string(zero3::dtype_name(ops_->act())));
   }
   check_gradient_dtype(engine);
   if (stage.end_layer > layouts_.size() || stage.first_layer >= stage.end_layer) {
@@ -145,8 +147,9 @@ void PipelineStageModel::check_boundary(const zero3::TensorView& view, const cha
     throw zero3::InvalidArgument(
         std::string("PipelineStageModel: stage ") + std::to_string(call.stage->stage) + ", micro-batch " +
         std::to_string(call.micro_batch) + ": the " + what + " holds " + std::to_string(view.numel) + " " +
-        zero3::dtype_name(view.dtype) + " elements" + (view.data == nullptr ? " (no buffer)" : "") + ", expected " +
-        std::to_string(numel) + " " + zero3::dtype_name(ops_->act()) + " (micro-batch x seq x hidden)");
+        std::string(zero3::dtype_name(view.dtype)) + " elements" + (view.data == nullptr ? " (no buffer)" : "") +
+        ", expected " + std::to_string(numel) + " " + std::string(zero3::dtype_name(ops_->act())) +
+        " (micro-batch x seq x hidden)");
   }
 }
 
