@@ -118,6 +118,10 @@ ModelRunner& PipelineStageModel::start_micro_batch(const zero3::PipelineCall& ca
     runner = std::move(idle_.back());
     idle_.pop_back();
   }
+  // The stage's transformer layers (pipeline layers 1 .. L): the runner keeps their inputs and the stage's output.
+  const int64_t L = config_.num_hidden_layers;
+  const auto a = static_cast<int64_t>(call.stage->first_layer), b = static_cast<int64_t>(call.stage->end_layer);
+  runner->set_layer_range(std::max<int64_t>(a, 1) - 1, std::min(b, L + 1) - 1);
   ModelRunner& r = *runner;
   in_flight_.emplace(key, std::move(runner));
   peak_in_flight_ = std::max(peak_in_flight_, static_cast<int64_t>(in_flight_.size()));

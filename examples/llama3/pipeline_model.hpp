@@ -13,10 +13,11 @@
 //   backward  the received gradient of the output (the head's, on the last stage), the layers' backward scopes in
 //             reverse (recomputing each layer's forward from its kept input with activation checkpointing), then
 //             the embedding's backward scope, or the gradient of the stage's input (sent back)
-// A stage keeps a ModelRunner per micro-batch in flight (its layer inputs, or all its layers' caches without
-// activation checkpointing, its workspace and its boundary gradient) from the forward to the backward of that
-// micro-batch; released runners are reused, so a stage holds as many as its schedule has micro-batches in flight at
-// once (1F1B: at most the stages after it plus one; GPipe: all of the step's).
+// A stage keeps a ModelRunner per micro-batch in flight, over the stage's layers only (ModelRunner::set_layer_range:
+// their inputs and the stage's output, or with activation checkpointing off all their caches; its workspace and its
+// boundary gradient) from the forward to the backward of that micro-batch; released runners are reused (a reused
+// runner keeps its largest buffers), so a rank holds as many as its schedule has micro-batches in flight at once
+// (1F1B: at most the stages after it plus one; GPipe: all of the step's).
 //
 // Data. Micro-batch data_index of a data-parallel rank is the MicroBatchSource's; llama3_train's source picks the
 // sequences the unpipelined run's micro-step data_index % micro_batches of step data_index / micro_batches picks

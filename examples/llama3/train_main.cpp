@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iostream>
 #include <memory>
 #include <optional>
@@ -205,13 +206,14 @@ std::vector<int64_t> in_flight_per_rank(const zero3::pipeline::Schedule& schedul
   return peak;
 }
 
-// --dry-run with pipeline stages: the partition, the schedule and each pipeline rank's memory (its stages' units
-// under ZeRO over the stage's data-parallel ranks, and one runner's activations per micro-batch in flight).
+// --dry-run with pipeline stages: the partition, the schedule and each pipeline rank's memory: its stages' units
+// under ZeRO over the stage's data-parallel ranks, and per micro-batch it holds in flight a runner over its largest
+// stage's layers (`stage_act(k)`: the activations of a runner of k transformer layers) plus the received activation.
 void print_pipeline_plan(const zero3::Config& cfg, const ModelConfig& mc, const BatchShape& shape, int64_t world,
-                         int64_t per_node, const ActivationEstimate& act, int64_t act_bytes) {
+                         int64_t per_node, const std::function<int64_t(int64_t)>& stage_act, int64_t act_bytes) {
   const int P = static_cast<int>(*cfg.pipeline.stages);
   const int V = static_cast<int>(cfg.zero3.pipeline_virtual_stages);
-  const int64_t D = world / P, gas = *cfg.gradient_accumulation_steps;
+  const int64_t D = world / P, gas = *cfg.gradient_accumulation_steps, L = mc.num_hidden_layers;
   const zero3::pipeline::Schedule schedule = zero3::pipeline::make_schedule(
       zero3::pipeline::parse_schedule(cfg.zero3.pipeline_schedule, "zero3.pipeline_schedule"), P,
       static_cast<int>(gas), V);
@@ -220,6 +222,7 @@ void print_pipeline_plan(const zero3::Config& cfg, const ModelConfig& mc, const 
   const std::vector<int> bounds = zero3::pipeline::partition_layers(infos, P * V, cfg.pipeline.partition);
   const std::vector<int64_t> in_flight = in_flight_per_rank(schedule);
   const zero3::ModelDesc whole = engine_model_desc(mc, "llama");
+  const int64_t boundary = shape.tokens() * mc.hidden_size * act_bytes;
   std::printf("\npipeline: %d stages x %lld data-parallel ranks (%s), schedule %s, %d virtual stage(s) per rank, "
               "%lld micro-batches per step, bubble %.1f%%\n",
               P, static_cast<long long>(D), cfg.zero3.pipeline_stage_order.c_str(), cfg.zero3.pipeline_schedule.c_str(),
@@ -227,31 +230,33 @@ void print_pipeline_plan(const zero3::Config& cfg, const ModelConfig& mc, const 
   std::printf("  partition (%s): %s\n", cfg.pipeline.partition.c_str(),
               zero3::pipeline::describe_partition(infos, bounds).c_str());
   std::printf("  boundary: %lld elements per micro-batch and direction (micro-batch x seq x hidden), %s\n",
-              static_cast<long long>(shape.tokens() * mc.hidden_size),
-              format_bytes(shape.tokens() * mc.hidden_size * act_bytes).c_str());
-  std::printf("  memory per rank of each pipeline rank (ZeRO over its stage's %lld ranks; a runner per micro-batch in "
-              "flight, each %s, and the received activations kept until their backward):\n",
-              static_cast<long long>(D), format_bytes(act.total()).c_str());
+              static_cast<long long>(shape.tokens() * mc.hidden_size), format_bytes(boundary).c_str());
+  std::printf("  per rank of each pipeline rank (ZeRO over its stage's %lld ranks; per micro-batch in flight a runner "
+              "over its largest stage's layers and the received activation):\n",
+              static_cast<long long>(D));
   for (int p = 0; p < P; ++p) {
     zero3::ModelDesc desc;
     desc.name = "llama pipeline rank " + std::to_string(p);
     std::string stages;
+    int64_t runner = 0;
     for (int v = 0; v < V; ++v) {
       const int st = p + v * P;
+      const int a = bounds[static_cast<size_t>(st)], b = bounds[static_cast<size_t>(st) + 1];
       stages += (v ? ", " : "") + std::to_string(st);
-      for (int i = bounds[static_cast<size_t>(st)]; i < bounds[static_cast<size_t>(st) + 1]; ++i)
-        desc.units.push_back(whole.units[static_cast<size_t>(i)]);
+      for (int i = a; i < b; ++i) desc.units.push_back(whole.units[static_cast<size_t>(i)]);
+      const int64_t layers = std::min<int64_t>(b, L + 1) - std::max(a, 1);  // transformer layers of the stage
+      runner = std::max(runner, stage_act(std::max<int64_t>(layers, 0)));
     }
     const int64_t flight = in_flight[static_cast<size_t>(p)];
     zero3::MemoryPlanOptions po;
     po.world_size = D;
     po.ranks_per_node = std::min(per_node, D);
-    po.activation_bytes = flight * (act.total() + shape.tokens() * mc.hidden_size * act_bytes);
+    po.activation_bytes = flight * (runner + boundary);
     const zero3::MemoryPlan plan = zero3::plan_memory(desc, cfg, po);
-    std::printf("    rank %d (stage%s %s: %zu units, %lld parameters): %lld micro-batch(es) in flight, activations %s, "
-                "device %s, host %s per rank\n",
+    std::printf("    rank %d (stage%s %s: %zu units, %lld parameters): %lld micro-batch(es) in flight x %s, "
+                "device %s, host %s\n",
                 p, V > 1 ? "s" : "", stages.c_str(), desc.units.size(), static_cast<long long>(plan.total_params),
-                static_cast<long long>(flight), format_bytes(po.activation_bytes).c_str(),
+                static_cast<long long>(flight), format_bytes(runner + boundary).c_str(),
                 format_bytes(plan.rank_bytes(zero3::MemoryTier::device)).c_str(),
                 format_bytes(plan.rank_bytes(zero3::MemoryTier::host)).c_str());
   }
@@ -316,7 +321,14 @@ int dry_run(const TrainOptions& o, zero3::Config cfg, const ModelConfig& mc) {
   if (cfg.pipeline.stages.value_or(1) > 1) {
     check_pipeline_model(mc, static_cast<int>(*cfg.pipeline.stages));
     // On a GPU activations are in the compute dtype, on the CPU in fp32 (the runner's act dtype).
-    print_pipeline_plan(cfg, mc, shape, world, per_node, act,
+    // A stage's runner: the estimate of a model with the stage's transformer layers (the embedding's and the
+    // head's buffers counted on every stage).
+    auto stage_act = [&](int64_t layers) {
+      ModelConfig part = mc;
+      part.num_hidden_layers = layers;
+      return estimate_activations(part, shape, o.grad_checkpointing, where, compute, grads).total();
+    };
+    print_pipeline_plan(cfg, mc, shape, world, per_node, stage_act,
                         gpu ? static_cast<int64_t>(zero3::dtype_size(compute)) : int64_t{4});
     std::printf("\nthe whole model unpipelined over the %lld ranks, for comparison:\n", static_cast<long long>(world));
   }
