@@ -50,7 +50,7 @@ compare() {
     FILENAME == ARGV[1] { loss[$1] = $col["loss"]; norm[$1] = $col["grad_norm"]; next }
     {
       n++
-      if (!($1 in loss)) { bad = bad " step " $1 " missing in the reference"; continue }
+      if (!($1 in loss)) { bad = bad " step " $1 " missing in the reference"; next }
       dl = $col["loss"] - loss[$1]; if (dl < 0) dl = -dl; dl /= (loss[$1] < 0 ? -loss[$1] : loss[$1])
       dn = $col["grad_norm"] - norm[$1]; if (dn < 0) dn = -dn; dn /= norm[$1]
       if (dl > ml) ml = dl; if (dn > mn) mn = dn
