@@ -104,13 +104,7 @@ zero3::UnitId PipelineStageModel::unit(size_t layer, const char* what) const {
 // ---------------------------------------------------------------------------------------------------------
 // Micro-batches in flight
 
-ModelRunner& PipelineStageModel::start_micro_batch(const zero3::PipelineCall& call) {
-  const RunnerKey key{call.stage->stage, call.micro_batch};
-  if (in_flight_.count(key)) {
-    throw zero3::InvalidArgument("PipelineStageModel::forward: micro-batch " + std::to_string(call.micro_batch) +
-                                 " of stage " + std::to_string(call.stage->stage) +
-                                 " is already in flight (its backward has not run)");
-  }
+std::unique_ptr<ModelRunner> PipelineStageModel::take_runner(const zero3::PipelineStageInfo& stage) {
   std::unique_ptr<ModelRunner> runner;
   if (idle_.empty()) {
     runner = std::make_unique<ModelRunner>(config_, *ops_);
@@ -120,8 +114,19 @@ ModelRunner& PipelineStageModel::start_micro_batch(const zero3::PipelineCall& ca
   }
   // The stage's transformer layers (pipeline layers 1 .. L): the runner keeps their inputs and the stage's output.
   const int64_t L = config_.num_hidden_layers;
-  const auto a = static_cast<int64_t>(call.stage->first_layer), b = static_cast<int64_t>(call.stage->end_layer);
+  const auto a = static_cast<int64_t>(stage.first_layer), b = static_cast<int64_t>(stage.end_layer);
   runner->set_layer_range(std::max<int64_t>(a, 1) - 1, std::min(b, L + 1) - 1);
+  return runner;
+}
+
+ModelRunner& PipelineStageModel::start_micro_batch(const zero3::PipelineCall& call) {
+  const RunnerKey key{call.stage->stage, call.micro_batch};
+  if (in_flight_.count(key)) {
+    throw zero3::InvalidArgument("PipelineStageModel::forward: micro-batch " + std::to_string(call.micro_batch) +
+                                 " of stage " + std::to_string(call.stage->stage) +
+                                 " is already in flight (its backward has not run)");
+  }
+  std::unique_ptr<ModelRunner> runner = take_runner(*call.stage);
   ModelRunner& r = *runner;
   in_flight_.emplace(key, std::move(runner));
   peak_in_flight_ = std::max(peak_in_flight_, static_cast<int64_t>(in_flight_.size()));
@@ -178,9 +183,7 @@ double PipelineStageModel::step_normalizer(int64_t step) {
 // Forward and backward of one stage
 
 double PipelineStageModel::forward(zero3::Engine& engine, const zero3::PipelineCall& call) {
-  if (engine.evaluating()) {
-    throw zero3::Unsupported("the pipelined Llama-3 model does not evaluate (PipelineEngine::eval_batch)");
-  }
+  if (!call.training || engine.evaluating()) return evaluate(engine, call);
   const auto t0 = Clock::now();
   const size_t a = call.stage->first_layer, b = call.stage->end_layer, L = layouts_.size() - 2;
   ModelRunner& runner = start_micro_batch(call);
@@ -245,6 +248,74 @@ double PipelineStageModel::head(zero3::Engine& engine, ModelRunner& runner, int6
   commit_scope_grads(*staging_, s);
   s.close();
   return normalizer > 0 ? r.loss_sum / normalizer : 0.0;
+}
+
+void PipelineStageModel::set_evaluation(MicroBatchSource& source, int64_t per_evaluation) {
+  if (per_evaluation < 1) {
+    throw zero3::InvalidArgument("PipelineStageModel::set_evaluation: " + std::to_string(per_evaluation) +
+                                 " micro-batches per evaluation, expected >= 1");
+  }
+  eval_data_ = &source;
+  eval_per_evaluation_ = per_evaluation;
+  eval_normalizer_ = -1;
+}
+
+// One micro-batch of eval_batch(): forward scopes, and on the last stage the loss over the evaluation's normalizer.
+double PipelineStageModel::evaluate(zero3::Engine& engine, const zero3::PipelineCall& call) {
+  if (eval_data_ == nullptr) {
+    throw zero3::InvalidArgument("PipelineStageModel: an evaluation forward with no evaluation data (set_evaluation)");
+  }
+  const size_t a = call.stage->first_layer, b = call.stage->end_layer, L = layouts_.size() - 2;
+  const bool last = b == L + 2;
+  if (last && eval_normalizer_ < 0) {
+    int64_t count = 0;
+    for (int r = 0; r < data_parallel_size_; ++r) {
+      for (int64_t d = 0; d < eval_per_evaluation_; ++d) {
+        eval_data_->fill(d, r, ids_.data(), targets_.data());
+        count += count_targets(targets_.data(), static_cast<int64_t>(targets_.size()), config_.vocab_size);
+      }
+    }
+    eval_normalizer_ =
+        static_cast<double>(count) / (static_cast<double>(data_parallel_size_) * eval_per_evaluation_);
+  }
+  std::unique_ptr<ModelRunner> runner = take_runner(*call.stage);
+  eval_data_->fill(call.data_index, engine.rank(), ids_.data(), targets_.data());
+  runner->begin_batch(ids_.data(), targets_.data(), shape_, true);  // one layer cache: nothing kept for a backward
+  if (a == 0) {
+    zero3::UnitScope s = engine.forward_scope(unit(0, "forward"));
+    runner->embed_forward(scope_params_act(*staging_, s));
+    s.close();
+  } else {
+    check_boundary(call.input, "input activation", call);
+    runner->load_layer_input(static_cast<int64_t>(a) - 1, call.input.data);
+  }
+  for (size_t i = std::max<size_t>(a, 1); i < std::min(b, L + 1); ++i) {
+    zero3::UnitScope s = engine.forward_scope(unit(i, "forward"));
+    runner->layer_forward(static_cast<int64_t>(i) - 1, scope_params_act(*staging_, s));
+    s.close();
+  }
+  double loss = 0;
+  if (last) {
+    LossOptions lo;
+    lo.normalizer = eval_normalizer_;
+    zero3::UnitScope s = engine.forward_scope(unit(L + 1, "forward"));
+    const void* w = scope_params_act(*staging_, s);
+    LossResult r;
+    if (config_.tie_word_embeddings) {
+      zero3::UnitScope e = engine.forward_scope(unit(0, "forward"));  // the LM head's weight
+      r = runner->head_forward_loss(w, lo, scope_params_act(*staging_, e, 1));
+      e.close();
+    } else {
+      r = runner->head_forward_loss(w, lo);
+    }
+    s.close();
+    loss = eval_normalizer_ > 0 ? r.loss_sum / eval_normalizer_ : 0.0;
+  } else {
+    check_boundary(call.output, "output activation", call);
+    runner->store_layer_input(static_cast<int64_t>(b) - 1, call.output.data);
+  }
+  idle_.push_back(std::move(runner));
+  return loss;
 }
 
 void PipelineStageModel::backward(zero3::Engine& engine, const zero3::PipelineCall& call) {

@@ -29,8 +29,13 @@
 //
 // Tied embeddings (tie_word_embeddings) need the embedding and the head on one stage engine (the head's scope
 // opens the embedding's inside it, as EngineModel does): with pipeline.stages above 1 they are on different ranks,
-// which is refused (zero3::ConfigError) before anything is declared. Evaluation (Engine::evaluating()) is not
-// supported: zero3::Unsupported.
+// which is refused (zero3::ConfigError) before anything is declared.
+//
+// Evaluation (PipelineEngine::eval_batch(), PipelineCall::training false): forward scopes only, the head's forward
+// scope and its loss on the last stage, nothing kept. Its micro-batches come from the source set_evaluation() names,
+// and each returns its loss sum over the evaluation's normalizer (every rank's non-ignored targets of one evaluation
+// over data-parallel ranks x micro-batches per evaluation), so the mean of the eval_batch() results of one evaluation
+// is the mean over every target, as llama3_train's unpipelined evaluation computes it.
 #pragma once
 
 #include <chrono>
@@ -75,6 +80,11 @@ class PipelineStageModel : public zero3::PipelineModel {
   // the compute dtype on cuda), so that a boundary is a copy.
   zero3::DType activation_dtype() const { return ops_->act(); }
 
+  // The held-out micro-batches of eval_batch(), `per_evaluation` per data-parallel rank in one evaluation (a
+  // multiple of the micro-batches of one eval_batch()). `source` must outlive the model. Without it, a forward in
+  // evaluation is zero3::InvalidArgument.
+  void set_evaluation(MicroBatchSource& source, int64_t per_evaluation);
+
   void declare(zero3::Engine& engine, const zero3::PipelineStageInfo& stage) override;
   double forward(zero3::Engine& engine, const zero3::PipelineCall& call) override;
   void backward(zero3::Engine& engine, const zero3::PipelineCall& call) override;
@@ -96,6 +106,8 @@ class PipelineStageModel : public zero3::PipelineModel {
 
  private:
   using RunnerKey = std::pair<int, int64_t>;  // (stage, micro-batch)
+  std::unique_ptr<ModelRunner> take_runner(const zero3::PipelineStageInfo& stage);
+  double evaluate(zero3::Engine& engine, const zero3::PipelineCall& call);
   ModelRunner& start_micro_batch(const zero3::PipelineCall& call);
   ModelRunner& running(const zero3::PipelineCall& call, const char* what);
   void finish_micro_batch(const zero3::PipelineCall& call);
@@ -127,6 +139,9 @@ class PipelineStageModel : public zero3::PipelineModel {
   std::vector<int32_t> ids_, targets_;  // one micro-batch
   int64_t normalizer_step_ = -1;
   double normalizer_ = 0;
+  MicroBatchSource* eval_data_ = nullptr;
+  int64_t eval_per_evaluation_ = 0;
+  double eval_normalizer_ = -1;  // counted at the first evaluation
   PhaseTimes times_;
 };
 

@@ -399,7 +399,7 @@ zero3::CheckpointExtras sampler_extras(const DistributedSampler& sampler, const 
 }
 
 // Whether the run is pipelined (pipeline.stages above 1, after --pipeline-stages), and the refusals of what the
-// pipelined run does not do yet: checkpoints, consolidation and evaluation need every stage's units in one engine.
+// pipelined run does not do yet: checkpoints and consolidation need every stage's units in one engine.
 bool pipelined_run(const TrainOptions& o, const zero3::Config& cfg, const ModelConfig& mc) {
   const int64_t stages = cfg.pipeline.stages.value_or(1);
   if (stages <= 1) return false;
@@ -407,12 +407,11 @@ bool pipelined_run(const TrainOptions& o, const zero3::Config& cfg, const ModelC
   const char* unsupported = !o.save_dir.empty()       ? "--save-dir"
                             : o.resume                ? "--resume"
                             : !o.consolidate_to.empty() ? "--consolidate-to"
-                            : !o.eval_data.empty()      ? "--eval-data"
                                                         : nullptr;
   if (unsupported != nullptr) {
     throw zero3::InvalidArgument(std::string(unsupported) + " with " + std::to_string(stages) +
                                  " pipeline stages (pipeline.stages or --pipeline-stages): the pipelined run does not "
-                                 "save, resume, consolidate or evaluate yet; run without pipeline stages for that");
+                                 "save, resume or consolidate yet; run without pipeline stages for that");
   }
   return true;
 }
@@ -522,7 +521,8 @@ int train(const TrainOptions& o, zero3::Config file_cfg, const ModelConfig& mc, 
   if (!o.eval_data.empty()) {
     eval_set = PackedDataset::from_paths(o.eval_data, *tokenizer, o.seq_len);
     check_vocab(*eval_set, "the evaluation data");
-    eval_batches.emplace(*eval_set, rank, world, micro, o.eval_batches, kIgnoreIndex);
+    // Pipelined, the stages read every data-parallel rank's batches by index (EvalMicroBatches); these name the sizes.
+    eval_batches.emplace(*eval_set, pipelined ? 0 : rank, data_world, micro, o.eval_batches, kIgnoreIndex);
     log::info_rank0("evaluation data: ", eval_batches->sequences(), " of ", eval_set->num_sequences(),
                     " sequences per evaluation (", eval_batches->batches(), " micro-batches per rank), after ",
                     o.eval_interval > 0 ? "every " + std::to_string(o.eval_interval) + " steps and " : "",
@@ -539,12 +539,17 @@ int train(const TrainOptions& o, zero3::Config file_cfg, const ModelConfig& mc, 
   std::optional<EngineModel> model;
   std::optional<SampledMicroBatches> micro_batches;
   std::optional<PipelineStageModel> stage_model;
+  std::optional<EvalMicroBatches> eval_micro_batches;
   std::unique_ptr<zero3::PipelineEngine> pipe;
   auto t_init = Clock::now();
   if (pipelined) {
     // The stages' units declared and materialized by the PipelineEngine (collective over the world).
     micro_batches.emplace(dataset, data_world, o.seed, micro);
     stage_model.emplace(mc, shape, *micro_batches, gas, data_world, stages, device, cfg.compute_dtype(), mo);
+    if (eval_set) {
+      eval_micro_batches.emplace(*eval_set, data_world, micro, o.eval_batches, gas, kIgnoreIndex);
+      stage_model->set_evaluation(*eval_micro_batches, eval_micro_batches->per_evaluation());
+    }
     zero3::PipelineOptions po;
     po.activation_dtype = stage_model->activation_dtype();
     pipe = std::make_unique<zero3::PipelineEngine>(cfg, session.comm, device, pipeline_layers(mc, shape),
@@ -632,6 +637,14 @@ int train(const TrainOptions& o, zero3::Config file_cfg, const ModelConfig& mc, 
 
   // Evaluation (collective): the mean loss over every target of the held-out set, on all ranks.
   auto evaluate = [&]() {
+    if (pipelined) {
+      // eval_batch() after eval_batch() over the held-out set (padded to whole pipeline batches): each returns the
+      // mean of its micro-batches' shares of the mean over every target, so their mean is that mean.
+      const int64_t calls = eval_micro_batches->per_evaluation() / gas;
+      double sum = 0;
+      for (int64_t i = 0; i < calls; ++i) sum += pipe->eval_batch();
+      return sum / static_cast<double>(calls);
+    }
     std::vector<int32_t> eids(static_cast<size_t>(micro * o.seq_len)), etargets(eids.size());
     int64_t count = 0;
     // The losses stay on the device until the last batch: one read for the whole evaluation.

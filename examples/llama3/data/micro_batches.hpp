@@ -4,8 +4,10 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "data/dataset.hpp"
+#include "data/eval_batches.hpp"
 #include "data/sampler.hpp"
 
 namespace llama3 {
@@ -32,6 +34,27 @@ class SampledMicroBatches : public MicroBatchSource {
   const PackedDataset& dataset_;
   DistributedSampler order_;  // index_at() only
   int64_t micro_batch_;
+};
+
+// The held-out set by data index, for PipelineEngine::eval_batch(): micro-batch d of data-parallel rank r is that
+// rank's EvalBatches batch d % per_evaluation() (llama3_train's unpipelined evaluation reads the same batches on the
+// same data-parallel rank), and batches past EvalBatches::batches() up to per_evaluation() are padding (ids 0,
+// every target `ignore_target`): per_evaluation() is batches() rounded up to a multiple of `group` (the micro-batches
+// of one eval_batch()), and the data indices of successive evaluations continue (eval_batch()'s counter). `data`
+// must outlive it; throws what EvalBatches throws.
+class EvalMicroBatches : public MicroBatchSource {
+ public:
+  EvalMicroBatches(const PackedDataset& data, int data_parallel_size, int64_t micro_batch, int64_t max_batches,
+                   int64_t group, int32_t ignore_target);
+  int64_t batches() const { return ranks_.front().batches(); }
+  int64_t per_evaluation() const { return per_evaluation_; }
+  void fill(int64_t data_index, int rank, int32_t* ids, int32_t* targets) override;
+
+ private:
+  std::vector<EvalBatches> ranks_;
+  int64_t per_evaluation_;
+  int64_t elements_;  // micro_batch x seq
+  int32_t ignore_;
 };
 
 }  // namespace llama3

@@ -4,7 +4,9 @@
 # (the same data-parallel ranks, micro-batch, accumulation and data order), in fp32, 6 steps:
 #   2 ranks: 2 stages x 1 against 1 rank, with gpipe, 1f1b and interleaved_1f1b (2 virtual stages), ZeRO-1 and ZeRO-3
 #   4 ranks: 2 stages x 2 against 2 ranks (1f1b, ZeRO-3) and 4 stages x 1 against 1 rank (1f1b and gpipe, ZeRO-3)
-# Bound: every step's loss and gradient norm within 1e-5 relative (the CSV's 9 significant digits), the worst printed.
+# Bound: every step's loss and gradient norm, and the evaluation loss after the last step (--eval-data: 5 micro-batches
+# per data-parallel rank, padded to whole pipeline batches when pipelined), within 1e-5 relative (the CSV's 9
+# significant digits), the worst printed.
 # Then what the program refuses, each by name: tied embeddings across stages, --save-dir, and a stage count that does
 # not divide the ranks; and --dry-run's partition and per-stage memory.
 # usage: pipeline_ci.sh ZERO3_CLI LLAMA3_TRAIN REPO_ROOT WORK_DIR
@@ -15,7 +17,8 @@ mkdir -p "$work"
 cd "$root"
 
 ARGS=(--model configs/models/llama-3-tiny.json --data /usr/share/common-licenses --tokenizer bytes --seq-len 32
-      --micro-batch 2 --grad-accum 4 --steps 6 --lr 3e-3 --precision fp32 --device cpu)
+      --micro-batch 2 --grad-accum 4 --steps 6 --lr 3e-3 --precision fp32 --device cpu
+      --eval-data /usr/share/common-licenses/Apache-2.0 --eval-batches 5)
 
 # config FILE ZERO_STAGE SCHEDULE VIRTUAL_STAGES
 config() {
@@ -47,20 +50,28 @@ compare() {
   local verdict
   verdict=$(awk -F, '
     FNR == 1 { for (i = 1; i <= NF; i++) col[$i] = i; next }
-    FILENAME == ARGV[1] { loss[$1] = $col["loss"]; norm[$1] = $col["grad_norm"]; next }
+    FILENAME == ARGV[1] { loss[$1] = $col["loss"]; norm[$1] = $col["grad_norm"]; ev[$1] = $col["eval_loss"]; next }
     {
       n++
       if (!($1 in loss)) { bad = bad " step " $1 " missing in the reference"; next }
       dl = $col["loss"] - loss[$1]; if (dl < 0) dl = -dl; dl /= (loss[$1] < 0 ? -loss[$1] : loss[$1])
       dn = $col["grad_norm"] - norm[$1]; if (dn < 0) dn = -dn; dn /= norm[$1]
       if (dl > ml) ml = dl; if (dn > mn) mn = dn
+      if (ev[$1] != "" || $col["eval_loss"] != "") {
+        evals++
+        if (ev[$1] == "" || $col["eval_loss"] == "") { bad = bad " step " $1 ": an evaluation on one side only"; next }
+        de = $col["eval_loss"] - ev[$1]; if (de < 0) de = -de; de /= ev[$1]
+        if (de > me) me = de
+        if (de > 1e-5) bad = bad sprintf(" step %s: eval loss %s vs %s", $1, $col["eval_loss"], ev[$1])
+      }
       if (dl > 1e-5 || dn > 1e-5) bad = bad sprintf(" step %s: loss %s vs %s, grad norm %s vs %s", $1, $col["loss"], loss[$1], $col["grad_norm"], norm[$1])
       last = $col["loss"]; if (n == 1) first = last
     }
     END {
       if (n == 0) { print "FAIL: no steps"; exit }
       if (!(last < first)) bad = bad sprintf(" the loss did not fall (%s -> %s)", first, last)
-      printf "%s %d steps, max loss diff %.3g, max grad norm diff %.3g (relative)%s\n", bad == "" ? "ok" : "FAIL", n, ml, mn, bad
+      if (evals != 1) bad = bad sprintf(" %d evaluations, expected 1", evals)
+      printf "%s %d steps, max loss diff %.3g, max grad norm diff %.3g, eval loss diff %.3g (relative)%s\n", bad == "" ? "ok" : "FAIL", n, ml, mn, me, bad
     }' "$work/$1.csv" "$work/$2.csv")
   echo "${verdict%% *} $2 against $1: ${verdict#* }"
   [ "${verdict%% *}" = ok ] || failures=$((failures + 1))
