@@ -182,15 +182,10 @@ double PipelineStageModel::step_normalizer(int64_t step) {
 // ---------------------------------------------------------------------------------------------------------
 // Forward and backward of one stage
 
-double PipelineStageModel::forward(zero3::Engine& engine, const zero3::PipelineCall& call) {
-  if (!call.training || engine.evaluating()) return evaluate(engine, call);
-  const auto t0 = Clock::now();
+// The stage's input (the embedding's forward scope on the first stage, the received activation elsewhere) and its
+// transformer layers' forward scopes, after begin_batch.
+void PipelineStageModel::forward_layers(zero3::Engine& engine, ModelRunner& runner, const zero3::PipelineCall& call) {
   const size_t a = call.stage->first_layer, b = call.stage->end_layer, L = layouts_.size() - 2;
-  ModelRunner& runner = start_micro_batch(call);
-  // Every stage reads its micro-batch: the first for the ids, the last for the targets, and the runner checks
-  // both and sizes its buffers by them.
-  data_.fill(call.data_index, engine.rank(), ids_.data(), targets_.data());
-  runner.begin_batch(ids_.data(), targets_.data(), shape_, checkpointing_);
   if (a == 0) {
     zero3::UnitScope s = engine.forward_scope(unit(0, "forward"));
     runner.embed_forward(scope_params_act(*staging_, s));
@@ -204,6 +199,18 @@ double PipelineStageModel::forward(zero3::Engine& engine, const zero3::PipelineC
     runner.layer_forward(static_cast<int64_t>(i) - 1, scope_params_act(*staging_, s));
     s.close();
   }
+}
+
+double PipelineStageModel::forward(zero3::Engine& engine, const zero3::PipelineCall& call) {
+  if (!call.training || engine.evaluating()) return evaluate(engine, call);
+  const auto t0 = Clock::now();
+  const size_t b = call.stage->end_layer, L = layouts_.size() - 2;
+  ModelRunner& runner = start_micro_batch(call);
+  // Every stage reads its micro-batch: the first for the ids, the last for the targets, and the runner checks
+  // both and sizes its buffers by them.
+  data_.fill(call.data_index, engine.rank(), ids_.data(), targets_.data());
+  runner.begin_batch(ids_.data(), targets_.data(), shape_, checkpointing_);
+  forward_layers(engine, runner, call);
   double loss = 0;
   if (b == L + 2) {
     if (time_phases_) ops_->synchronize();
@@ -265,7 +272,7 @@ double PipelineStageModel::evaluate(zero3::Engine& engine, const zero3::Pipeline
   if (eval_data_ == nullptr) {
     throw zero3::InvalidArgument("PipelineStageModel: an evaluation forward with no evaluation data (set_evaluation)");
   }
-  const size_t a = call.stage->first_layer, b = call.stage->end_layer, L = layouts_.size() - 2;
+  const size_t b = call.stage->end_layer, L = layouts_.size() - 2;
   const bool last = b == L + 2;
   if (last && eval_normalizer_ < 0) {
     int64_t count = 0;
@@ -281,19 +288,7 @@ double PipelineStageModel::evaluate(zero3::Engine& engine, const zero3::Pipeline
   std::unique_ptr<ModelRunner> runner = take_runner(*call.stage);
   eval_data_->fill(call.data_index, engine.rank(), ids_.data(), targets_.data());
   runner->begin_batch(ids_.data(), targets_.data(), shape_, true);  // one layer cache: nothing kept for a backward
-  if (a == 0) {
-    zero3::UnitScope s = engine.forward_scope(unit(0, "forward"));
-    runner->embed_forward(scope_params_act(*staging_, s));
-    s.close();
-  } else {
-    check_boundary(call.input, "input activation", call);
-    runner->load_layer_input(static_cast<int64_t>(a) - 1, call.input.data);
-  }
-  for (size_t i = std::max<size_t>(a, 1); i < std::min(b, L + 1); ++i) {
-    zero3::UnitScope s = engine.forward_scope(unit(i, "forward"));
-    runner->layer_forward(static_cast<int64_t>(i) - 1, scope_params_act(*staging_, s));
-    s.close();
-  }
+  forward_layers(engine, *runner, call);
   double loss = 0;
   if (last) {
     LossOptions lo;

@@ -108,6 +108,7 @@ class PipelineStageModel : public zero3::PipelineModel {
   using RunnerKey = std::pair<int, int64_t>;  // (stage, micro-batch)
   std::unique_ptr<ModelRunner> take_runner(const zero3::PipelineStageInfo& stage);
   double evaluate(zero3::Engine& engine, const zero3::PipelineCall& call);
+  void forward_layers(zero3::Engine& engine, ModelRunner& runner, const zero3::PipelineCall& call);
   ModelRunner& start_micro_batch(const zero3::PipelineCall& call);
   ModelRunner& running(const zero3::PipelineCall& call, const char* what);
   void finish_micro_batch(const zero3::PipelineCall& call);
