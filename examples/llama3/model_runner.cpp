@@ -195,7 +195,8 @@ void ModelRunner::begin_batch(const int32_t* ids, const int32_t* targets, const 
 
   const int64_t layers = end_layer_ - first_layer_;
   ensure(resid_, (layers + 1) * n * hid, E);
-  const size_t n_caches = checkpointing ? std::min<size_t>(1, static_cast<size_t>(layers)) : static_cast<size_t>(layers);
+  const size_t n_caches =
+      checkpointing ? std::min<size_t>(1, static_cast<size_t>(layers)) : static_cast<size_t>(layers);
   while (caches_.size() > n_caches) {
     release(caches_.back());
     caches_.pop_back();

@@ -156,7 +156,7 @@ class ModelRunner {
   bool checkpointing_ = true;
   bool batch_ready_ = false;
   int64_t first_layer_ = 0, end_layer_ = 0;  // set_layer_range; end_layer_ = L unless set
-  bool loss_deferred_ = false;  // deferred loss sums wait in the backend's accumulator
+  bool loss_deferred_ = false;               // deferred loss sums wait in the backend's accumulator
   std::vector<int32_t> host_ids_, host_targets_;
   BatchShape rope_shape_{};
 

@@ -77,9 +77,10 @@ void PipelineStageModel::declare(zero3::Engine& engine, const zero3::PipelineSta
   }
   check_gradient_dtype(engine);
   if (stage.end_layer > layouts_.size() || stage.first_layer >= stage.end_layer) {
-    throw zero3::InvalidArgument("PipelineStageModel::declare: stage " + std::to_string(stage.stage) + " holds layers [" +
-                                 std::to_string(stage.first_layer) + ", " + std::to_string(stage.end_layer) +
-                                 "), the model has " + std::to_string(layouts_.size()));
+    throw zero3::InvalidArgument("PipelineStageModel::declare: stage " + std::to_string(stage.stage) +
+                                 " holds layers [" + std::to_string(stage.first_layer) + ", " +
+                                 std::to_string(stage.end_layer) + "), the model has " +
+                                 std::to_string(layouts_.size()));
   }
   // The weights file is opened and checked once, at the first stage this rank declares (every rank checks it
   // whole, so a bad file fails on every rank before the collective materialize()).
@@ -153,12 +154,12 @@ void PipelineStageModel::check_boundary(const zero3::TensorView& view, const cha
                                         const zero3::PipelineCall& call) const {
   const int64_t numel = shape_.tokens() * config_.hidden_size;
   if (view.data == nullptr || view.numel != numel || view.dtype != ops_->act()) {
-    throw zero3::InvalidArgument(
-        std::string("PipelineStageModel: stage ") + std::to_string(call.stage->stage) + ", micro-batch " +
-        std::to_string(call.micro_batch) + ": the " + what + " holds " + std::to_string(view.numel) + " " +
-        std::string(zero3::dtype_name(view.dtype)) + " elements" + (view.data == nullptr ? " (no buffer)" : "") +
-        ", expected " + std::to_string(numel) + " " + std::string(zero3::dtype_name(ops_->act())) +
-        " (micro-batch x seq x hidden)");
+    throw zero3::InvalidArgument(std::string("PipelineStageModel: stage ") + std::to_string(call.stage->stage) +
+                                 ", micro-batch " + std::to_string(call.micro_batch) + ": the " + what + " holds " +
+                                 std::to_string(view.numel) + " " + std::string(zero3::dtype_name(view.dtype)) +
+                                 " elements" + (view.data == nullptr ? " (no buffer)" : "") + ", expected " +
+                                 std::to_string(numel) + " " + std::string(zero3::dtype_name(ops_->act())) +
+                                 " (micro-batch x seq x hidden)");
   }
 }
 
@@ -282,8 +283,7 @@ double PipelineStageModel::evaluate(zero3::Engine& engine, const zero3::Pipeline
         count += count_targets(targets_.data(), static_cast<int64_t>(targets_.size()), config_.vocab_size);
       }
     }
-    eval_normalizer_ =
-        static_cast<double>(count) / (static_cast<double>(data_parallel_size_) * eval_per_evaluation_);
+    eval_normalizer_ = static_cast<double>(count) / (static_cast<double>(data_parallel_size_) * eval_per_evaluation_);
   }
   std::unique_ptr<ModelRunner> runner = take_runner(*call.stage);
   eval_data_->fill(call.data_index, engine.rank(), ids_.data(), targets_.data());

@@ -71,9 +71,9 @@ class PipelineStageModel : public zero3::PipelineModel {
   // ranks of a stage (the world over pipeline.stages); `pipeline_ranks`: pipeline.stages. options.time_phases,
   // activation_checkpointing, init_from and init_from_strict as EngineModel's. `data` must outlive the model.
   // Throws what check_pipeline_model and make_model_ops throw; IoError for a bad options.init_from.
-  PipelineStageModel(const ModelConfig& config, const BatchShape& shape, MicroBatchSource& data,
-                     int64_t micro_batches, int data_parallel_size, int pipeline_ranks, zero3::Device& device,
-                     zero3::DType compute, const EngineModelOptions& options = {});
+  PipelineStageModel(const ModelConfig& config, const BatchShape& shape, MicroBatchSource& data, int64_t micro_batches,
+                     int data_parallel_size, int pipeline_ranks, zero3::Device& device, zero3::DType compute,
+                     const EngineModelOptions& options = {});
   ~PipelineStageModel() override;
 
   // The dtype of the activations between stages (PipelineOptions::activation_dtype): the backend's (f32 on cpu,

@@ -21,9 +21,9 @@
 
 #include "data/dataset.hpp"
 #include "data/eval_batches.hpp"
+#include "data/micro_batches.hpp"
 #include "data/sampler.hpp"
 #include "data/tokenizer.hpp"
-#include "data/micro_batches.hpp"
 #include "engine_model.hpp"
 #include "metrics.hpp"
 #include "mfu.hpp"
@@ -215,25 +215,27 @@ void print_pipeline_plan(const zero3::Config& cfg, const ModelConfig& mc, const 
   const int V = static_cast<int>(cfg.zero3.pipeline_virtual_stages);
   const int64_t D = world / P, gas = *cfg.gradient_accumulation_steps, L = mc.num_hidden_layers;
   const zero3::pipeline::Schedule schedule = zero3::pipeline::make_schedule(
-      zero3::pipeline::parse_schedule(cfg.zero3.pipeline_schedule, "zero3.pipeline_schedule"), P,
-      static_cast<int>(gas), V);
+      zero3::pipeline::parse_schedule(cfg.zero3.pipeline_schedule, "zero3.pipeline_schedule"), P, static_cast<int>(gas),
+      V);
   std::vector<zero3::pipeline::LayerInfo> infos;
   for (const zero3::PipelineLayer& l : pipeline_layers(mc, shape)) infos.push_back({l.name, l.parameters});
   const std::vector<int> bounds = zero3::pipeline::partition_layers(infos, P * V, cfg.pipeline.partition);
   const std::vector<int64_t> in_flight = in_flight_per_rank(schedule);
   const zero3::ModelDesc whole = engine_model_desc(mc, "llama");
   const int64_t boundary = shape.tokens() * mc.hidden_size * act_bytes;
-  std::printf("\npipeline: %d stages x %lld data-parallel ranks (%s), schedule %s, %d virtual stage(s) per rank, "
-              "%lld micro-batches per step, bubble %.1f%%\n",
-              P, static_cast<long long>(D), cfg.zero3.pipeline_stage_order.c_str(), cfg.zero3.pipeline_schedule.c_str(),
-              V, static_cast<long long>(gas), 100.0 * zero3::pipeline::bubble_fraction(schedule));
+  std::printf(
+      "\npipeline: %d stages x %lld data-parallel ranks (%s), schedule %s, %d virtual stage(s) per rank, "
+      "%lld micro-batches per step, bubble %.1f%%\n",
+      P, static_cast<long long>(D), cfg.zero3.pipeline_stage_order.c_str(), cfg.zero3.pipeline_schedule.c_str(), V,
+      static_cast<long long>(gas), 100.0 * zero3::pipeline::bubble_fraction(schedule));
   std::printf("  partition (%s): %s\n", cfg.pipeline.partition.c_str(),
               zero3::pipeline::describe_partition(infos, bounds).c_str());
   std::printf("  boundary: %lld elements per micro-batch and direction (micro-batch x seq x hidden), %s\n",
               static_cast<long long>(shape.tokens() * mc.hidden_size), format_bytes(boundary).c_str());
-  std::printf("  per rank of each pipeline rank (ZeRO over its stage's %lld ranks; per micro-batch in flight a runner "
-              "over its largest stage's layers and the received activation):\n",
-              static_cast<long long>(D));
+  std::printf(
+      "  per rank of each pipeline rank (ZeRO over its stage's %lld ranks; per micro-batch in flight a runner "
+      "over its largest stage's layers and the received activation):\n",
+      static_cast<long long>(D));
   for (int p = 0; p < P; ++p) {
     zero3::ModelDesc desc;
     desc.name = "llama pipeline rank " + std::to_string(p);
@@ -253,12 +255,13 @@ void print_pipeline_plan(const zero3::Config& cfg, const ModelConfig& mc, const 
     po.ranks_per_node = std::min(per_node, D);
     po.activation_bytes = flight * (runner + boundary);
     const zero3::MemoryPlan plan = zero3::plan_memory(desc, cfg, po);
-    std::printf("    rank %d (stage%s %s: %zu units, %lld parameters): %lld micro-batch(es) in flight x %s, "
-                "device %s, host %s\n",
-                p, V > 1 ? "s" : "", stages.c_str(), desc.units.size(), static_cast<long long>(plan.total_params),
-                static_cast<long long>(flight), format_bytes(runner + boundary).c_str(),
-                format_bytes(plan.rank_bytes(zero3::MemoryTier::device)).c_str(),
-                format_bytes(plan.rank_bytes(zero3::MemoryTier::host)).c_str());
+    std::printf(
+        "    rank %d (stage%s %s: %zu units, %lld parameters): %lld micro-batch(es) in flight x %s, "
+        "device %s, host %s\n",
+        p, V > 1 ? "s" : "", stages.c_str(), desc.units.size(), static_cast<long long>(plan.total_params),
+        static_cast<long long>(flight), format_bytes(runner + boundary).c_str(),
+        format_bytes(plan.rank_bytes(zero3::MemoryTier::device)).c_str(),
+        format_bytes(plan.rank_bytes(zero3::MemoryTier::host)).c_str());
   }
 }
 
@@ -404,8 +407,8 @@ bool pipelined_run(const TrainOptions& o, const zero3::Config& cfg, const ModelC
   const int64_t stages = cfg.pipeline.stages.value_or(1);
   if (stages <= 1) return false;
   check_pipeline_model(mc, static_cast<int>(stages));
-  const char* unsupported = !o.save_dir.empty()       ? "--save-dir"
-                            : o.resume                ? "--resume"
+  const char* unsupported = !o.save_dir.empty()         ? "--save-dir"
+                            : o.resume                  ? "--resume"
                             : !o.consolidate_to.empty() ? "--consolidate-to"
                                                         : nullptr;
   if (unsupported != nullptr) {
@@ -552,8 +555,8 @@ int train(const TrainOptions& o, zero3::Config file_cfg, const ModelConfig& mc, 
     }
     zero3::PipelineOptions po;
     po.activation_dtype = stage_model->activation_dtype();
-    pipe = std::make_unique<zero3::PipelineEngine>(cfg, session.comm, device, pipeline_layers(mc, shape),
-                                                   *stage_model, po);
+    pipe = std::make_unique<zero3::PipelineEngine>(cfg, session.comm, device, pipeline_layers(mc, shape), *stage_model,
+                                                   po);
     if (rank == 0) {
       std::vector<zero3::pipeline::LayerInfo> infos;
       for (const zero3::PipelineLayer& l : pipe->layers()) infos.push_back({l.name, l.parameters});
@@ -851,9 +854,9 @@ int train(const TrainOptions& o, zero3::Config file_cfg, const ModelConfig& mc, 
                            : compute == zero3::DType::bf16 ? "bf16"
                                                            : "fp32";
     const auto t_save = Clock::now();
-    consolidated =
-        model->save_hf(o.consolidate_to, dt == "bf16" ? zero3::safetensors::Dtype::bf16 : zero3::safetensors::Dtype::f32,
-                      zero3::safetensors::parse_size(o.consolidate_max_shard), model_json);
+    consolidated = model->save_hf(o.consolidate_to,
+                                  dt == "bf16" ? zero3::safetensors::Dtype::bf16 : zero3::safetensors::Dtype::f32,
+                                  zero3::safetensors::parse_size(o.consolidate_max_shard), model_json);
     log::info_rank0("consolidated the final weights (", dt, ", ", format_bytes(static_cast<int64_t>(consolidated)),
                     ") into ", o.consolidate_to, " in ", fmt("%.2f", seconds_since(t_save)), " s");
   }

@@ -26,7 +26,7 @@ struct TrainOptions {
   std::string device = "auto";           // cpu | cuda | auto
   bool grad_checkpointing = true;
   std::optional<int64_t> pipeline_stages;  // pipeline.stages; unset: the config's (default 1, no pipeline)
-  std::string network = "auto";  // auto | efa | socket
+  std::string network = "auto";            // auto | efa | socket
   std::string save_dir;
   int64_t save_interval = 0;          // optimizer steps between checkpoints; 0: only at the end (with --save-dir)
   std::optional<std::string> resume;  // "latest" or a tag

@@ -39,7 +39,7 @@ class DistributedSampler {
   uint64_t seed_;
   bool shuffle_;
   State state_;
-  std::vector<int64_t> order_;  // of state_.epoch
+  std::vector<int64_t> order_;         // of state_.epoch
   mutable int64_t lookup_epoch_ = -1;  // index_at()'s epoch order
   mutable std::vector<int64_t> lookup_order_;
 };

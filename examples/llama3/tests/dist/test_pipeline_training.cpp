@@ -81,7 +81,7 @@ struct TrainingRun {
 
 // llama3_train's unpipelined loop on `comm` (D ranks).
 TrainingRun reference_run(const ModelConfig& mc, const PackedDataset& data, int zero_stage,
-                  const std::shared_ptr<zero3::Communicator>& comm) {
+                          const std::shared_ptr<zero3::Communicator>& comm) {
   zero3::Engine engine(zero3::testing::resolved_for(train_config(zero_stage), *comm), comm,
                        zero3::testing::cpu_device());
   EngineModel model(engine, mc);
@@ -97,9 +97,8 @@ TrainingRun reference_run(const ModelConfig& mc, const PackedDataset& data, int 
       for (int64_t t = 0; t < kSeq; ++t) ids[static_cast<size_t>(k * kSeq + t)] = static_cast<int32_t>(row[t]);
     }
     LossOptions lo;
-    lo.normalizer = step_loss_normalizer(engine, count_targets(targets.data(), static_cast<int64_t>(targets.size()),
-                                                               mc.vocab_size),
-                                         kGas);
+    lo.normalizer = step_loss_normalizer(
+        engine, count_targets(targets.data(), static_cast<int64_t>(targets.size()), mc.vocab_size), kGas);
     double loss_sum = 0;
     zero3::StepResult r;
     for (int64_t k = 0; k < kGas; ++k) {
@@ -120,7 +119,8 @@ TrainingRun reference_run(const ModelConfig& mc, const PackedDataset& data, int 
 }
 
 TrainingRun pipelined_run(const ModelConfig& mc, const PackedDataset& data, int zero_stage, int stages,
-                  const std::string& schedule, int virtual_stages, const std::shared_ptr<zero3::Communicator>& world) {
+                          const std::string& schedule, int virtual_stages,
+                          const std::shared_ptr<zero3::Communicator>& world) {
   zero3::Config c = train_config(zero_stage);
   c.pipeline.stages = stages;
   c.zero3.pipeline_schedule = schedule;
@@ -210,9 +210,10 @@ TEST_P(PipelinedLlama, EqualsTheUnpipelinedRun) {
     max_weight = std::max(max_weight, worst / rms);
   }
   EXPECT_GT(compared, 0u) << "rank " << rank << " holds no layer";
-  std::printf("rank %d, %d ranks, %d stages x %d, %s, ZeRO-%d: max loss diff %.3g, max grad norm diff %.3g, max "
-              "weight diff %.3g (relative to the unit's RMS) over %zu units\n",
-              rank, W, k.stages, D, k.schedule, k.zero_stage, max_loss, max_norm, max_weight, compared);
+  std::printf(
+      "rank %d, %d ranks, %d stages x %d, %s, ZeRO-%d: max loss diff %.3g, max grad norm diff %.3g, max "
+      "weight diff %.3g (relative to the unit's RMS) over %zu units\n",
+      rank, W, k.stages, D, k.schedule, k.zero_stage, max_loss, max_norm, max_weight, compared);
 }
 
 INSTANTIATE_TEST_SUITE_P(Schedules, PipelinedLlama,
