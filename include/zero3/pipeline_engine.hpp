@@ -84,6 +84,10 @@ struct PipelineStageInfo {
   size_t end_layer = 0;
   int64_t input_numel = 0;   // elements of the activation it receives per micro-batch (0 on the first stage)
   int64_t output_numel = 0;  // elements it sends on (0 on the last stage)
+  // pipeline.activation_checkpoint_interval: checkpoint every this many of the stage's layers (0: none). The
+  // program's forward and backward apply it (recompute in backward), as DeepSpeed's PipelineModule does inside
+  // the layers it runs; the pipeline engine only passes it on.
+  int64_t activation_checkpoint_interval = 0;
   bool is_first() const { return stage == 0; }
   bool is_last() const { return stage == stages - 1; }
 };

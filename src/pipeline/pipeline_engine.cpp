@@ -310,6 +310,7 @@ PipelineEngine::PipelineEngine(const Config& config, std::shared_ptr<Communicato
     info.end_layer = static_cast<size_t>(p.bounds[s + 1]);
     info.input_numel = s > 0 ? p.layers[info.first_layer - 1].output_numel : 0;
     info.output_numel = s + 1 < total ? p.layers[info.end_layer - 1].output_numel : 0;
+    info.activation_checkpoint_interval = config.pipeline.activation_checkpoint_interval;
     p.stages.push_back(info);
   }
   PipelineStageBinding binding;

@@ -154,7 +154,7 @@ EngineImpl::EngineImpl(const Config& config, std::shared_ptr<Communicator> comm,
     guard_ = guard.get();
     comm_ = std::move(guard);
   }
-  defer_agreement_ = gather_stream_ != nullptr && world_ > 1;
+  defer_agreement_ = world_ > 1;
   reset_events();
   // With streams, a task only enqueues its collective, so tasks run inline: overlap comes from the streams.
   queue_ = std::make_unique<CommQueue>(overlap_ && gather_stream_ == nullptr);
