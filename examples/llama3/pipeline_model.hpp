@@ -27,6 +27,10 @@
 // step), with no communication. So the mean of the micro-batch losses that PipelineEngine reports is the mean over
 // every target of the global batch, and the gradients are the unpipelined run's up to round-off.
 //
+// Activation checkpointing: EngineModelOptions::activation_checkpointing, or every layer when the config's
+// pipeline.activation_checkpoint_interval is 1 (PipelineStageInfo); an interval above 1 is a ConfigError (the
+// runner recomputes every layer or none).
+//
 // Tied embeddings (tie_word_embeddings) need the embedding and the head on one stage engine (the head's scope
 // opens the embedding's inside it, as EngineModel does): with pipeline.stages above 1 they are on different ranks,
 // which is refused (zero3::ConfigError) before anything is declared.

@@ -7,8 +7,8 @@
 # Bound: every step's loss and gradient norm, and the evaluation loss after the last step (--eval-data: 5 micro-batches
 # per data-parallel rank, padded to whole pipeline batches when pipelined), within 1e-5 relative (the CSV's 9
 # significant digits), the worst printed.
-# Then what the program refuses, each by name: tied embeddings across stages, --save-dir, and a stage count that does
-# not divide the ranks; and --dry-run's partition and per-stage memory.
+# Then what the program refuses, each by name: tied embeddings across stages, --save-dir, a stage count that does not
+# divide the ranks and an activation checkpoint interval above 1; and --dry-run's partition and per-stage memory.
 # usage: pipeline_ci.sh ZERO3_CLI LLAMA3_TRAIN REPO_ROOT WORK_DIR
 set -euo pipefail
 zero3=$1 train=$2 root=$3 work=$4
@@ -124,6 +124,10 @@ refuse tied "tie_word_embeddings with pipeline stages > 1" 2 --deepspeed "$work/
 refuse save_dir "--save-dir with 2 pipeline stages" 2 --deepspeed "$work/z3_1f1b.json" --pipeline-stages 2 \
   --save-dir "$work/ckpt"
 refuse indivisible "pipeline.stages" 3 --deepspeed "$work/z3_1f1b.json" --pipeline-stages 2
+sed 's/"steps_per_print": 1/"steps_per_print": 1, "pipeline": { "activation_checkpoint_interval": 2 }/' \
+  "$work/z3_1f1b.json" > "$work/interval2.json"
+refuse checkpoint_interval "pipeline.activation_checkpoint_interval: 2" 2 --deepspeed "$work/interval2.json" \
+  --pipeline-stages 2
 
 # --dry-run: the partition and one memory line per pipeline rank.
 if ! "$train" "${ARGS[@]}" --deepspeed "$work/z3_1f1b.json" --pipeline-stages 2 --dry-run --world-size 4 \
