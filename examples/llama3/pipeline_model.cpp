@@ -79,11 +79,11 @@ void PipelineStageModel::declare(zero3::Engine& engine, const zero3::PipelineSta
   // pipeline.activation_checkpoint_interval: the runner recomputes every layer (1) or none; 0 leaves it to the
   // program's option (llama3_train's --grad-checkpointing).
   if (stage.activation_checkpoint_interval > 1) {
-    throw zero3::ConfigError("pipeline.activation_checkpoint_interval: " +
-                             std::to_string(stage.activation_checkpoint_interval) +
-                             ": the Llama-3 model checkpoints every layer (1) or follows its own option (0: "
-                             "--grad-checkpointing), not every " +
-                             std::to_string(stage.activation_checkpoint_interval) + " layers");
+    throw zero3::ConfigError(
+        "pipeline.activation_checkpoint_interval: " + std::to_string(stage.activation_checkpoint_interval) +
+        ": the Llama-3 model checkpoints every layer (1) or follows its own option (0: "
+        "--grad-checkpointing), not every " +
+        std::to_string(stage.activation_checkpoint_interval) + " layers");
   }
   if (stage.activation_checkpoint_interval == 1) checkpointing_ = true;
   if (stage.end_layer > layouts_.size() || stage.first_layer >= stage.end_layer) {
