@@ -446,6 +446,8 @@ int train(const TrainOptions& o, zero3::Config file_cfg, const ModelConfig& mc, 
   // The data-parallel ranks: each stage's with pipeline stages, else all. Each takes its own share of the data.
   const int stages = static_cast<int>(cfg.pipeline.stages.value_or(1));
   const int data_world = world / stages;
+  // Pipelined, pipeline.activation_checkpoint_interval 1 turns it on too (PipelineStageModel).
+  const bool checkpointing = o.grad_checkpointing || (pipelined && cfg.pipeline.activation_checkpoint_interval == 1);
   const zero3::DType compute = cfg.compute_dtype();
   const std::string hardware = gpu_product_name(device);
   const std::optional<double> peak_flops = gpu ? peak_bf16_flops(hardware) : std::nullopt;
@@ -482,7 +484,7 @@ int train(const TrainOptions& o, zero3::Config file_cfg, const ModelConfig& mc, 
           "in fp32 on the widened weights (no 16-bit arithmetic on CPU)";
     }
     std::printf("  precision  %s\n", precision.c_str());
-    std::printf("  checkpointing (activations) %s\n", o.grad_checkpointing ? "on" : "off");
+    std::printf("  checkpointing (activations) %s\n", checkpointing ? "on" : "off");
     zero3::Config shown = cfg;
     shown.steps_per_print = steps_per_print;  // the program's line, not the engine's
     std::printf("  resolved DeepSpeed config (%s):\n%s\n", o.deepspeed.c_str(), zero3::to_json(shown).c_str());
@@ -534,7 +536,7 @@ int train(const TrainOptions& o, zero3::Config file_cfg, const ModelConfig& mc, 
 
   // The model on the engine.
   EngineModelOptions mo;
-  mo.activation_checkpointing = o.grad_checkpointing;
+  mo.activation_checkpointing = checkpointing;
   mo.init_from = o.init_from;
   mo.init_from_strict = o.init_from_strict;
   mo.time_phases = cfg.wall_clock_breakdown;
