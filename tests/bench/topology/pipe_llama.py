@@ -192,11 +192,11 @@ def main():
     forward_time, started = [0.0], {}
     for s in mine:
         module = StageModule(model, bounds[s], bounds[s + 1], cos, sin)
-        if D > 1 and args.dp == "fsdp2":
+        if args.dp == "fsdp2":  # also over one rank: its mixed precision is the bf16 weights' arithmetic
             for unit in module.units():
                 fully_shard(unit, mesh=mesh["dp"], mp_policy=mp)
             fully_shard(module, mesh=mesh["dp"], mp_policy=mp)
-        elif D > 1:
+        else:
             module = nn.parallel.DistributedDataParallel(module, process_group=mesh["dp"].get_group())
         module.register_forward_pre_hook(lambda m, a: started.__setitem__(m, time.perf_counter()))
         module.register_forward_hook(
@@ -250,7 +250,7 @@ def main():
         losses.append(loss.item())
 
     timed = times[args.warmup:]
-    dp_name = {"fsdp2": "FSDP2", "ddp": "DDP"}[args.dp] if D > 1 else "no data parallelism"
+    dp_name = {"fsdp2": "FSDP2", "ddp": "DDP"}[args.dp]
     result = {
         "framework": f"torch {torch.__version__} pipelining ({type(schedule).__name__}, {P} stages"
                      f"{f' x {V} virtual' if V > 1 else ''}) + {dp_name} inside the stages, gloo",
