@@ -325,6 +325,9 @@ struct PipelineStageBinding {
   std::shared_ptr<Communicator> pipeline_group;
   // The micro-batches of one step (the config's gradient_accumulation_steps): gradients are averaged over them.
   int64_t micro_batches = 1;
+  // How many of the stage's data-parallel ranks share a node (consecutive in the group's order), for the layouts
+  // over nodes (MiCS, hpZ); 0: the launcher's variables decide, as for any engine.
+  int ranks_per_node = 0;
 };
 
 class Engine {

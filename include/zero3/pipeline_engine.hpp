@@ -93,6 +93,7 @@ struct PipelineCall {
   const PipelineStageInfo* stage = nullptr;
   int64_t micro_batch = 0;  // 0 .. micro_batches - 1 within this optimizer step
   int64_t data_index = 0;   // optimizer steps so far x micro_batches + micro_batch: which micro-batch of data
+  bool training = true;     // false in eval_batch(): no backward follows this forward (keep nothing for it)
   TensorView input;         // the activation from the previous stage (not on the first stage); kept until backward
   TensorView output;        // forward: write the stage's output here (not on the last stage)
   TensorView grad_output;   // backward: d loss / d output (not on the last stage)

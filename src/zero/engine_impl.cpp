@@ -38,6 +38,7 @@ EngineImpl::EngineImpl(const Config& config, std::shared_ptr<Communicator> comm,
   rank_ = comm_->rank();
   world_ = comm_->size();
   require_resolved(config_, world_, pipeline_group_ != nullptr);
+  stage_ranks_per_node_ = stage.ranks_per_node;
   const ZeroConfig& z = config_.zero;
   ZERO3_REQUIRE(z.stage >= 0 && z.stage <= 3, ConfigError, "zero_optimization.stage: ", z.stage,
                 " is not a ZeRO stage (0, 1, 2 or 3)");

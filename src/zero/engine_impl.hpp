@@ -165,6 +165,7 @@ class EngineImpl {
   int64_t grad_divisor_ = 1;
   // A pipeline stage's pipeline group: the gradient statistics are summed over it (read_boundary).
   std::shared_ptr<Communicator> pipeline_group_;
+  int stage_ranks_per_node_ = 0;  // PipelineStageBinding::ranks_per_node
   bool overlap_ = false;
   int64_t reduce_bucket_numel_ = 0;
   SchedulePolicy schedule_policy_;

@@ -373,7 +373,9 @@ StepResult EngineImpl::step() {
       return result;
     }
     result.boundary = true;
-    if (!window_backward_) {
+    // A pipeline stage always steps: the other stages' statistics wait for its own (a stage without backward scopes
+    // adds zeros, and its units are stepped with zero gradients, as below for a unit without a backward scope).
+    if (!window_backward_ && !pipeline_group_) {
       read_boundary(false);  // the window's deferred agreement
       // No backward scope since the last boundary, on any rank (the ranks' scopes were just compared): nothing
       // to apply. Like PyTorch's optimizers with no gradients: no update, no weight decay, no Adam step, and the
