@@ -51,6 +51,52 @@ void warn_about_unknown_tensors(const st::ShardedSafetensorsReader& weights, con
 // ---------------------------------------------------------------------------------------------------------
 // Declaration
 
+void check_gradient_dtype(zero3::Engine& engine) {
+  if (engine.device().type() == zero3::DeviceType::cuda && engine.grad_dtype() == zero3::DType::f16) {
+    throw zero3::Unsupported("the Llama-3 model on " + engine.device().name() +
+                             " does not support data_types.grad_accum_dtype fp16 (the CUDA kernels convert f32 "
+                             "gradients to bf16 only; use fp32 or bf16)");
+  }
+}
+
+std::shared_ptr<const st::ShardedSafetensorsReader> open_init_weights(const ModelConfig& config,
+                                                                      const EngineModelOptions& options) {
+  if (options.init_from.empty()) return nullptr;
+  const std::vector<UnitLayout> layouts = model_unit_layouts(config);
+  auto weights = std::make_shared<const st::ShardedSafetensorsReader>(options.init_from);
+  // Every tensor is checked before anything is declared, so a wrong file fails on every rank at once,
+  // before the collective materialize().
+  for (const UnitLayout& u : layouts) {
+    for (const ParamSpec& p : u.params) {
+      const st::TensorInfo* info = weights->find(p.name);
+      if (info == nullptr) throw missing_tensor_error(weights->source().string(), p, u.name);
+      if (info->shape != p.shape) {
+        throw zero3::IoError(weights->source().string() + ": tensor '" + p.name + "' has shape " +
+                             st::shape_string(info->shape) + ", the model (" + describe(config) + ") expects " +
+                             st::shape_string(p.shape));
+      }
+    }
+  }
+  if (config.tie_word_embeddings && weights->find("lm_head.weight") != nullptr) {
+    zero3::log::info_rank0(weights->source().string(),
+                           ": lm_head.weight is not read: the embeddings are tied (tie_word_embeddings), so the "
+                           "LM head is model.embed_tokens.weight, as in transformers");
+  }
+  warn_about_unknown_tensors(*weights, layouts, config, options.init_from_strict);
+  return weights;
+}
+
+zero3::UnitId declare_unit(zero3::Engine& engine, const UnitLayout& layout,
+                           const std::shared_ptr<const st::ShardedSafetensorsReader>& weights) {
+  std::vector<zero3::ParamSpec> specs;
+  for (const ParamSpec& p : layout.params) {
+    zero3::ParamInit init =
+        weights ? zero3::ParamInit::from_reader(st::make_f32_reader(weights, p.name, p.numel)) : engine_init(p);
+    specs.emplace_back(p.name, p.shape, std::move(init));
+  }
+  return engine.add_unit(layout.name, specs);
+}
+
 EngineModel::EngineModel(zero3::Engine& engine, const ModelConfig& config, const EngineModelOptions& options)
     : engine_(engine),
       config_(config),
@@ -59,70 +105,47 @@ EngineModel::EngineModel(zero3::Engine& engine, const ModelConfig& config, const
       checkpointing_(options.activation_checkpointing) {
   // The backend first: a device or dtype it lacks fails before anything is declared.
   ops_ = make_model_ops(engine_.device(), engine_.compute_dtype());
-  if (engine_.device().type() == zero3::DeviceType::cuda && engine_.grad_dtype() == zero3::DType::f16) {
-    throw zero3::Unsupported("the Llama-3 model on " + engine_.device().name() +
-                             " does not support data_types.grad_accum_dtype fp16 (the CUDA kernels convert f32 "
-                             "gradients to bf16 only; use fp32 or bf16)");
-  }
-  std::shared_ptr<const st::ShardedSafetensorsReader> weights;
-  if (!options.init_from.empty()) {
-    weights = std::make_shared<const st::ShardedSafetensorsReader>(options.init_from);
-    // Every tensor is checked before anything is declared, so a wrong file fails on every rank at once,
-    // before the collective materialize().
-    for (const UnitLayout& u : layouts_) {
-      for (const ParamSpec& p : u.params) {
-        const st::TensorInfo* info = weights->find(p.name);
-        if (info == nullptr) throw missing_tensor_error(weights->source().string(), p, u.name);
-        if (info->shape != p.shape) {
-          throw zero3::IoError(weights->source().string() + ": tensor '" + p.name + "' has shape " +
-                               st::shape_string(info->shape) + ", the model (" + describe(config_) + ") expects " +
-                               st::shape_string(p.shape));
-        }
-      }
-    }
-    if (config_.tie_word_embeddings && weights->find("lm_head.weight") != nullptr) {
-      zero3::log::info_rank0(weights->source().string(),
-                             ": lm_head.weight is not read: the embeddings are tied (tie_word_embeddings), so the "
-                             "LM head is model.embed_tokens.weight, as in transformers");
-    }
-    warn_about_unknown_tensors(*weights, layouts_, config_, options.init_from_strict);
-  }
-  for (const UnitLayout& u : layouts_) {
-    std::vector<zero3::ParamSpec> specs;
-    for (const ParamSpec& p : u.params) {
-      zero3::ParamInit init =
-          weights ? zero3::ParamInit::from_reader(st::make_f32_reader(weights, p.name, p.numel)) : engine_init(p);
-      specs.emplace_back(p.name, p.shape, std::move(init));
-    }
-    units_.push_back(engine_.add_unit(u.name, specs));
-  }
+  check_gradient_dtype(engine_);
+  const std::shared_ptr<const st::ShardedSafetensorsReader> weights = open_init_weights(config_, options);
+  for (const UnitLayout& u : layouts_) units_.push_back(declare_unit(engine_, u, weights));
   runner_ = std::make_unique<ModelRunner>(config_, *ops_);
 }
 
 // ---------------------------------------------------------------------------------------------------------
 // Scopes and dtype staging
 
-const void* EngineModel::params_act(const zero3::UnitScope& scope, int slot) {
+const void* scope_params_act(ModelRunner& staging, const zero3::UnitScope& scope, int slot) {
   const zero3::TensorView v = scope.flat_params();
-  if (v.dtype == ops_->act()) return v.data;
-  void* staging = runner_->param_staging(v.numel, slot);
-  ops_->convert(v.data, v.dtype, staging, ops_->act(), v.numel);
-  return staging;
+  ModelOps& ops = staging.ops();
+  if (v.dtype == ops.act()) return v.data;
+  void* buf = staging.param_staging(v.numel, slot);
+  ops.convert(v.data, v.dtype, buf, ops.act(), v.numel);
+  return buf;
+}
+
+float* scope_grads_f32(ModelRunner& staging, const zero3::UnitScope& scope, int slot) {
+  const zero3::TensorView g = scope.flat_grads();
+  if (g.dtype == zero3::DType::f32) return g.as<float>();  // zeroed by the engine when the scope opened
+  float* buf = staging.grad_staging(g.numel, slot);
+  staging.ops().zero(buf, static_cast<size_t>(g.numel) * sizeof(float));
+  return buf;
+}
+
+void commit_scope_grads(ModelRunner& staging, const zero3::UnitScope& scope, int slot) {
+  const zero3::TensorView g = scope.flat_grads();
+  if (g.dtype == zero3::DType::f32) return;
+  staging.ops().convert(staging.grad_staging(g.numel, slot), zero3::DType::f32, g.data, g.dtype, g.numel);
+}
+
+const void* EngineModel::params_act(const zero3::UnitScope& scope, int slot) {
+  return scope_params_act(*runner_, scope, slot);
 }
 
 float* EngineModel::grads_f32(const zero3::UnitScope& scope, int slot) {
-  const zero3::TensorView g = scope.flat_grads();
-  if (g.dtype == zero3::DType::f32) return g.as<float>();  // zeroed by the engine when the scope opened
-  float* staging = runner_->grad_staging(g.numel, slot);
-  ops_->zero(staging, static_cast<size_t>(g.numel) * sizeof(float));
-  return staging;
+  return scope_grads_f32(*runner_, scope, slot);
 }
 
-void EngineModel::commit_grads(const zero3::UnitScope& scope, int slot) {
-  const zero3::TensorView g = scope.flat_grads();
-  if (g.dtype == zero3::DType::f32) return;
-  ops_->convert(runner_->grad_staging(g.numel, slot), zero3::DType::f32, g.data, g.dtype, g.numel);
-}
+void EngineModel::commit_grads(const zero3::UnitScope& scope, int slot) { commit_scope_grads(*runner_, scope, slot); }
 
 // ---------------------------------------------------------------------------------------------------------
 // One micro-batch

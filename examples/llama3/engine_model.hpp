@@ -153,6 +153,25 @@ class EngineModel {
   PhaseTimes times_;
 };
 
+// What EngineModel's constructor does before it declares its units, for a program that declares them itself (a
+// pipeline stage declares its own layers: pipeline_model.hpp).
+// zero3::Unsupported for gradients the backend of `engine`'s device cannot accumulate (fp16 on cuda).
+void check_gradient_dtype(zero3::Engine& engine);
+// options.init_from opened and checked against every parameter of the model (missing tensors and wrong shapes are
+// zero3::IoError; unknown tensors a warning, or with init_from_strict an error); null when init_from is empty.
+std::shared_ptr<const zero3::safetensors::ShardedSafetensorsReader> open_init_weights(
+    const ModelConfig& config, const EngineModelOptions& options);
+// Declares `layout` as a unit of `engine`: its values read from `weights`, or (null) the config's initializers.
+zero3::UnitId declare_unit(zero3::Engine& engine, const UnitLayout& layout,
+                           const std::shared_ptr<const zero3::safetensors::ShardedSafetensorsReader>& weights);
+
+// An open scope's parameters in the backend's act dtype, and its f32 gradient buffer (zeroed), through `staging`'s
+// slot `slot` when the engine's dtypes differ; commit_scope_grads rounds the staged gradients into the engine's
+// buffer (before the scope closes).
+const void* scope_params_act(ModelRunner& staging, const zero3::UnitScope& scope, int slot = 0);
+float* scope_grads_f32(ModelRunner& staging, const zero3::UnitScope& scope, int slot = 0);
+void commit_scope_grads(ModelRunner& staging, const zero3::UnitScope& scope, int slot = 0);
+
 // The LossOptions::normalizer that turns the engine's average over ranks and micro-batches into the mean over
 // every non-ignored target of the optimizer step: (targets of the step on all ranks) / (world x micro-batches).
 // Collective (an all-reduce of the counts through Engine::all_reduce_host, in the engine's order of collectives;

@@ -23,7 +23,8 @@ RunnerBufferSizes runner_buffer_sizes(const ModelConfig& c, const BatchShape& s,
   return zero3::llama_runner_buffers(llama_dims(c), s.batch, s.seq, checkpointing, act_bytes);
 }
 
-ModelRunner::ModelRunner(const ModelConfig& config, ModelOps& ops) : config_(config), ops_(ops) {
+ModelRunner::ModelRunner(const ModelConfig& config, ModelOps& ops)
+    : config_(config), ops_(ops), end_layer_(config.num_hidden_layers) {
   const UnitLayout layer = layer_unit_layout(config_, 0);
   for (int p = 0; p < kLayerParamCount; ++p) offsets_[p] = layer.params[static_cast<size_t>(p)].offset;
   if (!config_.tie_word_embeddings) head_lm_offset_ = head_unit_layout(config_).param("lm_head.weight").offset;
@@ -85,19 +86,31 @@ const char* ModelRunner::act_at(const void* base, int64_t elements) const {
 }
 
 void* ModelRunner::layer_input(int64_t i) const {
-  return act_at(resid_.ptr, i * shape_.tokens() * config_.hidden_size);
+  return act_at(resid_.ptr, (i - first_layer_) * shape_.tokens() * config_.hidden_size);
 }
 
 ModelRunner::Cache& ModelRunner::cache_of(int64_t layer) {
-  return caches_[checkpointing_ ? 0 : static_cast<size_t>(layer)];
+  return caches_[checkpointing_ ? 0 : static_cast<size_t>(layer - first_layer_)];
 }
 
 void ModelRunner::check_layer(int64_t layer, const char* what) const {
   if (!batch_ready_) throw zero3::InvalidArgument(std::string("ModelRunner::") + what + ": no begin_batch yet");
-  if (layer < 0 || layer >= config_.num_hidden_layers) {
+  if (layer < first_layer_ || layer >= end_layer_) {
     throw zero3::InvalidArgument(std::string("ModelRunner::") + what + ": layer " + std::to_string(layer) +
-                                 " outside [0, " + std::to_string(config_.num_hidden_layers) + ")");
+                                 " outside the runner's layers [" + std::to_string(first_layer_) + ", " +
+                                 std::to_string(end_layer_) + ")");
   }
+}
+
+void ModelRunner::set_layer_range(int64_t first, int64_t end) {
+  if (first < 0 || end < first || end > config_.num_hidden_layers) {
+    throw zero3::InvalidArgument("ModelRunner::set_layer_range: [" + std::to_string(first) + ", " +
+                                 std::to_string(end) + ") is not a range of the model's " +
+                                 std::to_string(config_.num_hidden_layers) + " layers");
+  }
+  first_layer_ = first;
+  end_layer_ = end;
+  batch_ready_ = false;  // the next begin_batch sizes the buffers for the range
 }
 
 namespace {
@@ -118,6 +131,39 @@ float* ModelRunner::grad_staging(int64_t numel, int slot) {
   return static_cast<float*>(ensure(grad_staging_[check_slot(slot, "grad_staging")], numel, sizeof(float)));
 }
 
+void ModelRunner::load_layer_input(int64_t i, const void* src) {
+  check_boundary(i, "load_layer_input");
+  ops_.copy(layer_input(i), src, boundary_bytes());
+}
+
+void ModelRunner::store_layer_input(int64_t i, void* dst) {
+  check_boundary(i, "store_layer_input");
+  ops_.copy(dst, layer_input(i), boundary_bytes());
+}
+
+void ModelRunner::load_grad(const void* src) {
+  check_boundary(0, "load_grad");
+  ops_.copy(dx_.ptr, src, boundary_bytes());
+}
+
+void ModelRunner::store_grad(void* dst) {
+  check_boundary(0, "store_grad");
+  ops_.copy(dst, dx_.ptr, boundary_bytes());
+}
+
+void ModelRunner::check_boundary(int64_t i, const char* what) const {
+  if (!batch_ready_) throw zero3::InvalidArgument(std::string("ModelRunner::") + what + ": no begin_batch yet");
+  if (i < first_layer_ || i > end_layer_) {
+    throw zero3::InvalidArgument(std::string("ModelRunner::") + what + ": layer input " + std::to_string(i) +
+                                 " outside the runner's [" + std::to_string(first_layer_) + ", " +
+                                 std::to_string(end_layer_) + "]");
+  }
+}
+
+size_t ModelRunner::boundary_bytes() const {
+  return static_cast<size_t>(shape_.tokens() * config_.hidden_size) * ops_.act_size();
+}
+
 // ---------------------------------------------------------------------------------------------------------
 // The batch
 
@@ -127,7 +173,7 @@ void ModelRunner::begin_batch(const int32_t* ids, const int32_t* targets, const 
     throw zero3::InvalidArgument("ModelRunner::begin_batch: batch " + std::to_string(shape.batch) + " and seq " +
                                  std::to_string(shape.seq) + " must both be > 0");
   }
-  const int64_t n = shape.tokens(), hid = config_.hidden_size, L = config_.num_hidden_layers;
+  const int64_t n = shape.tokens(), hid = config_.hidden_size;
   const int64_t E = static_cast<int64_t>(ops_.act_size());
   check_token_ids(ids, n, config_.vocab_size, "input_ids");
   count_targets(targets, n, config_.vocab_size);  // throws for a target outside the vocabulary
@@ -147,8 +193,9 @@ void ModelRunner::begin_batch(const int32_t* ids, const int32_t* targets, const 
     rope_shape_ = shape;
   }
 
-  ensure(resid_, (L + 1) * n * hid, E);
-  const size_t n_caches = checkpointing ? 1 : static_cast<size_t>(L);
+  const int64_t layers = end_layer_ - first_layer_;
+  ensure(resid_, (layers + 1) * n * hid, E);
+  const size_t n_caches = checkpointing ? std::min<size_t>(1, static_cast<size_t>(layers)) : static_cast<size_t>(layers);
   while (caches_.size() > n_caches) {
     release(caches_.back());
     caches_.pop_back();
@@ -182,14 +229,23 @@ void ModelRunner::linear_backward(const void* x, int64_t ldx, const void* w, con
   if (dw != nullptr) ops_.gemm(true, false, out, in, n, 1.0f, dy, lddy, x, ldx, 1.0f, dw, in, zero3::DType::f32);
 }
 
+void ModelRunner::check_ends(bool embedding, const char* what) const {
+  if (!batch_ready_) throw zero3::InvalidArgument(std::string("ModelRunner::") + what + ": no begin_batch yet");
+  if (embedding ? first_layer_ != 0 : end_layer_ != config_.num_hidden_layers) {
+    throw zero3::InvalidArgument(std::string("ModelRunner::") + what + ": the runner's layers [" +
+                                 std::to_string(first_layer_) + ", " + std::to_string(end_layer_) + ") do not " +
+                                 (embedding ? "start at the embedding's output" : "end at the head's input"));
+  }
+}
+
 void ModelRunner::embed_forward(const void* w) {
-  if (!batch_ready_) throw zero3::InvalidArgument("ModelRunner::embed_forward: no begin_batch yet");
+  check_ends(true, "embed_forward");
   ops_.embedding_forward(static_cast<const int32_t*>(ids_.ptr), shape_.tokens(), w, config_.vocab_size,
                          config_.hidden_size, layer_input(0));
 }
 
 void ModelRunner::embed_backward(float* g) {
-  if (!batch_ready_) throw zero3::InvalidArgument("ModelRunner::embed_backward: no begin_batch yet");
+  check_ends(true, "embed_backward");
   ops_.embedding_backward(static_cast<const int32_t*>(ids_.ptr), host_ids_.data(), shape_.tokens(), dx_.ptr,
                           config_.vocab_size, config_.hidden_size, g);
 }
@@ -307,7 +363,7 @@ LossResult ModelRunner::head_forward_loss(const void* w, const LossOptions& opt,
 
 LossResult ModelRunner::head(const void* w, float* g, const void* embed_w, float* embed_g, const LossOptions& opt,
                              const char* what) {
-  if (!batch_ready_) throw zero3::InvalidArgument(std::string("ModelRunner::") + what + ": no begin_batch yet");
+  check_ends(false, what);
   const bool tied = config_.tie_word_embeddings;
   const bool valid =
       tied ? embed_w != nullptr && (g == nullptr) == (embed_g == nullptr) : embed_w == nullptr && embed_g == nullptr;

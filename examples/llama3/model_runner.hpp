@@ -13,6 +13,8 @@
 //                                                      head being the embedding unit's weight
 //   layer_backward(i, w, g)              i = L-1..0    recomputes layer i's forward first with checkpointing
 //   embed_backward(g)
+// A pipeline stage runs a contiguous part of this: load_layer_input / store_layer_input where it starts and ends,
+// load_grad / store_grad for the gradient of those boundaries.
 // Parameters `w`: a unit's flat buffer (llama_layout.hpp) in ops.act(), backend memory. Gradients `g`: the
 // unit's flat f32 gradient buffer in backend memory, accumulated (+=). On the cuda backend every call
 // queues work and returns (head_forward_backward waits for its loss unless the loss is deferred); the buffers may
@@ -25,7 +27,8 @@
 // deferred while deferred sums wait is zero3::InvalidArgument (its sum would mix with theirs).
 //
 // Buffers (backend memory, act unless noted; grown to the largest shape seen, kept across micro-batches):
-//   layer inputs   (L+1) x (tokens, hidden)            the residual stream between units
+//   layer inputs   (L+1) x (tokens, hidden)            the residual stream between units (a layer range's own:
+//                                                      end - first + 1)
 //   caches         1 (checkpointing) or L x            rstd1 f32 (tokens) | qkv (tokens, q+k+v) | lse f32
 //                                                       (batch, heads, seq) | attn (tokens, q) | h (tokens,
 //                                                       hidden) | rstd2 f32 | gu (tokens, 2*inter)
@@ -68,6 +71,12 @@ class ModelRunner {
   const ModelConfig& config() const { return config_; }
   ModelOps& ops() const { return ops_; }
 
+  // A pipeline stage's runner runs transformer layers [first, end) only: its residual buffer holds their inputs and
+  // the last one's output (end - first + 1 of them, layer_input(first) .. layer_input(end)), its caches are theirs;
+  // the embedding needs first = 0, the head end = L. Default: every layer. Takes effect at the next begin_batch.
+  // zero3::InvalidArgument for a range outside [0, L].
+  void set_layer_range(int64_t first, int64_t end);
+
   // ids, targets (batch, seq) on the host (targets already shifted, kIgnoreIndex skips); positions are
   // 0..seq-1 in every sequence. Checks the ids and targets, copies them (the host arrays may change after),
   // and sizes the buffers. Every cache is invalid after it.
@@ -86,6 +95,14 @@ class ModelRunner {
   double take_loss_sum();
   void layer_backward(int64_t layer, const void* w, float* g);
   void embed_backward(float* g);
+
+  // A pipeline stage's boundaries (pipeline_model.hpp), after begin_batch; (tokens, hidden) act elements in backend
+  // memory. The residual stream entering layer i (i = 0: the embedding's output; i = L: the head's input), and the
+  // gradient flowing backward (what layer_backward reads and leaves, embed_backward reads and the head leaves).
+  void load_layer_input(int64_t i, const void* src);
+  void store_layer_input(int64_t i, void* dst);
+  void load_grad(const void* src);
+  void store_grad(void* dst);
 
   // Scratch of a whole unit for dtype staging: `numel` act elements / f32 elements (kept, grown on demand). Slot 0
   // or 1: two units staged at once (the head and, with tied embeddings, the embedding inside its scope).
@@ -117,6 +134,9 @@ class ModelRunner {
   void* layer_input(int64_t i) const;
   Cache& cache_of(int64_t layer);
   void check_layer(int64_t layer, const char* what) const;
+  void check_boundary(int64_t layer_input, const char* what) const;
+  void check_ends(bool embedding, const char* what) const;
+  size_t boundary_bytes() const;
 
   void linear_forward(const void* x, int64_t ldx, const void* w, void* y, int64_t ldy, int64_t in, int64_t out);
   void linear_backward(const void* x, int64_t ldx, const void* w, const void* dy, int64_t lddy, void* dx, int64_t lddx,
@@ -135,6 +155,7 @@ class ModelRunner {
   BatchShape shape_{};
   bool checkpointing_ = true;
   bool batch_ready_ = false;
+  int64_t first_layer_ = 0, end_layer_ = 0;  // set_layer_range; end_layer_ = L unless set
   bool loss_deferred_ = false;  // deferred loss sums wait in the backend's accumulator
   std::vector<int32_t> host_ids_, host_targets_;
   BatchShape rope_shape_{};

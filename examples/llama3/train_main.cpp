@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iostream>
 #include <memory>
 #include <optional>
@@ -22,11 +23,14 @@
 #include "data/eval_batches.hpp"
 #include "data/sampler.hpp"
 #include "data/tokenizer.hpp"
+#include "data/micro_batches.hpp"
 #include "engine_model.hpp"
 #include "metrics.hpp"
 #include "mfu.hpp"
 #include "model_config.hpp"
 #include "ops/cross_entropy.hpp"
+#include "pipeline/layer_partition.hpp"
+#include "pipeline_model.hpp"
 #include "progress.hpp"
 #include "train_options.hpp"
 #include "zero3/checkpoint.hpp"
@@ -38,6 +42,8 @@
 #include "zero3/initialize.hpp"
 #include "zero3/log.hpp"
 #include "zero3/memory_plan.hpp"
+#include "zero3/pipeline_engine.hpp"
+#include "zero3/pipeline_schedule.hpp"
 #include "zero3/safetensors.hpp"
 #include "zero3/version.hpp"
 
@@ -154,6 +160,13 @@ void apply_flags(zero3::Config& cfg, const TrainOptions& o) {
     cfg.scheduler.total_num_steps = std::max<int64_t>(o.steps, *o.warmup_steps + 1);
   }
   cfg.zero3.seed = o.seed;
+  if (o.pipeline_stages) {
+    if (cfg.pipeline.stages && *cfg.pipeline.stages != *o.pipeline_stages) {
+      log::warn_rank0(cfg.source, ": pipeline.stages ", *cfg.pipeline.stages, " replaced by --pipeline-stages ",
+                      *o.pipeline_stages);
+    }
+    cfg.pipeline.stages = *o.pipeline_stages;
+  }
   if (o.network != "auto") {
     cfg.zero3.network = o.network == "efa" ? zero3::NetworkTransport::efa : zero3::NetworkTransport::socket;
   }
@@ -177,6 +190,77 @@ zero3::ResolveInputs resolve_inputs(const zero3::Config& cfg, const TrainOptions
 }
 
 // ---- Dry run ----------------------------------------------------------------------------------------------
+
+// The most micro-batches each pipeline rank holds between their forward and their backward under `schedule`: a
+// stage keeps a runner (its activations) for each.
+std::vector<int64_t> in_flight_per_rank(const zero3::pipeline::Schedule& schedule) {
+  std::vector<int64_t> peak;
+  for (const std::vector<zero3::pipeline::Action>& actions : schedule.actions) {
+    int64_t now = 0, most = 0;
+    for (const zero3::pipeline::Action& a : actions) {
+      if (a.kind == zero3::pipeline::ActionKind::forward) most = std::max(most, ++now);
+      if (a.kind == zero3::pipeline::ActionKind::backward) --now;
+    }
+    peak.push_back(most);
+  }
+  return peak;
+}
+
+// --dry-run with pipeline stages: the partition, the schedule and each pipeline rank's memory: its stages' units
+// under ZeRO over the stage's data-parallel ranks, and per micro-batch it holds in flight a runner over its largest
+// stage's layers (`stage_act(k)`: the activations of a runner of k transformer layers) plus the received activation.
+void print_pipeline_plan(const zero3::Config& cfg, const ModelConfig& mc, const BatchShape& shape, int64_t world,
+                         int64_t per_node, const std::function<int64_t(int64_t)>& stage_act, int64_t act_bytes) {
+  const int P = static_cast<int>(*cfg.pipeline.stages);
+  const int V = static_cast<int>(cfg.zero3.pipeline_virtual_stages);
+  const int64_t D = world / P, gas = *cfg.gradient_accumulation_steps, L = mc.num_hidden_layers;
+  const zero3::pipeline::Schedule schedule = zero3::pipeline::make_schedule(
+      zero3::pipeline::parse_schedule(cfg.zero3.pipeline_schedule, "zero3.pipeline_schedule"), P,
+      static_cast<int>(gas), V);
+  std::vector<zero3::pipeline::LayerInfo> infos;
+  for (const zero3::PipelineLayer& l : pipeline_layers(mc, shape)) infos.push_back({l.name, l.parameters});
+  const std::vector<int> bounds = zero3::pipeline::partition_layers(infos, P * V, cfg.pipeline.partition);
+  const std::vector<int64_t> in_flight = in_flight_per_rank(schedule);
+  const zero3::ModelDesc whole = engine_model_desc(mc, "llama");
+  const int64_t boundary = shape.tokens() * mc.hidden_size * act_bytes;
+  std::printf("\npipeline: %d stages x %lld data-parallel ranks (%s), schedule %s, %d virtual stage(s) per rank, "
+              "%lld micro-batches per step, bubble %.1f%%\n",
+              P, static_cast<long long>(D), cfg.zero3.pipeline_stage_order.c_str(), cfg.zero3.pipeline_schedule.c_str(),
+              V, static_cast<long long>(gas), 100.0 * zero3::pipeline::bubble_fraction(schedule));
+  std::printf("  partition (%s): %s\n", cfg.pipeline.partition.c_str(),
+              zero3::pipeline::describe_partition(infos, bounds).c_str());
+  std::printf("  boundary: %lld elements per micro-batch and direction (micro-batch x seq x hidden), %s\n",
+              static_cast<long long>(shape.tokens() * mc.hidden_size), format_bytes(boundary).c_str());
+  std::printf("  per rank of each pipeline rank (ZeRO over its stage's %lld ranks; per micro-batch in flight a runner "
+              "over its largest stage's layers and the received activation):\n",
+              static_cast<long long>(D));
+  for (int p = 0; p < P; ++p) {
+    zero3::ModelDesc desc;
+    desc.name = "llama pipeline rank " + std::to_string(p);
+    std::string stages;
+    int64_t runner = 0;
+    for (int v = 0; v < V; ++v) {
+      const int st = p + v * P;
+      const int a = bounds[static_cast<size_t>(st)], b = bounds[static_cast<size_t>(st) + 1];
+      stages += (v ? ", " : "") + std::to_string(st);
+      for (int i = a; i < b; ++i) desc.units.push_back(whole.units[static_cast<size_t>(i)]);
+      const int64_t layers = std::min<int64_t>(b, L + 1) - std::max(a, 1);  // transformer layers of the stage
+      runner = std::max(runner, stage_act(std::max<int64_t>(layers, 0)));
+    }
+    const int64_t flight = in_flight[static_cast<size_t>(p)];
+    zero3::MemoryPlanOptions po;
+    po.world_size = D;
+    po.ranks_per_node = std::min(per_node, D);
+    po.activation_bytes = flight * (runner + boundary);
+    const zero3::MemoryPlan plan = zero3::plan_memory(desc, cfg, po);
+    std::printf("    rank %d (stage%s %s: %zu units, %lld parameters): %lld micro-batch(es) in flight x %s, "
+                "device %s, host %s\n",
+                p, V > 1 ? "s" : "", stages.c_str(), desc.units.size(), static_cast<long long>(plan.total_params),
+                static_cast<long long>(flight), format_bytes(runner + boundary).c_str(),
+                format_bytes(plan.rank_bytes(zero3::MemoryTier::device)).c_str(),
+                format_bytes(plan.rank_bytes(zero3::MemoryTier::host)).c_str());
+  }
+}
 
 int dry_run(const TrainOptions& o, zero3::Config cfg, const ModelConfig& mc) {
   zero3::LaunchInfo launch = zero3::detect_launch();
@@ -234,6 +318,20 @@ int dry_run(const TrainOptions& o, zero3::Config cfg, const ModelConfig& mc) {
   row("one chunk of logits (chunked cross-entropy)", act.loss_chunk);
   if (act.unit_staging > 0) row("dtype staging of the largest unit (parameters, gradients)", act.unit_staging);
   row("total", act.total());
+  if (cfg.pipeline.stages.value_or(1) > 1) {
+    check_pipeline_model(mc, static_cast<int>(*cfg.pipeline.stages));
+    // On a GPU activations are in the compute dtype, on the CPU in fp32 (the runner's act dtype).
+    // A stage's runner: the estimate of a model with the stage's transformer layers (the embedding's and the
+    // head's buffers counted on every stage).
+    auto stage_act = [&](int64_t layers) {
+      ModelConfig part = mc;
+      part.num_hidden_layers = layers;
+      return estimate_activations(part, shape, o.grad_checkpointing, where, compute, grads).total();
+    };
+    print_pipeline_plan(cfg, mc, shape, world, per_node, stage_act,
+                        gpu ? static_cast<int64_t>(zero3::dtype_size(compute)) : int64_t{4});
+    std::printf("\nthe whole model unpipelined over the %lld ranks, for comparison:\n", static_cast<long long>(world));
+  }
   std::printf("\n%s\n", zero3::format_memory_plan(plan).c_str());
   return 0;
 }
@@ -300,6 +398,25 @@ zero3::CheckpointExtras sampler_extras(const DistributedSampler& sampler, const 
           {"seed", std::to_string(o.seed)}};
 }
 
+// Whether the run is pipelined (pipeline.stages above 1, after --pipeline-stages), and the refusals of what the
+// pipelined run does not do yet: checkpoints, consolidation and evaluation need every stage's units in one engine.
+bool pipelined_run(const TrainOptions& o, const zero3::Config& cfg, const ModelConfig& mc) {
+  const int64_t stages = cfg.pipeline.stages.value_or(1);
+  if (stages <= 1) return false;
+  check_pipeline_model(mc, static_cast<int>(stages));
+  const char* unsupported = !o.save_dir.empty()       ? "--save-dir"
+                            : o.resume                ? "--resume"
+                            : !o.consolidate_to.empty() ? "--consolidate-to"
+                            : !o.eval_data.empty()      ? "--eval-data"
+                                                        : nullptr;
+  if (unsupported != nullptr) {
+    throw zero3::InvalidArgument(std::string(unsupported) + " with " + std::to_string(stages) +
+                                 " pipeline stages (pipeline.stages or --pipeline-stages): the pipelined run does not "
+                                 "save, resume, consolidate or evaluate yet; run without pipeline stages for that");
+  }
+  return true;
+}
+
 int train(const TrainOptions& o, zero3::Config file_cfg, const ModelConfig& mc, const std::string& model_json) {
   // Where the model runs: --device, else the config's zero3.device; "auto" means the CPU here.
   std::string device_name = o.device;
@@ -312,18 +429,22 @@ int train(const TrainOptions& o, zero3::Config file_cfg, const ModelConfig& mc, 
   // local rank and talks NCCL; on the CPU the ranks talk Gloo (or nothing, alone). The program prints the
   // steps_per_print line itself (with loss, tokens/s and memory), so the engine's own line is off.
   apply_flags(file_cfg, o);
+  const bool pipelined = pipelined_run(o, file_cfg, mc);
   const int64_t steps_per_print = file_cfg.steps_per_print;
   file_cfg.steps_per_print = 0;
   zero3::InitOptions init;
   init.device = device_name;
   init.resolve = resolve_inputs(file_cfg, o, mc);
+  init.make_engine = !pipelined;  // a PipelineEngine makes the stages' engines
   zero3::Session session = zero3::initialize(std::move(file_cfg), init);
-  zero3::Engine& engine = *session.engine;
   zero3::Device& device = *session.device;
   const zero3::Config& cfg = session.config;
   const zero3::LaunchInfo& launch = session.launch;
   const int rank = session.comm->rank(), world = session.comm->size();
   const int64_t micro = *cfg.train_micro_batch_size_per_gpu, gas = *cfg.gradient_accumulation_steps;
+  // The data-parallel ranks: each stage's with pipeline stages, else all. Each takes its own share of the data.
+  const int stages = static_cast<int>(cfg.pipeline.stages.value_or(1));
+  const int data_world = world / stages;
   const zero3::DType compute = cfg.compute_dtype();
   const std::string hardware = gpu_product_name(device);
   const std::optional<double> peak_flops = gpu ? peak_bf16_flops(hardware) : std::nullopt;
@@ -335,10 +456,16 @@ int train(const TrainOptions& o, zero3::Config file_cfg, const ModelConfig& mc, 
                 launch.launcher.c_str(), session.comm->backend(), std::getenv("OMP_NUM_THREADS"),
                 std::getenv("OMP_WAIT_POLICY"));
     std::printf(
-        "  batch      micro-batch %lld x seq %lld x grad-accum %lld x %d ranks = %lld tokens per step, %lld "
+        "  batch      micro-batch %lld x seq %lld x grad-accum %lld x %d %sranks = %lld tokens per step, %lld "
         "steps\n",
-        static_cast<long long>(micro), static_cast<long long>(o.seq_len), static_cast<long long>(gas), world,
-        static_cast<long long>(micro * o.seq_len * gas * world), static_cast<long long>(o.steps));
+        static_cast<long long>(micro), static_cast<long long>(o.seq_len), static_cast<long long>(gas), data_world,
+        pipelined ? "data-parallel " : "", static_cast<long long>(micro * o.seq_len * gas * data_world),
+        static_cast<long long>(o.steps));
+    if (pipelined) {
+      std::printf("  pipeline   %d stages x %d data-parallel ranks (%s), schedule %s, %lld virtual stage(s) per rank\n",
+                  stages, data_world, cfg.zero3.pipeline_stage_order.c_str(), cfg.zero3.pipeline_schedule.c_str(),
+                  static_cast<long long>(cfg.zero3.pipeline_virtual_stages));
+    }
     std::string peak = !gpu         ? ""
                        : peak_flops ? ", peak dense bf16 " + fmt("%.0f", *peak_flops / 1e12) + " TFLOP/s"
                                     : ", peak FLOP/s unknown: MFU n/a";
@@ -378,11 +505,13 @@ int train(const TrainOptions& o, zero3::Config file_cfg, const ModelConfig& mc, 
     }
   };
   check_vocab(dataset, "the data");
-  DistributedSampler sampler(dataset.num_sequences(), rank, world, o.seed);
+  // Pipelined, the stages read their micro-batches by index (SampledMicroBatches, the same sequences); this
+  // sampler then only sizes the data.
+  DistributedSampler sampler(dataset.num_sequences(), pipelined ? 0 : rank, data_world, o.seed);
   if (sampler.per_rank() < micro * gas) {
     throw zero3::InvalidArgument("the data has " + std::to_string(dataset.num_sequences()) + " sequences of " +
                                  std::to_string(o.seq_len) + " tokens: fewer than one optimizer step needs (" +
-                                 std::to_string(micro * gas * world) + ")");
+                                 std::to_string(micro * gas * data_world) + ")");
   }
   const double epoch_steps = static_cast<double>(sampler.per_rank()) / static_cast<double>(micro * gas);
   log::info_rank0("data: ", dataset.num_tokens(), " tokens from ", data_paths.size(), " path(s), ",
@@ -407,10 +536,33 @@ int train(const TrainOptions& o, zero3::Config file_cfg, const ModelConfig& mc, 
   mo.init_from = o.init_from;
   mo.init_from_strict = o.init_from_strict;
   mo.time_phases = cfg.wall_clock_breakdown;
-  EngineModel model(engine, mc, mo);
+  const BatchShape shape{micro, o.seq_len};
+  std::optional<EngineModel> model;
+  std::optional<SampledMicroBatches> micro_batches;
+  std::optional<PipelineStageModel> stage_model;
+  std::unique_ptr<zero3::PipelineEngine> pipe;
   auto t_init = Clock::now();
-  engine.materialize();
-  log::info_rank0("model: ", model.num_units(), " units materialized in ", fmt("%.2f", seconds_since(t_init)), " s (",
+  if (pipelined) {
+    // The stages' units declared and materialized by the PipelineEngine (collective over the world).
+    micro_batches.emplace(dataset, data_world, o.seed, micro);
+    stage_model.emplace(mc, shape, *micro_batches, gas, data_world, stages, device, cfg.compute_dtype(), mo);
+    zero3::PipelineOptions po;
+    po.activation_dtype = stage_model->activation_dtype();
+    pipe = std::make_unique<zero3::PipelineEngine>(cfg, session.comm, device, pipeline_layers(mc, shape),
+                                                   *stage_model, po);
+    if (rank == 0) {
+      std::vector<zero3::pipeline::LayerInfo> infos;
+      for (const zero3::PipelineLayer& l : pipe->layers()) infos.push_back({l.name, l.parameters});
+      std::printf("  partition  %s\n", zero3::pipeline::describe_partition(infos, pipe->stage_bounds()).c_str());
+      std::fflush(stdout);
+    }
+  } else {
+    model.emplace(*session.engine, mc, mo);
+    session.engine->materialize();
+  }
+  zero3::Engine& engine = pipelined ? pipe->engine() : *session.engine;
+  log::info_rank0("model: ", engine.num_units(), " units", pipelined ? " (rank 0's stages)" : "", " materialized in ",
+                  fmt("%.2f", seconds_since(t_init)), " s (",
                   o.init_from.empty() ? "initialized from the config" : "from " + o.init_from, ")");
 
   // Resume: the engine's state (weights, Adam, counters, loss scale) and the sampler's position.
@@ -473,12 +625,13 @@ int train(const TrainOptions& o, zero3::Config file_cfg, const ModelConfig& mc, 
 
   // The device's peak: on cuda the Device's counters hold the engine's buffers, the model's and the kernels' own
   // workspaces (one pool); on the host, the runner's bytes and the CPU ops' workspaces come on top.
+  auto activation_bytes = [&] { return pipelined ? stage_model->activation_bytes() : model->activation_bytes(); };
   auto device_peak = [&] {
-    return device.peak_bytes_in_use() + (gpu ? 0 : model.ops().workspace_bytes() + model.activation_bytes());
+    const ModelOps& ops = pipelined ? stage_model->ops() : model->ops();
+    return device.peak_bytes_in_use() + (gpu ? 0 : ops.workspace_bytes() + activation_bytes());
   };
 
   // Evaluation (collective): the mean loss over every target of the held-out set, on all ranks.
-  const BatchShape shape{micro, o.seq_len};
   auto evaluate = [&]() {
     std::vector<int32_t> eids(static_cast<size_t>(micro * o.seq_len)), etargets(eids.size());
     int64_t count = 0;
@@ -488,11 +641,11 @@ int train(const TrainOptions& o, zero3::Config file_cfg, const ModelConfig& mc, 
     zero3::EvalMode mode = engine.evaluate();
     for (int64_t b = 0; b < eval_batches->batches(); ++b) {
       eval_batches->fill(b, eids.data(), etargets.data());
-      count += model.evaluate(eids.data(), etargets.data(), shape, lo).count;
+      count += model->evaluate(eids.data(), etargets.data(), shape, lo).count;
       mode.next_batch();
     }
     mode.end();
-    float sum = static_cast<float>(model.take_loss_sum());
+    float sum = static_cast<float>(model->take_loss_sum());
     engine.all_reduce_host(&sum, 1);
     // The targets of all ranks, counted exactly (the normalizer of one micro-batch per rank, times the ranks).
     const double targets_all = step_loss_normalizer(engine, count, 1) * world;
@@ -517,7 +670,7 @@ int train(const TrainOptions& o, zero3::Config file_cfg, const ModelConfig& mc, 
 
   // Training.
   const int64_t print_every = std::max<int64_t>(1, steps_per_print);
-  const int64_t tokens_per_step = micro * o.seq_len * gas * world;
+  const int64_t tokens_per_step = micro * o.seq_len * gas * data_world;
   std::vector<int32_t> ids(static_cast<size_t>(gas * micro * o.seq_len)), targets(ids.size());
   std::vector<uint32_t> row(static_cast<size_t>(o.seq_len));
   const auto t_train = Clock::now();
@@ -525,46 +678,66 @@ int train(const TrainOptions& o, zero3::Config file_cfg, const ModelConfig& mc, 
   int64_t window_steps = 0;
   double first_loss = NAN, last_loss = NAN;
   std::vector<std::pair<int64_t, double>> curve;
-  for (int64_t step = start_step; step < o.steps; ++step) {
-    const auto t_step = Clock::now();
-    model.reset_times();
-    engine.reset_schedule_stats();
-    int64_t local_targets = 0;
+  // One optimizer step: the global batch's mean loss, the step's outcome and the time of the engine's step() calls
+  // (NaN pipelined: the step runs inside PipelineEngine::train_batch(), with no time of its own).
+  struct StepOutcome {
+    double loss = 0;
+    zero3::StepResult r;
+    double opt_time = 0, boundary_step = 0;
+  };
+  auto unpipelined_step = [&] {
     for (int64_t k = 0; k < gas * micro; ++k) {
       const int64_t index = sampler.next();
       dataset.sequence(index, row.data(), targets.data() + k * o.seq_len);
       for (int64_t t = 0; t < o.seq_len; ++t)
         ids[static_cast<size_t>(k * o.seq_len + t)] = static_cast<int32_t>(row[t]);
     }
-    local_targets = count_targets(targets.data(), static_cast<int64_t>(targets.size()), mc.vocab_size);
+    const int64_t local_targets = count_targets(targets.data(), static_cast<int64_t>(targets.size()), mc.vocab_size);
     LossOptions lo;
     lo.normalizer = step_loss_normalizer(engine, local_targets, gas);
     // The micro-batches' losses are summed on the device, with no wait per micro-batch, and read once before the
     // window's last step(): that wait ends with the backward, which the boundary's own read in step() waits for
     // too, so the host still runs ahead of the optimizer's update into the next step.
     lo.defer_loss_sum = true;
-    double loss_sum = 0, opt_time = 0, boundary_step = 0;
-    zero3::StepResult r;
+    double loss_sum = 0;
+    StepOutcome out;
     for (int64_t k = 0; k < gas; ++k) {
       const size_t off = static_cast<size_t>(k * micro * o.seq_len);
-      model.forward_backward(ids.data() + off, targets.data() + off, shape, lo);
-      if (k + 1 == gas) loss_sum = model.take_loss_sum();
+      model->forward_backward(ids.data() + off, targets.data() + off, shape, lo);
+      if (k + 1 == gas) loss_sum = model->take_loss_sum();
       const auto t_opt = Clock::now();
-      r = engine.step();
-      boundary_step = seconds_since(t_opt);
-      opt_time += boundary_step;
+      out.r = engine.step();
+      out.boundary_step = seconds_since(t_opt);
+      out.opt_time += out.boundary_step;
     }
     float sum = static_cast<float>(loss_sum);
     engine.all_reduce_host(&sum, 1);
     const double total_targets = lo.normalizer * static_cast<double>(world * gas);
-    const double loss = total_targets > 0 ? sum / total_targets : 0.0;
+    out.loss = total_targets > 0 ? sum / total_targets : 0.0;
+    return out;
+  };
+  auto pipelined_step = [&] {
+    const zero3::PipelineStepResult p = pipe->train_batch();
+    return StepOutcome{p.loss, p.step, NAN, NAN};
+  };
+  for (int64_t step = start_step; step < o.steps; ++step) {
+    const auto t_step = Clock::now();
+    if (pipelined) {
+      stage_model->reset_times();
+    } else {
+      model->reset_times();
+    }
+    engine.reset_schedule_stats();
+    const StepOutcome outcome = pipelined ? pipelined_step() : unpipelined_step();
+    const double loss = outcome.loss, opt_time = outcome.opt_time, boundary_step = outcome.boundary_step;
+    const zero3::StepResult& r = outcome.r;
     const double step_time = seconds_since(t_step);
     const double comm_wait = engine.schedule_stats().comm_wait_seconds;
     const double agreement = engine.schedule_stats().agreement_seconds;
     if (step == start_step) first_loss = loss;
     last_loss = loss;
 
-    const PhaseTimes& pt = model.times();
+    const PhaseTimes& pt = pipelined ? stage_model->times() : model->times();
     window_time += step_time;
     window_fwd += pt.forward;
     window_bwd += pt.backward;
@@ -580,7 +753,7 @@ int train(const TrainOptions& o, zero3::Config file_cfg, const ModelConfig& mc, 
       StepMetrics m;
       m.eval_loss = eval_loss;
       m.step = step + 1;
-      m.samples = (step + 1) * micro * gas * world;
+      m.samples = (step + 1) * micro * gas * data_world;
       m.tokens = (step + 1) * tokens_per_step;
       m.loss = loss;
       m.lr = r.lr;
@@ -601,7 +774,7 @@ int train(const TrainOptions& o, zero3::Config file_cfg, const ModelConfig& mc, 
       m.mem_grads = mem.grads;
       m.mem_optimizer = mem.optimizer_state;
       m.mem_buffers = mem.buffers;
-      m.mem_activations = model.activation_bytes();
+      m.mem_activations = activation_bytes();
       m.mem_peak = mem.peak_total;
       m.mem_device_peak = device_peak();
       m.mem_host = mem.host_total();
@@ -631,7 +804,7 @@ int train(const TrainOptions& o, zero3::Config file_cfg, const ModelConfig& mc, 
               model_flops_utilization(mc, o.seq_len, window_tokens_per_s / world, peak_flops);
           line += mfu ? " | MFU " + fmt("%.1f", *mfu * 100) + "%" : std::string(" | MFU n/a");
         }
-        line += " | mem " + describe_memory(mem, model.activation_bytes());
+        line += " | mem " + describe_memory(mem, activation_bytes());
         if (gpu) line += " | peak GPU " + format_bytes(m.mem_device_peak);
         if (cfg.wall_clock_breakdown) {
           const double n = static_cast<double>(window_steps);
@@ -667,13 +840,18 @@ int train(const TrainOptions& o, zero3::Config file_cfg, const ModelConfig& mc, 
                                                            : "fp32";
     const auto t_save = Clock::now();
     consolidated =
-        model.save_hf(o.consolidate_to, dt == "bf16" ? zero3::safetensors::Dtype::bf16 : zero3::safetensors::Dtype::f32,
+        model->save_hf(o.consolidate_to, dt == "bf16" ? zero3::safetensors::Dtype::bf16 : zero3::safetensors::Dtype::f32,
                       zero3::safetensors::parse_size(o.consolidate_max_shard), model_json);
     log::info_rank0("consolidated the final weights (", dt, ", ", format_bytes(static_cast<int64_t>(consolidated)),
                     ") into ", o.consolidate_to, " in ", fmt("%.2f", seconds_since(t_save)), " s");
   }
-  float finished = 1;
-  engine.all_reduce_host(&finished, 1);  // every rank is done before rank 0 prints the summary
+  // Every rank is done before rank 0 prints the summary.
+  if (pipelined) {
+    session.comm->barrier();
+  } else {
+    float finished = 1;
+    engine.all_reduce_host(&finished, 1);
+  }
 
   if (rank == 0) {
     const int64_t ran = o.steps - start_step;

@@ -100,6 +100,10 @@ const std::vector<Flag>& flags() {
        }},
       {"grad-checkpointing", Kind::flag, "", "activation checkpointing per layer (default on; --no-grad-checkpointing)",
        [](TrainOptions& o, const std::string& v) { o.grad_checkpointing = v == "1"; }},
+      {"pipeline-stages", Kind::integer, "N",
+       "pipeline stages (replaces the config's pipeline.stages): the layers cut into N stages, the ranks into N x "
+       "ranks/N data-parallel ranks; schedule, virtual stages and stage order from the config's zero3.pipeline_* keys",
+       [](TrainOptions& o, const std::string& v) { o.pipeline_stages = to_int("pipeline-stages", v, 1); }},
       {"network", Kind::text, "auto|efa|socket", "inter-node transport for NCCL (efa fails without EFA)",
        [](TrainOptions& o, const std::string& v) {
          o.network = one_of("network", v, {"auto", "efa", "socket"});

@@ -25,6 +25,7 @@ struct TrainOptions {
   std::optional<std::string> precision;  // bf16 | fp16 | fp32; unset: what the config says
   std::string device = "auto";           // cpu | cuda | auto
   bool grad_checkpointing = true;
+  std::optional<int64_t> pipeline_stages;  // pipeline.stages; unset: the config's (default 1, no pipeline)
   std::string network = "auto";  // auto | efa | socket
   std::string save_dir;
   int64_t save_interval = 0;          // optimizer steps between checkpoints; 0: only at the end (with --save-dir)

@@ -54,6 +54,18 @@ int64_t DistributedSampler::next() {
   return idx;
 }
 
+int64_t DistributedSampler::index_at(int64_t taken, int rank) const {
+  if (rank < 0 || rank >= world_size_ || taken < 0)
+    throw std::runtime_error("sampler: no sequence " + std::to_string(taken) + " of rank " + std::to_string(rank) +
+                             " in a world of " + std::to_string(world_size_));
+  const int64_t epoch = taken / per_rank(), position = taken % per_rank();
+  if (epoch != lookup_epoch_) {
+    lookup_order_ = epoch_order(epoch);
+    lookup_epoch_ = epoch;
+  }
+  return lookup_order_[static_cast<size_t>(position * world_size_ + rank)];
+}
+
 void DistributedSampler::restore(const State& s) {
   if (s.epoch < 0 || s.position < 0 || s.position > per_rank())
     throw std::runtime_error("sampler: cannot resume at epoch " + std::to_string(s.epoch) + " position " +

@@ -22,6 +22,12 @@ class DistributedSampler {
   State state() const { return state_; }
   void restore(const State& s);
 
+  // What next() returns on rank `rank` (of this sampler's world) when that rank has taken `taken` sequences since
+  // epoch 0, position 0: the same sequence, read in any order and for any rank (a pipeline stage reads its
+  // micro-batches by index, and counts the targets of every rank's). Throws std::runtime_error for a rank outside
+  // the world or a negative count.
+  int64_t index_at(int64_t taken, int rank) const;
+
   // The full order of an epoch (all ranks), for tests.
   std::vector<int64_t> epoch_order(int64_t epoch) const;
 
@@ -34,6 +40,8 @@ class DistributedSampler {
   bool shuffle_;
   State state_;
   std::vector<int64_t> order_;  // of state_.epoch
+  mutable int64_t lookup_epoch_ = -1;  // index_at()'s epoch order
+  mutable std::vector<int64_t> lookup_order_;
 };
 
 }  // namespace llama3

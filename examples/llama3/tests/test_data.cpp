@@ -7,6 +7,7 @@
 
 #include "data/dataset.hpp"
 #include "data/eval_batches.hpp"
+#include "data/micro_batches.hpp"
 #include "data/sampler.hpp"
 
 using namespace llama3;
@@ -87,6 +88,41 @@ TEST(DistributedSampler, ResumesMidEpochAndReshufflesPerEpoch) {
   for (int i = 13; i < 40; ++i) EXPECT_EQ(c.next(), first[i]) << i;
   EXPECT_NE(a.epoch_order(0), a.epoch_order(1));
   EXPECT_THROW(DistributedSampler(3, 0, 4, 1), std::runtime_error);
+}
+
+// index_at() is next() read in any order and for any rank, across epochs (a pipeline stage reads its micro-batches
+// by index); SampledMicroBatches' micro-batch d of rank r is that rank's next() number d x micro .. d x micro + micro
+// - 1, the sequences the unpipelined loop reads.
+TEST(DistributedSampler, IndexAtIsNextForEveryRank) {
+  const int world = 3;
+  for (int r = 0; r < world; ++r) {
+    DistributedSampler s(50, r, world, 9);
+    DistributedSampler lookup(50, 0, world, 9);
+    std::vector<int64_t> taken;
+    for (int i = 0; i < 40; ++i) taken.push_back(s.next());  // 16 per rank per epoch: into epoch 2
+    for (int i = 39; i >= 0; --i) EXPECT_EQ(lookup.index_at(i, r), taken[static_cast<size_t>(i)]) << r << " " << i;
+  }
+  DistributedSampler lookup(50, 0, world, 9);
+  EXPECT_THROW(lookup.index_at(0, world), std::runtime_error);
+  EXPECT_THROW(lookup.index_at(-1, 0), std::runtime_error);
+
+  std::vector<uint32_t> tokens(50 * 4 + 1);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<uint32_t>(i % 251);
+  const PackedDataset data = PackedDataset::from_tokens(tokens, 4);
+  SampledMicroBatches batches(data, world, 9, 2);
+  DistributedSampler rank1(data.num_sequences(), 1, world, 9);
+  std::vector<int32_t> ids(8), targets(8), want_targets(4);
+  std::vector<uint32_t> want_ids(4);
+  for (int64_t d = 0; d < 12; ++d) {
+    batches.fill(d, 1, ids.data(), targets.data());
+    for (int j = 0; j < 2; ++j) {
+      data.sequence(rank1.next(), want_ids.data(), want_targets.data());
+      for (int t = 0; t < 4; ++t) {
+        EXPECT_EQ(ids[static_cast<size_t>(j * 4 + t)], static_cast<int32_t>(want_ids[static_cast<size_t>(t)]));
+        EXPECT_EQ(targets[static_cast<size_t>(j * 4 + t)], want_targets[static_cast<size_t>(t)]);
+      }
+    }
+  }
 }
 
 // Every sequence exactly once across the ranks per evaluation, the rest padding; the same batch count on every

@@ -203,6 +203,45 @@ TEST(Runner, HoldsTheBuffersItsSizesSay) {
   EXPECT_EQ(runner.allocated_bytes(), runner_buffer_sizes(c, b.shape, true, 4).total());
 }
 
+// Pipeline stages (pipeline_model.hpp): the model over two runners with layer ranges, the boundary activation and its
+// gradient copied between them, gives the whole runner's loss and gradients bit for bit, with and without
+// checkpointing; a range runs neither the embedding nor the head it does not reach.
+TEST(Runner, LayerRangesChainToTheWholeModel) {
+  const ModelConfig c = odd_config();
+  for (bool checkpointing : {true, false}) {
+    FlatModel<float> ref(c), got(c);
+    randomize(ref, 5);
+    randomize(got, 5);
+    CpuModelOps ops;
+    ModelRunner whole(c, ops), first(c, ops), last(c, ops);
+    const Batch b = batch(1);
+    const LossResult want = run(whole, ref, b, checkpointing, {});
+    first.set_layer_range(0, 1);  // embedding, layers.0
+    last.set_layer_range(1, 2);   // layers.1, head
+    std::vector<float> boundary(static_cast<size_t>(b.shape.tokens() * c.hidden_size));
+    first.begin_batch(b.ids.data(), b.targets.data(), b.shape, checkpointing);
+    first.embed_forward(got.unit_params(0).data());
+    first.layer_forward(0, got.unit_params(1).data());
+    first.store_layer_input(1, boundary.data());
+    last.begin_batch(b.ids.data(), b.targets.data(), b.shape, checkpointing);
+    last.load_layer_input(1, boundary.data());
+    last.layer_forward(1, got.unit_params(2).data());
+    const LossResult loss = last.head_forward_backward(got.unit_params(3).data(), got.unit_grads(3).data(), {});
+    last.layer_backward(1, got.unit_params(2).data(), got.unit_grads(2).data());
+    last.store_grad(boundary.data());
+    first.load_grad(boundary.data());
+    first.layer_backward(0, got.unit_params(1).data(), got.unit_grads(1).data());
+    first.embed_backward(got.unit_grads(0).data());
+    EXPECT_EQ(loss.loss, want.loss);
+    for (size_t u = 0; u < 4; ++u) expect_same_bits(got.unit_grads(u), ref.unit_grads(u), "unit " + std::to_string(u));
+    EXPECT_THROW(last.embed_forward(got.unit_params(0).data()), zero3::InvalidArgument);
+    EXPECT_THROW(first.head_forward_loss(got.unit_params(3).data(), {}), zero3::InvalidArgument);
+    EXPECT_THROW(first.layer_forward(1, got.unit_params(2).data()), zero3::InvalidArgument);
+    EXPECT_THROW(first.store_layer_input(2, boundary.data()), zero3::InvalidArgument);
+    EXPECT_THROW(first.set_layer_range(1, 3), zero3::InvalidArgument);
+  }
+}
+
 TEST(Runner, RefusesWhatTheReferenceRefuses) {
   const ModelConfig c = odd_config();
   FlatModel<float> m(c);

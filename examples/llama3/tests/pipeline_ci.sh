@@ -1,0 +1,127 @@
+#!/usr/bin/env bash
+# llama3_train --pipeline-stages on the tiny Llama (ctest dist.llama3.pipeline, labels dist and pipeline): the
+# pipelined runs print the same per-step losses and gradient norms as the unpipelined run over the same global batch
+# (the same data-parallel ranks, micro-batch, accumulation and data order), in fp32, 6 steps:
+#   2 ranks: 2 stages x 1 against 1 rank, with gpipe, 1f1b and interleaved_1f1b (2 virtual stages), ZeRO-1 and ZeRO-3
+#   4 ranks: 2 stages x 2 against 2 ranks (1f1b, ZeRO-3) and 4 stages x 1 against 1 rank (1f1b and gpipe, ZeRO-3)
+# Bound: every step's loss and gradient norm within 1e-5 relative (the CSV's 9 significant digits), the worst printed.
+# Then what the program refuses, each by name: tied embeddings across stages, --save-dir, and a stage count that does
+# not divide the ranks; and --dry-run's partition and per-stage memory.
+# usage: pipeline_ci.sh ZERO3_CLI LLAMA3_TRAIN REPO_ROOT WORK_DIR
+set -euo pipefail
+zero3=$1 train=$2 root=$3 work=$4
+rm -rf "$work"
+mkdir -p "$work"
+cd "$root"
+
+ARGS=(--model configs/models/llama-3-tiny.json --data /usr/share/common-licenses --tokenizer bytes --seq-len 32
+      --micro-batch 2 --grad-accum 4 --steps 6 --lr 3e-3 --precision fp32 --device cpu)
+
+# config FILE ZERO_STAGE SCHEDULE VIRTUAL_STAGES
+config() {
+  cat > "$1" <<JSON
+{
+  "train_micro_batch_size_per_gpu": "auto",
+  "gradient_accumulation_steps": "auto",
+  "gradient_clipping": 1.0,
+  "optimizer": { "type": "AdamW", "params": { "lr": "auto", "betas": [0.9, 0.999], "eps": 1e-4, "weight_decay": 0.01 } },
+  "zero_optimization": { "stage": $2, "stage3_param_persistence_threshold": 0 },
+  "zero3": { "pipeline_schedule": "$3", "pipeline_virtual_stages": $4 },
+  "steps_per_print": 1
+}
+JSON
+}
+
+# run NAME RANKS CONFIG [ARGS...]: the metrics CSV is $work/NAME.csv, the output $work/NAME.log.
+run() {
+  local name=$1 ranks=$2 cfg=$3; shift 3
+  if ! "$zero3" launch -n "$ranks" -- "$train" "${ARGS[@]}" --deepspeed "$cfg" --metrics "$work/$name.csv" "$@" \
+      > "$work/$name.log" 2>&1; then
+    echo "FAIL $name: the run failed:"; cat "$work/$name.log"; exit 1
+  fi
+}
+
+# compare REF RUN: every step's loss and grad_norm (columns found by name) within 1e-5 relative.
+failures=0
+compare() {
+  local verdict
+  verdict=$(awk -F, '
+    FNR == 1 { for (i = 1; i <= NF; i++) col[$i] = i; next }
+    FILENAME == ARGV[1] { loss[$1] = $col["loss"]; norm[$1] = $col["grad_norm"]; next }
+    {
+      n++
+      if (!($1 in loss)) { bad = bad " step " $1 " missing in the reference"; continue }
+      dl = $col["loss"] - loss[$1]; if (dl < 0) dl = -dl; dl /= (loss[$1] < 0 ? -loss[$1] : loss[$1])
+      dn = $col["grad_norm"] - norm[$1]; if (dn < 0) dn = -dn; dn /= norm[$1]
+      if (dl > ml) ml = dl; if (dn > mn) mn = dn
+      if (dl > 1e-5 || dn > 1e-5) bad = bad sprintf(" step %s: loss %s vs %s, grad norm %s vs %s", $1, $col["loss"], loss[$1], $col["grad_norm"], norm[$1])
+      last = $col["loss"]; if (n == 1) first = last
+    }
+    END {
+      if (n == 0) { print "FAIL: no steps"; exit }
+      if (!(last < first)) bad = bad sprintf(" the loss did not fall (%s -> %s)", first, last)
+      printf "%s %d steps, max loss diff %.3g, max grad norm diff %.3g (relative)%s\n", bad == "" ? "ok" : "FAIL", n, ml, mn, bad
+    }' "$work/$1.csv" "$work/$2.csv")
+  echo "${verdict%% *} $2 against $1: ${verdict#* }"
+  [ "${verdict%% *}" = ok ] || failures=$((failures + 1))
+}
+
+config "$work/z1_1f1b.json" 1 1f1b 1
+config "$work/z3_1f1b.json" 3 1f1b 1
+config "$work/z1_gpipe.json" 1 gpipe 1
+config "$work/z3_gpipe.json" 3 gpipe 1
+config "$work/z1_inter.json" 1 interleaved_1f1b 2
+config "$work/z3_inter.json" 3 interleaved_1f1b 2
+
+run ref1_z1 1 "$work/z1_1f1b.json"
+run ref1_z3 1 "$work/z3_1f1b.json"
+run ref2_z3 2 "$work/z3_1f1b.json"
+for z in z1 z3; do
+  for s in 1f1b gpipe inter; do
+    run "p2x1_${z}_$s" 2 "$work/${z}_$s.json" --pipeline-stages 2
+    compare "ref1_$z" "p2x1_${z}_$s"
+  done
+done
+run p2x2_z3_1f1b 4 "$work/z3_1f1b.json" --pipeline-stages 2
+compare ref2_z3 p2x2_z3_1f1b
+run p4x1_z3_1f1b 4 "$work/z3_1f1b.json" --pipeline-stages 4
+compare ref1_z3 p4x1_z3_1f1b
+run p4x1_z3_gpipe 4 "$work/z3_gpipe.json" --pipeline-stages 4
+compare ref1_z3 p4x1_z3_gpipe
+
+# The pipelined run names its layout and partition.
+if ! grep -q "pipeline   2 stages x 2 data-parallel ranks" "$work/p2x2_z3_1f1b.log" ||
+   ! grep -q "partition  stage 0: embedding" "$work/p2x2_z3_1f1b.log"; then
+  echo "FAIL the pipelined run's header lacks the pipeline line or the partition:"; head -30 "$work/p2x2_z3_1f1b.log"
+  failures=$((failures + 1))
+fi
+
+# refuse NAME TEXT RANKS ARGS...: the run fails and its output holds TEXT.
+refuse() {
+  local name=$1 text=$2 ranks=$3; shift 3
+  if "$zero3" launch -n "$ranks" -- "$train" "${ARGS[@]}" --metrics none "$@" > "$work/$name.log" 2>&1; then
+    echo "FAIL $name: the run was accepted"; failures=$((failures + 1))
+  elif ! grep -qF -- "$text" "$work/$name.log"; then
+    echo "FAIL $name: the error does not say '$text':"; tail -5 "$work/$name.log"; failures=$((failures + 1))
+  else
+    echo "ok refused $name: $(grep -F -- "$text" "$work/$name.log" | head -1)"
+  fi
+}
+sed 's/"tie_word_embeddings": false/"tie_word_embeddings": true/' configs/models/llama-3-tiny.json > "$work/tied.json"
+refuse tied "tie_word_embeddings with pipeline stages > 1" 2 --deepspeed "$work/z3_1f1b.json" \
+  --pipeline-stages 2 --model "$work/tied.json"
+refuse save_dir "--save-dir with 2 pipeline stages" 2 --deepspeed "$work/z3_1f1b.json" --pipeline-stages 2 \
+  --save-dir "$work/ckpt"
+refuse indivisible "pipeline.stages" 3 --deepspeed "$work/z3_1f1b.json" --pipeline-stages 2
+
+# --dry-run: the partition and one memory line per pipeline rank.
+if ! "$train" "${ARGS[@]}" --deepspeed "$work/z3_1f1b.json" --pipeline-stages 2 --dry-run --world-size 4 \
+    > "$work/dry_run.log" 2>&1; then
+  echo "FAIL dry run:"; cat "$work/dry_run.log"; failures=$((failures + 1))
+elif ! grep -q "partition (parameters): stage 0: embedding" "$work/dry_run.log" ||
+     [ "$(grep -c '^    rank [0-9] (stage' "$work/dry_run.log")" != 2 ]; then
+  echo "FAIL dry run: no partition or not 2 per-stage memory lines:"; cat "$work/dry_run.log"; failures=$((failures + 1))
+else
+  echo "ok dry run:"; grep -A3 "^pipeline:" "$work/dry_run.log"
+fi
+exit $failures
