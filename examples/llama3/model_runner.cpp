@@ -142,12 +142,12 @@ void ModelRunner::store_layer_input(int64_t i, void* dst) {
 }
 
 void ModelRunner::load_grad(const void* src) {
-  check_boundary(0, "load_grad");
+  check_boundary(first_layer_, "load_grad");
   ops_.copy(dx_.ptr, src, boundary_bytes());
 }
 
 void ModelRunner::store_grad(void* dst) {
-  check_boundary(0, "store_grad");
+  check_boundary(first_layer_, "store_grad");
   ops_.copy(dst, dx_.ptr, boundary_bytes());
 }
 

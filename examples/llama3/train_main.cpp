@@ -435,7 +435,6 @@ int train(const TrainOptions& o, zero3::Config file_cfg, const ModelConfig& mc, 
   zero3::InitOptions init;
   init.device = device_name;
   init.resolve = resolve_inputs(file_cfg, o, mc);
-  init.make_engine = !pipelined;  // a PipelineEngine makes the stages' engines
   zero3::Session session = zero3::initialize(std::move(file_cfg), init);
   zero3::Device& device = *session.device;
   const zero3::Config& cfg = session.config;

@@ -34,10 +34,10 @@
 //   3. resolve(config, InitOptions::resolve) with world_size set to the communicator's size (ResolveInputs::
 //      world_size set to anything else is an InvalidArgument). zero3.device is then recorded in the config as
 //      chosen ("cpu" or "cuda").
-//   4. The Engine, over the resolved config, the communicator and the device (unless InitOptions::make_engine is
-//      false). With pipeline.stages above 1 (the config's, or ResolveInputs::pipeline_stages for "auto")
-//      Session::engine stays empty: make a zero3::PipelineEngine(s.config, s.comm, *s.device, layers, model)
-//      (pipeline_engine.hpp), which makes each stage's engine over its data-parallel group.
+//   4. The Engine, over the resolved config, the communicator and the device. With pipeline.stages above 1 (the
+//      config's, or ResolveInputs::pipeline_stages for "auto") Session::engine stays empty: make a
+//      zero3::PipelineEngine(s.config, s.comm, *s.device, layers, model) (pipeline_engine.hpp), which makes each
+//      stage's engine over its data-parallel group.
 // Collective: every rank of the job calls it (it blocks until all have joined, or the timeout). Throws the
 // error of the step that failed (ConfigError, InvalidArgument, CommError, TimeoutError, CudaError, Unsupported).
 #pragma once
@@ -58,10 +58,6 @@ struct InitOptions {
   ResolveInputs resolve;
   // "cpu", "cuda", "cuda:N" or "auto"; empty: the config's zero3.device.
   std::string device;
-  // false: step 4 is left out and Session::engine stays null; a pipelined config (pipeline.stages above 1) runs on
-  // a PipelineEngine (pipeline_engine.hpp) made over the session's communicator and device, which makes the
-  // stages' engines itself.
-  bool make_engine = true;
 };
 
 // What initialize() made. Members are destroyed in reverse order: the engine first, then the device, then the

@@ -74,13 +74,13 @@ zero3::Config train_config(int zero_stage) {
   return c;
 }
 
-struct Run {
+struct TrainingRun {
   std::vector<double> losses, grad_norms;
   std::vector<std::vector<float>> weights;  // by pipeline layer; empty where this rank does not hold it
 };
 
 // llama3_train's unpipelined loop on `comm` (D ranks).
-Run reference_run(const ModelConfig& mc, const PackedDataset& data, int zero_stage,
+TrainingRun reference_run(const ModelConfig& mc, const PackedDataset& data, int zero_stage,
                   const std::shared_ptr<zero3::Communicator>& comm) {
   zero3::Engine engine(zero3::testing::resolved_for(train_config(zero_stage), *comm), comm,
                        zero3::testing::cpu_device());
@@ -90,7 +90,7 @@ Run reference_run(const ModelConfig& mc, const PackedDataset& data, int zero_sta
   const BatchShape shape{kMicro, kSeq};
   std::vector<int32_t> ids(static_cast<size_t>(kGas * kMicro * kSeq)), targets(ids.size());
   std::vector<uint32_t> row(static_cast<size_t>(kSeq));
-  Run run;
+  TrainingRun run;
   for (int64_t step = 0; step < kSteps; ++step) {
     for (int64_t k = 0; k < kGas * kMicro; ++k) {
       data.sequence(sampler.next(), row.data(), targets.data() + k * kSeq);
@@ -119,7 +119,7 @@ Run reference_run(const ModelConfig& mc, const PackedDataset& data, int zero_sta
   return run;
 }
 
-Run pipelined_run(const ModelConfig& mc, const PackedDataset& data, int zero_stage, int stages,
+TrainingRun pipelined_run(const ModelConfig& mc, const PackedDataset& data, int zero_stage, int stages,
                   const std::string& schedule, int virtual_stages, const std::shared_ptr<zero3::Communicator>& world) {
   zero3::Config c = train_config(zero_stage);
   c.pipeline.stages = stages;
@@ -134,7 +134,7 @@ Run pipelined_run(const ModelConfig& mc, const PackedDataset& data, int zero_sta
   zero3::PipelineOptions po;
   po.activation_dtype = model.activation_dtype();
   zero3::PipelineEngine pipe(c, world, device, pipeline_layers(mc, shape), model, po);
-  Run run;
+  TrainingRun run;
   for (int64_t step = 0; step < kSteps; ++step) {
     const zero3::PipelineStepResult r = pipe.train_batch();
     run.losses.push_back(r.loss);
@@ -179,27 +179,27 @@ TEST_P(PipelinedLlama, EqualsTheUnpipelinedRun) {
 
   // The reference on groups of D ranks (collective over the world: every rank splits, each group trains).
   std::shared_ptr<zero3::Communicator> group = world->split(rank / D, rank % D);
-  const Run ref = reference_run(mc, data, k.zero_stage, group);
-  const Run pipe = pipelined_run(mc, data, k.zero_stage, k.stages, k.schedule, k.virtual_stages, world);
+  const TrainingRun reference = reference_run(mc, data, k.zero_stage, group);
+  const TrainingRun piped = pipelined_run(mc, data, k.zero_stage, k.stages, k.schedule, k.virtual_stages, world);
 
   double max_loss = 0, max_norm = 0, max_weight = 0;
   for (int64_t s = 0; s < kSteps; ++s) {
-    const double dl = std::abs(pipe.losses[s] - ref.losses[s]) / std::abs(ref.losses[s]);
-    const double dn = std::abs(pipe.grad_norms[s] - ref.grad_norms[s]) / std::abs(ref.grad_norms[s]);
-    EXPECT_LE(dl, 1e-5) << "step " << s + 1 << ": loss " << pipe.losses[s] << ", unpipelined " << ref.losses[s];
-    EXPECT_LE(dn, 1e-5) << "step " << s + 1 << ": grad norm " << pipe.grad_norms[s] << ", unpipelined "
-                        << ref.grad_norms[s];
+    const double dl = std::abs(piped.losses[s] - reference.losses[s]) / std::abs(reference.losses[s]);
+    const double dn = std::abs(piped.grad_norms[s] - reference.grad_norms[s]) / std::abs(reference.grad_norms[s]);
+    EXPECT_LE(dl, 1e-5) << "step " << s + 1 << ": loss " << piped.losses[s] << ", unpipelined " << reference.losses[s];
+    EXPECT_LE(dn, 1e-5) << "step " << s + 1 << ": grad norm " << piped.grad_norms[s] << ", unpipelined "
+                        << reference.grad_norms[s];
     max_loss = std::max(max_loss, dl);
     max_norm = std::max(max_norm, dn);
   }
   // The losses fell: the comparison is of a run that trains.
-  EXPECT_LT(pipe.losses.back(), pipe.losses.front());
+  EXPECT_LT(piped.losses.back(), piped.losses.front());
   size_t compared = 0;
-  for (size_t i = 0; i < pipe.weights.size(); ++i) {
-    if (pipe.weights[i].empty()) continue;
+  for (size_t i = 0; i < piped.weights.size(); ++i) {
+    if (piped.weights[i].empty()) continue;
     ++compared;
-    const std::vector<float>& a = pipe.weights[i];
-    const std::vector<float>& b = ref.weights[i];
+    const std::vector<float>& a = piped.weights[i];
+    const std::vector<float>& b = reference.weights[i];
     ASSERT_EQ(a.size(), b.size());
     double ss = 0, worst = 0;
     for (float x : b) ss += static_cast<double>(x) * x;
