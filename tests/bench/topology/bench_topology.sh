@@ -238,7 +238,7 @@ run_zero3() {  # run_zero3 <rate> <layout file> <repeat>
     NR == 1 { for (c = 1; c <= NF; ++c) col[$c] = c; nk = split(keys, key, " "); next }
     $1 > w { for (k = 1; k <= nk; ++k) { v = $col[key[k]]; if (v ~ /^-?[0-9.]+([eE][-+]?[0-9]+)?$/) sum[k] += v; else bad[k] = 1 }
              ++n }
-    END { for (k = 1; k <= nk; ++k) printf "%s%s", k > 1 ? "\t" : "", bad[k] || !n ? "" : sprintf("%.3f", sum[k] / n)
+    END { for (k = 1; k <= nk; ++k) printf "%s%s", (k > 1 ? "\t" : ""), ((bad[k] || !n) ? "" : sprintf("%.3f", sum[k] / n))
           print "" }' "$dir/metrics.csv")
   printf '%s\t%s\tzero3\t%s\t%s\t%s\t%s\t\t%s\t%s\t%s\t%s\n' "$rate" "$name" "$repeat" "$dtype" "$(bytes_per_step "$dir")" \
     "$(cut -f1 <<< "$times")" "$(drops "$dir")" "$predicted" "$(cut -f2- <<< "$times")" "$schedule" >> "$results"
