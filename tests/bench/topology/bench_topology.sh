@@ -36,7 +36,10 @@
 #     pipe:SCHEDULE[:DTYPE] (gpipe, 1f1b or interleaved_1f1b; bf16 unless :fp32): PyTorch's pipelining],
 #   PIPE_STAGES [4] and PIPE_VIRTUAL_STAGES [2, interleaved_1f1b only]: the pipelining peer's shape, as the pipelined
 #     layouts' pipeline.stages and zero3.pipeline_virtual_stages; PIPE_DP [fsdp2, or ddp]: its data parallelism
-#     inside each stage,
+#     inside each stage; PIPE_GRAD_ACCUM [GRAD_ACCUM]: the micro-batches per step of the pipelined layouts and the
+#     pipelining peer (GRAD_ACCUM x PIPE_STAGES gives them the unpipelined runs' global batch: their data-parallel
+#     ranks are the world over the stages),
+#   GLOO_PROBE [1; 0 skips the probe of what torch's gloo collectives send between nodes],
 #   RUN_TIMEOUT [1800 s per run]
 # Needs root (network namespaces); exits 77 with the reason where they cannot be made, 1 when a run failed.
 set -euo pipefail
@@ -63,6 +66,8 @@ PEERS=${PEERS-hsdp:bf16 hsdp:fp32 full:bf16 full:fp32}
 PIPE_STAGES=${PIPE_STAGES:-4}
 PIPE_VIRTUAL_STAGES=${PIPE_VIRTUAL_STAGES:-2}
 PIPE_DP=${PIPE_DP:-fsdp2}
+PIPE_GRAD_ACCUM=${PIPE_GRAD_ACCUM:-$GRAD_ACCUM}
+GLOO_PROBE=${GLOO_PROBE:-1}
 RUN_TIMEOUT=${RUN_TIMEOUT:-1800}
 world=$((NODES * RANKS))
 [ "$STEPS" -gt "$WARMUP" ] || { echo "bench_topology: STEPS ($STEPS) must exceed WARMUP ($WARMUP)" >&2; exit 2; }
@@ -101,6 +106,7 @@ echo "machine: $(getconf _NPROCESSORS_ONLN) cores ($(sed -n 's/^model name[[:spa
 echo "cluster: $NODES nodes x $RANKS ranks, every link shaped each way by tc tbf; rates: $RATES"
 echo "model: $MODEL; micro-batch $MICRO_BATCH x seq $SEQ_LEN x grad-accum $GRAD_ACCUM x $world ranks; $STEPS steps," \
   "the first $WARMUP not timed; bf16 parameters, fp32 master weights and Adam; $REPEATS repeats, interleaved"
+[ "$PIPE_GRAD_ACCUM" = "$GRAD_ACCUM" ] || echo "pipelined runs: grad-accum (micro-batches per step) $PIPE_GRAD_ACCUM"
 [ $((STEPS - WARMUP)) -ge 5 ] || echo "only $((STEPS - WARMUP)) timed steps per run: a smoke run, not figures to quote"
 
 # --- the peer's torch, in a venv of its own --------------------------------------------------------------------
@@ -131,8 +137,8 @@ setup_peer() {
 }
 setup_peer
 probe=""
-if [ -n "$peer_python" ]; then
-  echo "peer: $("$peer_python" -c 'import torch; print("torch", torch.__version__)') FSDP2 on gloo"
+[ -z "$peer_python" ] || echo "peer: $("$peer_python" -c 'import torch; print("torch", torch.__version__)') on gloo"
+if [ -n "$peer_python" ] && [ "$GLOO_PROBE" != 0 ]; then
   # What torch's gloo collectives send between nodes, per call (unshaped links; the same cluster shape).
   "$SIM" run --nodes "$NODES" --workdir "$WORK/gloo-probe" --timeout 600 --quiet -- \
     bash -c 'exec "$0" -m torch.distributed.run --nnodes "$SIM_NNODES" --nproc-per-node "$1" --node-rank "$SIM_NODE_RANK" \
@@ -168,7 +174,8 @@ drops() {  # packets the token buckets dropped in the whole run (TCP sent them a
 predict() {  # predict <rate> <layout file> <dir> <schedule, for a pipelined layout>
   local cluster="$ROOT/configs/clusters/sim-${NODES}x${RANKS}-$1.json"
   if [ ! -f "$cluster" ] || ! "$ZERO3" plan --model "$MODEL" --config "$2" --cluster "$cluster" --seq-len "$SEQ_LEN" \
-       --micro-batch "$MICRO_BATCH" --grad-accum "$GRAD_ACCUM" --lr 1e-4 > "$3/plan.txt" 2>&1; then
+       --micro-batch "$MICRO_BATCH" --grad-accum "$([ -n "${4:-}" ] && echo "$PIPE_GRAD_ACCUM" || echo "$GRAD_ACCUM")" \
+       --lr 1e-4 > "$3/plan.txt" 2>&1; then
     printf '\t\n'
     return 0
   fi
@@ -215,11 +222,13 @@ run_zero3() {  # run_zero3 <rate> <layout file> <repeat>
   dtype=$(reduce_dtype "$layout" 2>/dev/null) || dtype="unknown"
   schedule=$(pipeline_schedule "$layout" 2>/dev/null) || schedule=""
   echo "-- $rate, repeat $repeat, zero3 $name${schedule:+ (pipelined, $schedule)} ($(date -u +%H:%M), load average $(load))"
+  local accum=$GRAD_ACCUM
+  [ -z "$schedule" ] || accum=$PIPE_GRAD_ACCUM
   predicted=$(predict "$rate" "$layout" "$dir" "$schedule")
   "$SIM" launch --nodes "$NODES" --ranks-per-node "$RANKS" --rate "$rate" --zero3 "$ZERO3" --workdir "$dir" \
     --timeout "$RUN_TIMEOUT" --quiet -- "$TRAIN" --model "$MODEL" --deepspeed "$layout" \
     --data /usr/share/common-licenses --tokenizer bytes --seq-len "$SEQ_LEN" --micro-batch "$MICRO_BATCH" \
-    --grad-accum "$GRAD_ACCUM" --steps "$STEPS" --lr 1e-4 --precision bf16 --device cpu --no-grad-checkpointing \
+    --grad-accum "$accum" --steps "$STEPS" --lr 1e-4 --precision bf16 --device cpu --no-grad-checkpointing \
     --metrics "$dir/metrics.csv" 2>> "$dir/sim.log" || status=$?
   if [ "$status" != 0 ]; then
     tail -20 "$dir"/node0.log
@@ -247,7 +256,8 @@ run_zero3() {  # run_zero3 <rate> <layout file> <repeat>
 run_peer() {  # run_peer <rate> full|hsdp|pipe bf16|fp32 <repeat> [schedule, for pipe]
   local rate=$1 mesh=$2 dtype=$3 repeat=$4 schedule=${5:-} name dir status=0 script what
   local args=(--model "$MODEL" --reduce-dtype "$dtype" --micro-batch "$MICRO_BATCH" --seq-len "$SEQ_LEN"
-              --grad-accum "$GRAD_ACCUM" --steps "$STEPS" --warmup "$WARMUP")
+              --grad-accum "$([ "$mesh" = pipe ] && echo "$PIPE_GRAD_ACCUM" || echo "$GRAD_ACCUM")" --steps "$STEPS"
+              --warmup "$WARMUP")
   if [ "$mesh" = pipe ]; then
     name="pipe-$schedule-$dtype" script="$here/pipe_llama.py"
     what="PyTorch pipelining $schedule, $PIPE_STAGES stages, $PIPE_DP inside, reduce_dtype $dtype"
@@ -287,7 +297,9 @@ EOF
 # Layouts this build accepts; the others are listed with zero3's own reason.
 measured_layouts=()
 for layout in $LAYOUTS; do
-  if err=$("$ZERO3" config check "$layout" --world-size "$world" --micro-batch "$MICRO_BATCH" --grad-accum "$GRAD_ACCUM" \
+  accum=$GRAD_ACCUM
+  [ -z "$(pipeline_schedule "$layout" 2>/dev/null)" ] || accum=$PIPE_GRAD_ACCUM
+  if err=$("$ZERO3" config check "$layout" --world-size "$world" --micro-batch "$MICRO_BATCH" --grad-accum "$accum" \
            --precision bf16 --lr 1e-4 2>&1 >/dev/null); then
     measured_layouts+=("$layout")
   else
