@@ -40,5 +40,6 @@ if command -v clang++ >/dev/null; then
   ctest --test-dir "$build-fuzz" -L fuzz --output-on-failure
 fi
 
-# -LE is a regular expression: '^bench$' leaves out the full-size benchmarks and keeps their smoke runs (bench_smoke).
-ctest --test-dir "$build" -LE '^bench$' --output-on-failure -j "$jobs" --timeout 600
+# -LE is a regular expression: '^(bench|extended)$' leaves out the full-size benchmarks (keeping their smoke runs,
+# bench_smoke) and the runs of label extended (docs/testing.md).
+ctest --test-dir "$build" -LE '^(bench|extended)$' --output-on-failure -j "$jobs" --timeout 600
