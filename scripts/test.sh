@@ -16,7 +16,12 @@ libtorch=()
 if command -v apt-cache >/dev/null && grep -q "Candidate: [0-9]" <<<"$(apt-cache policy libtorch-dev 2>/dev/null || true)"; then
   libtorch=(-DZERO3_LIBTORCH=ON)
 fi
-if ! cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DZERO3_WERROR=ON "${libtorch[@]}"; then
+# Debug information at level 1 (-g1: functions and line tables, what a backtrace needs; no local variables): the
+# same code as -g, and a C++ compile takes a tenth to a half less CPU (docs/testing.md, "How long the test command
+# takes"). A build of your own for a debugger: RelWithDebInfo's default -g.
+debug_info=(-DCMAKE_C_FLAGS_RELWITHDEBINFO="-O2 -g1 -DNDEBUG" -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O2 -g1 -DNDEBUG")
+if ! cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo "${debug_info[@]}" -DZERO3_WERROR=ON \
+  "${libtorch[@]}"; then
   if [ ${#libtorch[@]} -gt 0 ]; then
     echo "test.sh: the distribution packages libtorch-dev, but the libtorch adapter could not be configured (see" \
       "the LIBTORCH line above): install libtorch-dev (scripts/install-deps.sh) or fix what CMake reports" >&2
@@ -34,11 +39,12 @@ if [ ${#libtorch[@]} -gt 0 ]; then
 fi
 # The safetensors and config fuzz targets build with clang (libFuzzer) in its own tree; their tests replay the corpora.
 if command -v clang++ >/dev/null; then
-  cmake -S . -B "$build-fuzz" -G Ninja -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ \
+  cmake -S . -B "$build-fuzz" -G Ninja -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ "${debug_info[@]}" \
     -DZERO3_CUDA=OFF -DZERO3_FUZZ=ON -DZERO3_BUILD_EXAMPLES=OFF >/dev/null
   cmake --build "$build-fuzz" --target fuzz_safetensors fuzz_config -j "$jobs"
   ctest --test-dir "$build-fuzz" -L fuzz --output-on-failure
 fi
 
-# -LE is a regular expression: '^bench$' leaves out the full-size benchmarks and keeps their smoke runs (bench_smoke).
-ctest --test-dir "$build" -LE '^bench$' --output-on-failure -j "$jobs" --timeout 600
+# -LE is a regular expression: '^(bench|extended)$' leaves out the full-size benchmarks (keeping their smoke runs,
+# bench_smoke) and the runs of label extended (docs/testing.md).
+ctest --test-dir "$build" -LE '^(bench|extended)$' --output-on-failure -j "$jobs" --timeout 600

@@ -2,6 +2,7 @@
 // for fp32, bf16 and fp16 alike; with fp16, the dynamic loss scale goes down on the overflow and back up
 // after loss_scale_window good steps, as the loss scaler defines it.
 // zero3-test-ranks: 1 2 3 4
+// zero3-test-extended: np4
 #include <gtest/gtest.h>
 
 #include <cmath>

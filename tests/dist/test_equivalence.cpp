@@ -8,6 +8,7 @@
 // only when fp32 round-off of the master weights moves one of them across a 16-bit rounding boundary;
 // their bound is stated with each variant below.
 // zero3-test-ranks: 1 2 3 4
+// zero3-test-extended: np4
 #include <gtest/gtest.h>
 
 #include <algorithm>
