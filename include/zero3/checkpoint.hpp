@@ -168,12 +168,12 @@ struct CheckpointRange {
 };
 
 struct CheckpointFile {
-  std::string name;        // file name inside DIR/TAG
-  int rank = 0;            // the rank that wrote it (a pipelined run's: its rank in its stage's data-parallel group)
-  int pipeline_stage = 0;  // a pipelined run's: the stage of that rank (0 otherwise)
+  std::string name;  // file name inside DIR/TAG
+  int rank = 0;      // the rank that wrote it (a pipelined run's: its rank in its stage's data-parallel group)
   uint64_t bytes = 0;
   uint32_t crc32c = 0;
   std::vector<CheckpointRange> ranges;
+  int pipeline_stage = 0;  // a pipelined run's: the stage of the rank that wrote it (0 otherwise)
 };
 
 // A model buffer a checkpoint holds (Engine::set_buffer_source): rank 0's value at the save.

@@ -44,9 +44,9 @@ LoadedCheckpoint load_checkpoint_on(const CheckpointRanks& ranks, const std::fil
 int64_t micro_batches_per_micro_step(const Engine& engine);
 // The engine's counters as a checkpoint stores them.
 TrainingState saved_training_state(const Engine& engine);
-// A checkpoint's counters as `engine` counts them. When the saved micro-batches do not fall on this engine's
-// accumulation windows (another gradient_accumulation_steps), the micro-steps restart at global_steps x the
-// engine's gradient_accumulation_steps() (logged).
-TrainingState engine_training_state(const TrainingState& saved, const Engine& engine);
+// A checkpoint's counters as `engine` counts them. When the saving run had another gradient_accumulation_steps
+// (another data-parallel size), the micro-steps restart at global_steps x the engine's
+// gradient_accumulation_steps() (logged).
+TrainingState engine_training_state(const CheckpointInfo& info, const Engine& engine);
 
 }  // namespace zero3::ckpt

@@ -392,7 +392,7 @@ LoadedCheckpoint ckpt::load_checkpoint_on(const CheckpointRanks& ranks, const fs
                                          "again or rebuild the engine)");
 
   // 3. Counters, loss scaler, and the compute-dtype parameters.
-  const TrainingState state = ckpt::engine_training_state(info.training_state, engine);
+  const TrainingState state = ckpt::engine_training_state(info, engine);
   engine.restore_training_state(state);
   engine.refresh_params();
 

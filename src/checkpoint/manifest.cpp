@@ -166,15 +166,6 @@ void check_layout(const Reader& r, const CheckpointInfo& info) {
       if (length > 0)
         owned[static_cast<size_t>(unit.pipeline_stage * ranks + rank)].push_back({static_cast<int>(u), begin, length});
     }
-    const std::string over =
-        pipelined ? str(p) + " of pipeline stage " + str(unit.pipeline_stage) + "'s " + str(ranks) + " ranks"
-                  : str(p) + " of world_size " + str(world) + " ranks";
-    if (unit.slice_numel != slice || unit.padded_numel != slice * p) {
-      r.fail("units[" + str(static_cast<int64_t>(u)) + "] ('" + unit.name + "'): slice_numel " + str(unit.slice_numel) +
-             " and padded_numel " + str(unit.padded_numel) + " do not follow from numel " + str(unit.numel) +
-             " and a partition over " + over + " (expected ceil(" + str(unit.numel) + " / " + str(p) +
-             ") = " + str(slice) + " and " + str(slice * p) + ")");
-    }
   }
   size_t expected_files = 0;
   for (const auto& o : owned) expected_files += o.empty() ? 0 : 1;
@@ -191,6 +182,20 @@ void check_layout(const Reader& r, const CheckpointInfo& info) {
            (replicated ? (pipelined ? "a stage's units (each stage's rank 0)" : "the model (rank 0)") : "a slice") +
            ", but files lists " + str(static_cast<int64_t>(info.files.size())) +
            (listed.empty() ? "" : (pipelined ? " (stage/rank " : " (ranks ") + listed + ")"));
+  }
+  for (size_t u = 0; u < info.units.size(); ++u) {
+    const CheckpointUnit& unit = info.units[u];
+    const int p = partition[static_cast<size_t>(unit.pipeline_stage)];
+    const int64_t slice = (unit.numel + p - 1) / p;
+    const std::string over =
+        pipelined ? str(p) + " of pipeline stage " + str(unit.pipeline_stage) + "'s " + str(ranks) + " ranks"
+                  : str(p) + " of world_size " + str(world) + " ranks";
+    if (unit.slice_numel != slice || unit.padded_numel != slice * p) {
+      r.fail("units[" + str(static_cast<int64_t>(u)) + "] ('" + unit.name + "'): slice_numel " + str(unit.slice_numel) +
+             " and padded_numel " + str(unit.padded_numel) + " do not follow from numel " + str(unit.numel) +
+             " and a partition over " + over + " (expected ceil(" + str(unit.numel) + " / " + str(p) +
+             ") = " + str(slice) + " and " + str(slice * p) + ")");
+    }
   }
   auto elements = [&](const CheckpointRange& x) {
     return "elements " + span(x.begin, x.length) + " of unit '" + info.units[static_cast<size_t>(x.unit)].name + "'";
@@ -587,6 +592,14 @@ CheckpointInfo manifest_from_json(std::string_view text, const std::filesystem::
            " (checkpoints are saved only at the end of an accumulation window)");
   }
   return info;
+}
+
+std::optional<int64_t> saved_gradient_accumulation_steps(const CheckpointInfo& info) {
+  const json config = json::parse(info.config_json, nullptr, false);
+  if (!config.is_object() || !config.contains("gradient_accumulation_steps")) return std::nullopt;
+  const json& gas = config["gradient_accumulation_steps"];
+  if (!gas.is_number_integer()) return std::nullopt;
+  return gas.get<int64_t>();
 }
 
 CheckpointInfo read_manifest(const std::filesystem::path& checkpoint_dir) {

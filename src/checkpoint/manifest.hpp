@@ -3,7 +3,9 @@
 // consistent with shapes, names safe to use as file names).
 #pragma once
 
+#include <cstdint>
 #include <filesystem>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -49,6 +51,9 @@ CheckpointInfo manifest_from_json(std::string_view text, const std::filesystem::
 // Reads DIR/TAG/manifest.json (`checkpoint_dir` is DIR/TAG). Throws CheckpointError (missing or unreadable
 // manifest included).
 CheckpointInfo read_manifest(const std::filesystem::path& checkpoint_dir);
+
+// The saving run's gradient_accumulation_steps (from the manifest's config), or nullopt when it does not say.
+std::optional<int64_t> saved_gradient_accumulation_steps(const CheckpointInfo& info);
 
 // 8 lowercase hex digits.
 std::string crc_hex(uint32_t crc);

@@ -1,5 +1,6 @@
 // The micro-step counts of checkpoints against an engine's (checkpoint_ranks.hpp).
 #include "checkpoint/checkpoint_ranks.hpp"
+#include "checkpoint/manifest.hpp"
 #include "zero3/log.hpp"
 
 namespace zero3::ckpt {
@@ -16,17 +17,21 @@ TrainingState saved_training_state(const Engine& engine) {
   return state;
 }
 
-TrainingState engine_training_state(const TrainingState& saved, const Engine& engine) {
+TrainingState engine_training_state(const CheckpointInfo& info, const Engine& engine) {
+  const TrainingState& saved = info.training_state;
   TrainingState state = saved;
   const int64_t batches = micro_batches_per_micro_step(engine);
   const int64_t gas = engine.gradient_accumulation_steps();
-  if (saved.micro_steps % batches != 0 || (saved.micro_steps / batches) % gas != 0) {
-    state.micro_steps = saved.global_steps * gas;
-    log::info_rank0("checkpoint micro-batch count ", saved.micro_steps, " does not fall on this run's ", gas,
-                    " micro-steps of ", batches, " micro-batches per optimizer step; counting from micro-step ",
-                    state.micro_steps, " (global step ", saved.global_steps, ")");
-  } else {
+  // The count goes on where the saving run's engine would: the same micro-batches per optimizer step.
+  const bool same_steps = saved_gradient_accumulation_steps(info) == engine.config().gradient_accumulation_steps;
+  if (same_steps && saved.micro_steps % batches == 0 && (saved.micro_steps / batches) % gas == 0) {
     state.micro_steps = saved.micro_steps / batches;
+  } else {
+    state.micro_steps = saved.global_steps * gas;
+    log::info_rank0("checkpoint micro-step count ", saved.micro_steps, " was counted with another ",
+                    "gradient_accumulation_steps than this run's ", gas, " micro-step(s) of ", batches,
+                    " micro-batch(es) per optimizer step; counting from micro-step ", state.micro_steps,
+                    " (global step ", saved.global_steps, ")");
   }
   return state;
 }

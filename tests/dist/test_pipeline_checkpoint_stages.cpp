@@ -58,7 +58,7 @@ struct Layout {
 };
 
 // This rank's part of a layout: its engine (null on ranks outside it) and, in a pipeline, its stage's groups.
-struct Run {
+struct StageRun {
   Layout layout;
   std::unique_ptr<Engine> engine;
   int stage = 0;
@@ -81,9 +81,9 @@ Config config_for(int zero_stage, const Layout& layout) {
 
 // Builds this rank's engine of `layout` over `world` (collective over the world), with layers [first, end) of its
 // stage, `extra` added to the declared units when not null (to play a model of another shape).
-Run make_run(const std::shared_ptr<Communicator>& world, const Layout& layout, int zero_stage,
-             const std::function<void(Engine&, int stage)>& declare = nullptr) {
-  Run run;
+StageRun make_run(const std::shared_ptr<Communicator>& world, const Layout& layout, int zero_stage,
+                  const std::function<void(Engine&, int stage)>& declare = nullptr) {
+  StageRun run;
   run.layout = layout;
   const Config config = config_for(zero_stage, layout);
   auto declare_layers = [&](Engine& e, int first, int end) {
@@ -126,7 +126,7 @@ Run make_run(const std::shared_ptr<Communicator>& world, const Layout& layout, i
   return run;
 }
 
-ckpt::CheckpointRanks ranks_of(Run& run, Communicator& world) {
+ckpt::CheckpointRanks ranks_of(StageRun& run, Communicator& world) {
   if (run.layout.stages == 0) return ckpt::engine_ranks(*run.engine);
   return ckpt::pipeline_ranks(*run.engine, world, run.stage, run.stages);
 }
@@ -146,7 +146,7 @@ void add_gradient(UnitScope& scope, int l, int64_t data_index) {
 
 // Optimizer steps [first, first + steps): each of the engine's micro-steps runs its micro-batches through its units
 // (forward scopes in order, backward scopes in reverse, as a pipeline stage would), then step().
-void train(Run& run, int64_t first, int64_t steps) {
+void train(StageRun& run, int64_t first, int64_t steps) {
   if (!run.engine) return;
   Engine& e = *run.engine;
   const int64_t gas = e.gradient_accumulation_steps();
@@ -170,9 +170,11 @@ void train(Run& run, int64_t first, int64_t steps) {
 
 // The whole model's state ("<unit>.<part>") on every rank of the world, whichever rank holds each unit: the unit's
 // holders gather it over their engine's communicator, and its first holder broadcasts it over the world.
-std::map<std::string, std::vector<float>> model_state(Run& run, Communicator& world) {
+std::map<std::string, std::vector<float>> model_state(StageRun& run, Communicator& world) {
   static const char* kParts[] = {"master", "exp_avg", "exp_avg_sq"};
   std::map<std::string, std::vector<float>> out;
+  // The engine's queued collectives first (an Engine over the world shares its communicator).
+  if (run.engine) (void)run.engine->communicator();
   for (int l = 0; l < kLayers; ++l) {
     std::optional<UnitId> id = run.engine ? run.engine->find_unit(layer_name(l)) : std::nullopt;
     float root = id && run.engine->rank() == 0 ? static_cast<float>(world.rank() + 1) : 0.0f;
@@ -202,13 +204,13 @@ TEST_P(PipelineCheckpointStages, SavedAtFourStagesResumesAtTwoStagesAndWithoutAP
   SharedTempDir dir(*world_, "zero3-ckpt-pipe");
   const Layout saved_layout{4, 4};
 
-  Run straight = make_run(world_, saved_layout, zero_stage);
+  StageRun straight = make_run(world_, saved_layout, zero_stage);
   train(straight, 0, kSaved + kMore);
   const auto want = model_state(straight, *world_);
 
   std::map<std::string, std::vector<float>> saved_state;
   {
-    Run run = make_run(world_, saved_layout, zero_stage);
+    StageRun run = make_run(world_, saved_layout, zero_stage);
     train(run, 0, kSaved);
     saved_state = model_state(run, *world_);
     const SavedCheckpoint saved =
@@ -231,7 +233,7 @@ TEST_P(PipelineCheckpointStages, SavedAtFourStagesResumesAtTwoStagesAndWithoutAP
 
   for (const Layout target : {Layout{2, 4}, Layout{0, 4}, Layout{0, 2}, Layout{4, 4}}) {
     SCOPED_TRACE("resumed as " + target.describe() + " at ZeRO stage " + std::to_string(zero_stage));
-    Run run = make_run(world_, target, zero_stage);
+    StageRun run = make_run(world_, target, zero_stage);
     if (run.engine) {
       const LoadedCheckpoint loaded = ckpt::load_checkpoint_on(ranks_of(run, *world_), dir.path(), "latest");
       EXPECT_EQ(loaded.saved_pipeline_stages, 4);
@@ -244,7 +246,9 @@ TEST_P(PipelineCheckpointStages, SavedAtFourStagesResumesAtTwoStagesAndWithoutAP
     std::string worst;
     const double err = max_relative_error(model_state(run, *world_), want, &worst);
     EXPECT_LE(err, kTolerance) << "largest difference at " << worst;
-    if (target.stages == 4) EXPECT_EQ(err, 0.0) << "the same layout resumes bit for bit";
+    if (target.stages == 4) {
+      EXPECT_EQ(err, 0.0) << "the same layout resumes bit for bit";
+    }
     ::testing::Test::RecordProperty("max_relative_error_" + std::to_string(target.stages) + "x" +
                                         std::to_string(target.ranks) + "_z" + std::to_string(zero_stage),
                                     ::testing::PrintToString(err));
@@ -253,7 +257,9 @@ TEST_P(PipelineCheckpointStages, SavedAtFourStagesResumesAtTwoStagesAndWithoutAP
   // Consolidation: every layer's weights, as the 4-stage run held them at the save.
   if (world_->rank() == 0) {
     const fs::path out = dir.path() / "hf";
-    consolidate_checkpoint(dir.path(), "latest", out, ExportOptions{.dtype = DType::f32});
+    ExportOptions options;
+    options.dtype = DType::f32;
+    consolidate_checkpoint(dir.path(), "latest", out, options);
     safetensors::SafetensorsReader reader(out / "model.safetensors");
     for (int l = 0; l < kLayers; ++l) {
       const std::vector<float>& master = saved_state.at(layer_name(l) + ".master");
@@ -270,12 +276,12 @@ TEST_P(PipelineCheckpointStages, OneEnginesCheckpointResumesAtFourStages) {
   SharedTempDir dir(*world_, "zero3-ckpt-pipe-plain");
   std::map<std::string, std::vector<float>> saved_state;
   {
-    Run run = make_run(world_, Layout{0, 4}, zero_stage);
+    StageRun run = make_run(world_, Layout{0, 4}, zero_stage);
     train(run, 0, kSaved);
     saved_state = model_state(run, *world_);
     save_checkpoint(*run.engine, dir.path(), "plain");
   }
-  Run run = make_run(world_, Layout{4, 4}, zero_stage);
+  StageRun run = make_run(world_, Layout{4, 4}, zero_stage);
   const LoadedCheckpoint loaded = ckpt::load_checkpoint_on(ranks_of(run, *world_), dir.path(), "latest");
   EXPECT_EQ(loaded.saved_pipeline_stages, 1);
   EXPECT_TRUE(loaded.resharded);
@@ -302,7 +308,7 @@ TEST(PipelineCheckpointRefusals, AStageOfAnotherModelIsNamed) {
   if (world->size() != 4) GTEST_SKIP() << "needs 4 ranks";
   SharedTempDir dir(*world, "zero3-ckpt-pipe-bad");
   {
-    Run run = make_run(world, Layout{4, 4}, 3);
+    StageRun run = make_run(world, Layout{4, 4}, 3);
     train(run, 0, 1);
     ckpt::save_checkpoint_on_node(ranks_of(run, *world), dir.path(), "one", {}, "node");
   }
@@ -317,19 +323,19 @@ TEST(PipelineCheckpointRefusals, AStageOfAnotherModelIsNamed) {
   };
   {
     // Stage 1 of 2 declares layers.5 with 9 rows.
-    Run run = make_run(world, Layout{2, 4}, 3, declare_with(5, 9, ""));
+    StageRun run = make_run(world, Layout{2, 4}, 3, declare_with(5, 9, ""));
     expect_refused_everywhere([&] { ckpt::load_checkpoint_on(ranks_of(run, *world), dir.path(), "latest"); },
                               {"'layers.5.w'", "[9, "});
   }
   {
     // Stage 0 of 2 declares "adapter" where the checkpoint has layers.2.
-    Run run = make_run(world, Layout{2, 4}, 3, declare_with(2, width(3), "adapter"));
+    StageRun run = make_run(world, Layout{2, 4}, 3, declare_with(2, width(3), "adapter"));
     expect_refused_everywhere([&] { ckpt::load_checkpoint_on(ranks_of(run, *world), dir.path(), "latest"); },
                               {"'adapter' is not in the checkpoint"});
   }
   {
     // The stages hold 7 of the checkpoint's 8 layers.
-    Run run = make_run(world, Layout{2, 4}, 3, [](Engine& e, int stage) {
+    StageRun run = make_run(world, Layout{2, 4}, 3, [](Engine& e, int stage) {
       for (int l = stage * 4; l < (stage + 1) * 4 - (stage == 1 ? 1 : 0); ++l) {
         e.add_unit(layer_name(l),
                    {{"w", {width(l + 1), width(l)}, ParamInit::zeros()}, {"b", {width(l + 1)}, ParamInit::zeros()}});
@@ -340,7 +346,7 @@ TEST(PipelineCheckpointRefusals, AStageOfAnotherModelIsNamed) {
   }
   {
     // One Engine without the last layer.
-    Run run = make_run(world, Layout{0, 4}, 3, [](Engine& e, int) {
+    StageRun run = make_run(world, Layout{0, 4}, 3, [](Engine& e, int) {
       for (int l = 0; l < kLayers - 1; ++l) {
         e.add_unit(layer_name(l),
                    {{"w", {width(l + 1), width(l)}, ParamInit::zeros()}, {"b", {width(l + 1)}, ParamInit::zeros()}});
