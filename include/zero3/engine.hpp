@@ -62,9 +62,9 @@
 // Ranks must open and close the same unit scopes in the same order. What is checked (docs/architecture.md,
 // "Threads, ordering and errors"): every collective is compared across ranks before it moves data (Gloo does it;
 // for nccl, which cannot, the engine does), so ranks whose orders differ never hand the library calls of
-// different sizes; step() (and EvalMode::next_batch()) compares a hash of the micro-step's scope events across
-// ranks before it reduces the last bucket or applies anything, so gradients reduced in another order are never
-// applied; and during the first micro-step (every micro-step with zero3.check_schedule_every_step) each scope
+// different sizes; a hash of each micro-step's scope events is compared across ranks before the optimizer applies
+// anything (the first micro-step's at its step(), the window's others together at the accumulation boundary;
+// EvalMode::next_batch() compares each batch), so gradients reduced in another order are never applied; and during the first micro-step (every micro-step with zero3.check_schedule_every_step) each scope
 // entry is compared before anything is issued for it. A difference is a CommError on every rank naming the
 // micro-step, the first differing scope event and the ranks.
 //
@@ -325,6 +325,9 @@ struct PipelineStageBinding {
   std::shared_ptr<Communicator> pipeline_group;
   // The micro-batches of one step (the config's gradient_accumulation_steps): gradients are averaged over them.
   int64_t micro_batches = 1;
+  // How many of the stage's data-parallel ranks share a node (consecutive in the group's order), for the layouts
+  // over nodes (MiCS, hpZ); 0: the launcher's variables decide, as for any engine.
+  int ranks_per_node = 0;
 };
 
 class Engine {

@@ -34,7 +34,10 @@
 //   3. resolve(config, InitOptions::resolve) with world_size set to the communicator's size (ResolveInputs::
 //      world_size set to anything else is an InvalidArgument). zero3.device is then recorded in the config as
 //      chosen ("cpu" or "cuda").
-//   4. The Engine, over the resolved config, the communicator and the device.
+//   4. The Engine, over the resolved config, the communicator and the device. With pipeline.stages above 1 (the
+//      config's, or ResolveInputs::pipeline_stages for "auto") Session::engine stays empty: make a
+//      zero3::PipelineEngine(s.config, s.comm, *s.device, layers, model) (pipeline_engine.hpp), which makes each
+//      stage's engine over its data-parallel group.
 // Collective: every rank of the job calls it (it blocks until all have joined, or the timeout). Throws the
 // error of the step that failed (ConfigError, InvalidArgument, CommError, TimeoutError, CudaError, Unsupported).
 #pragma once
@@ -64,7 +67,7 @@ struct Session {
   Config config;                       // the resolved config, the one the engine runs (engine->config())
   std::shared_ptr<Communicator> comm;  // the engine's data-parallel group; see engine.hpp before using it
   std::unique_ptr<Device> device;
-  std::unique_ptr<Engine> engine;
+  std::unique_ptr<Engine> engine;  // empty for a pipelined config (step 4 above)
 };
 
 // Loads the DeepSpeed config file (load_config), then initializes from it.

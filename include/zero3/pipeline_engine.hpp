@@ -84,6 +84,10 @@ struct PipelineStageInfo {
   size_t end_layer = 0;
   int64_t input_numel = 0;   // elements of the activation it receives per micro-batch (0 on the first stage)
   int64_t output_numel = 0;  // elements it sends on (0 on the last stage)
+  // pipeline.activation_checkpoint_interval: checkpoint every this many of the stage's layers (0: none). The
+  // program's forward and backward apply it (recompute in backward), as DeepSpeed's PipelineModule does inside
+  // the layers it runs; the pipeline engine only passes it on.
+  int64_t activation_checkpoint_interval = 0;
   bool is_first() const { return stage == 0; }
   bool is_last() const { return stage == stages - 1; }
 };
@@ -93,6 +97,7 @@ struct PipelineCall {
   const PipelineStageInfo* stage = nullptr;
   int64_t micro_batch = 0;  // 0 .. micro_batches - 1 within this optimizer step
   int64_t data_index = 0;   // optimizer steps so far x micro_batches + micro_batch: which micro-batch of data
+  bool training = true;     // false in eval_batch(): no backward follows this forward (keep nothing for it)
   TensorView input;         // the activation from the previous stage (not on the first stage); kept until backward
   TensorView output;        // forward: write the stage's output here (not on the last stage)
   TensorView grad_output;   // backward: d loss / d output (not on the last stage)

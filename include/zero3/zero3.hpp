@@ -21,3 +21,4 @@
 #include "zero3/traffic_plan.hpp"
 #include "zero3/safetensors.hpp"
 #include "zero3/pipeline_schedule.hpp"
+#include "zero3/pipeline_engine.hpp"

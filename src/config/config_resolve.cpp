@@ -58,19 +58,28 @@ class Resolver {
     notes_.push_back(std::string(path) + ": \"auto\" -> " + value + " (" + why + ")");
   }
 
-  // ----- MiCS and hpZ groups: they must tile the world (the engine also checks them against the nodes) -----
+  // ----- MiCS and hpZ groups: they must tile the ranks ZeRO runs over (the engine also checks them against the
+  // nodes): the world, or with pipeline stages each stage's data-parallel ranks -----
   void layout_groups() {
     const ZeroConfig& z = c_.zero;
     if (z.stage != 3) return;  // check_static refuses them below stage 3
-    auto check = [&](const char* path, int64_t size) {
-      if (size > world_ || world_ % size != 0) {
-        fail(path, "got " + std::to_string(size) + " with a world size of " + std::to_string(world_) +
-                       ", expected a divisor of the world size: the groups of consecutive ranks must tile the world");
+    const int64_t stages = c_.pipeline.stages.value_or(1);
+    const bool staged = stages > 1 && world_ % stages == 0;
+    const int64_t ranks = staged ? world_ / stages : world_;
+    const std::string size = staged ? "data-parallel size" : "world size";
+    const std::string of = staged ? std::to_string(ranks) + " (world size " + std::to_string(world_) +
+                                        " / pipeline.stages " + std::to_string(stages) + ")"
+                                  : std::to_string(world_);
+    auto check = [&](const char* path, int64_t n) {
+      if (n > ranks || ranks % n != 0) {
+        fail(path, "got " + std::to_string(n) + " with a " + size + " of " + of + ", expected a divisor of the " +
+                       size + ": the groups of consecutive ranks must tile " +
+                       (staged ? "each stage's data-parallel ranks" : "the world"));
       }
     };
     if (z.mics_shard_size > 0) check("zero_optimization.mics_shard_size", z.mics_shard_size);
-    // hpZ over the whole world or more has no effect (DeepSpeed takes the minimum).
-    if (z.hpz_partition_size > 1 && z.hpz_partition_size < world_) {
+    // hpZ over the whole group or more has no effect (DeepSpeed takes the minimum).
+    if (z.hpz_partition_size > 1 && z.hpz_partition_size < ranks) {
       check("zero_optimization.zero_hpz_partition_size", z.hpz_partition_size);
     }
   }

@@ -1047,9 +1047,8 @@ std::vector<KeyEntry> build_table() {
       IGNORED("compile", "object", "", present, "torch.compile / DeepCompile; zero3 is compiled C++ already."),
       SECTION("pipeline",
               "Pipeline parallelism (docs/pipeline.md). DeepSpeed reads this section as a dict whose keys mostly "
-              "mirror PipelineModule's constructor arguments; zero3 reads them as the pipeline's settings. Read, "
-              "checked and used by the batch arithmetic; an engine with more than one stage is not built yet and "
-              "is refused with that reason."),
+              "mirror PipelineModule's constructor arguments; zero3 reads them as the pipeline's settings: a config "
+              "with more than one stage runs on a zero3::PipelineEngine."),
       {.path = "pipeline.stages",
        .type = "integer or \"auto\"",
        .default_json = "\"auto\"",
@@ -1090,8 +1089,8 @@ std::vector<KeyEntry> build_table() {
            },
        .emit = [](const Config& c) -> Emitted { return J(c.pipeline.partition); }},
       KEY_INT("pipeline.activation_checkpoint_interval", c.pipeline.activation_checkpoint_interval, "0", 0,
-              "Recompute the activations of every this many layers of a stage in its backward (0: keep them); read "
-              "for the pipeline engine, which is not built yet."),
+              "Recompute the activations of every this many layers of a stage in its backward (0: keep them); "
+              "passed to the program's stages (PipelineStageInfo), which run the layers and apply it."),
       IGNORED("pipeline.pipe_partitioned", "boolean", "true", not_default,
               "DeepSpeed splits the activations sent between stages over the tensor-parallel ranks; zero3 has no "
               "tensor parallelism, so whole activations move, as DeepSpeed moves them without it."),

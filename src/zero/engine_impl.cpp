@@ -38,6 +38,7 @@ EngineImpl::EngineImpl(const Config& config, std::shared_ptr<Communicator> comm,
   rank_ = comm_->rank();
   world_ = comm_->size();
   require_resolved(config_, world_, pipeline_group_ != nullptr);
+  stage_ranks_per_node_ = stage.ranks_per_node;
   const ZeroConfig& z = config_.zero;
   ZERO3_REQUIRE(z.stage >= 0 && z.stage <= 3, ConfigError, "zero_optimization.stage: ", z.stage,
                 " is not a ZeRO stage (0, 1, 2 or 3)");
@@ -153,7 +154,7 @@ EngineImpl::EngineImpl(const Config& config, std::shared_ptr<Communicator> comm,
     guard_ = guard.get();
     comm_ = std::move(guard);
   }
-  defer_agreement_ = gather_stream_ != nullptr && world_ > 1;
+  defer_agreement_ = world_ > 1;
   reset_events();
   // With streams, a task only enqueues its collective, so tasks run inline: overlap comes from the streams.
   queue_ = std::make_unique<CommQueue>(overlap_ && gather_stream_ == nullptr);

@@ -165,6 +165,7 @@ class EngineImpl {
   int64_t grad_divisor_ = 1;
   // A pipeline stage's pipeline group: the gradient statistics are summed over it (read_boundary).
   std::shared_ptr<Communicator> pipeline_group_;
+  int stage_ranks_per_node_ = 0;  // PipelineStageBinding::ranks_per_node
   bool overlap_ = false;
   int64_t reduce_bucket_numel_ = 0;
   SchedulePolicy schedule_policy_;
@@ -226,9 +227,9 @@ class EngineImpl {
   // their running hash, compared across ranks when it ends (verify_schedule).
   std::vector<int64_t> events_;
   uint64_t events_hash_ = 0;
-  // On a device with streams, the micro-steps step() does not compare at once (after the first, unless
-  // zero3.check_schedule_every_step): their events, and a hash over them, compared once at the boundary together
-  // with the gradient statistics (read_boundary), so that a micro-step within the window waits for nothing.
+  // The micro-steps step() does not compare at once (after the first, unless zero3.check_schedule_every_step):
+  // their events, and a hash over them, compared once at the boundary together with the gradient statistics
+  // (read_boundary), so that a micro-step within the window waits for nothing.
   bool defer_agreement_ = false;
   std::vector<std::vector<int64_t>> window_events_;
   std::vector<std::string> window_positions_;  // schedule_position() of each, for the message

@@ -19,24 +19,32 @@ void EngineImpl::detect_nodes() {
   const ZeroConfig& z = config_.zero;
   int per_node = world_;
   nodes_source_ = "one node: the launcher's variables do not describe this communicator's world";
-  LaunchInfo launch;
-  bool from_launcher = false;
-  try {
-    launch = detect_launch();
-    from_launcher = launch.world_size == world_ && launch.rank == rank_ && world_ > 1;
-  } catch (const Error& e) {
-    nodes_source_ = log::concat("one node: the launcher's variables are unreadable (", e.what(), ")");
-  }
-  if (from_launcher) {
-    const int l = launch.local_world_size;
-    launch_node_ = launch.node_rank;
-    launch_local_size_ = l;
-    nodes_source_ = log::concat("the launcher (", launch.launcher, ") puts rank ", rank_, " on node ",
-                                launch.node_rank, " with ", l, " rank", l == 1 ? "" : "s", " as local rank ",
-                                launch.local_rank);
-    // Uneven nodes: one node for now; materialize() tells every rank at once (agree_on_nodes).
-    launch_consistent_ = l >= 1 && world_ % l == 0 && launch.node_rank == rank_ / l && launch.local_rank == rank_ % l;
-    if (launch_consistent_) per_node = l;
+  if (stage_ranks_per_node_ > 0 && world_ % stage_ranks_per_node_ == 0) {
+    // A pipeline stage's group: the pipeline engine knows where its ranks lie (the launcher's variables describe
+    // the whole world, not this group).
+    per_node = stage_ranks_per_node_;
+    nodes_source_ = log::concat("the pipeline's stage group: ", per_node, " of its ranks per node");
+  } else {
+    LaunchInfo launch;
+    bool from_launcher = false;
+    try {
+      launch = detect_launch();
+      from_launcher = launch.world_size == world_ && launch.rank == rank_ && world_ > 1;
+    } catch (const Error& e) {
+      nodes_source_ = log::concat("one node: the launcher's variables are unreadable (", e.what(), ")");
+    }
+    if (from_launcher) {
+      const int l = launch.local_world_size;
+      launch_node_ = launch.node_rank;
+      launch_local_size_ = l;
+      nodes_source_ = log::concat("the launcher (", launch.launcher, ") puts rank ", rank_, " on node ",
+                                  launch.node_rank, " with ", l, " rank", l == 1 ? "" : "s", " as local rank ",
+                                  launch.local_rank);
+      // Uneven nodes: one node for now; materialize() tells every rank at once (agree_on_nodes).
+      launch_consistent_ =
+          l >= 1 && world_ % l == 0 && launch.node_rank == rank_ / l && launch.local_rank == rank_ % l;
+      if (launch_consistent_) per_node = l;
+    }
   }
   nodes_ = make_node_layout(world_, per_node, nodes_source_);
   layout_ = make_shard_layout(z, nodes_);

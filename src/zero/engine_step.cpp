@@ -347,8 +347,10 @@ StepResult EngineImpl::step() {
   StepResult result;
   try {
     // Before anything of the step: the final bucket's size and the reduced sums depend on the order. Checked at
-    // once in the first micro-step (and every one with check_schedule_every_step) and always on cpu; otherwise, on
-    // a device with streams, with the window's other micro-steps at the boundary, before the optimizer.
+    // once in the first micro-step (and every one with check_schedule_every_step); otherwise the window's other
+    // micro-steps together at the boundary, before the optimizer, in the all-reduce of the gradient statistics (a
+    // comparison per micro-step would cross the nodes' links once more per micro-step; a collective of another
+    // size is still caught before it moves data: by Gloo, or on nccl by the CollectiveGuard).
     const bool checking = checking_order();
     guard_calls(checking);
     if (checking) check_order(step_code(), "step()");
@@ -373,7 +375,9 @@ StepResult EngineImpl::step() {
       return result;
     }
     result.boundary = true;
-    if (!window_backward_) {
+    // A pipeline stage always steps: the other stages' statistics wait for its own (a stage without backward scopes
+    // adds zeros, and its units are stepped with zero gradients, as below for a unit without a backward scope).
+    if (!window_backward_ && !pipeline_group_) {
       read_boundary(false);  // the window's deferred agreement
       // No backward scope since the last boundary, on any rank (the ranks' scopes were just compared): nothing
       // to apply. Like PyTorch's optimizers with no gradients: no update, no weight decay, no Adam step, and the

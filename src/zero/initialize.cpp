@@ -102,7 +102,8 @@ Session initialize(Config config, const InitOptions& options) {
   s.config = std::move(config);
 
   s.device = make_device(device.kind == "cuda" ? "cuda:" + std::to_string(device.index) : "cpu");
-  s.engine = std::make_unique<Engine>(s.config, s.comm, *s.device);
+  // A pipelined config: the stages' engines are the PipelineEngine's to make, over the groups it splits.
+  if (s.config.pipeline.stages.value_or(1) == 1) s.engine = std::make_unique<Engine>(s.config, s.comm, *s.device);
   log::info_rank0("initialize: ", s.comm->size(), " rank(s) (", s.launch.launcher, "), device ", s.device->name(),
                   " on rank 0, communicator ", s.comm->backend(), " with a ", s.comm->timeout().count() / 1000,
                   " s timeout, ZeRO stage ", s.config.zero.stage, ", config ", s.config.source);

@@ -304,6 +304,26 @@ TEST(ZeroLaunchFailure, AKilledPipelinePeerIsNamedOnItsNeighbours) {
   }
 }
 
+// Drives tests/dist/test_pipeline_equivalence: 4 pipeline stages, stage 1 killed (SIGKILL) in the middle of a step;
+// ranks 0, 2 and 3 must each end train_batch() with a CommError naming their stage and a transfer, and finish.
+TEST(ZeroLaunchFailure, AKilledPipelineStageEndsEveryRankWithANamedError) {
+  auto backends = zero3::available_backends();
+  if (std::find(backends.begin(), backends.end(), "gloo") == backends.end()) GTEST_SKIP() << "no gloo in this build";
+  std::string program =
+      std::string(std::getenv("ZERO3_BIN_DIR") ? std::getenv("ZERO3_BIN_DIR") : ".") + "/test_pipeline_equivalence";
+  if (::access(program.c_str(), X_OK) != 0) GTEST_SKIP() << program << " is not built";
+  auto r = launch({"-n", "4", "--keep-going", "--", program, "--gtest_filter=PipelineFailure.*"},
+                  {"DIST_TEST_KILLED_STAGE=1"});
+  EXPECT_EQ(r.status, 128 + SIGKILL) << r.out << r.err;
+  EXPECT_LT(r.took, 60s) << "the ranks waited for their timeout instead of seeing the failure";
+  EXPECT_TRUE(contains(r.out, "[rank 1] stage 1 is killed")) << r.out;
+  for (int rank : {0, 2, 3}) {
+    std::string p = "[rank " + std::to_string(rank) + "] ";
+    EXPECT_TRUE(contains(r.out, p + "rank " + std::to_string(rank) + " saw after")) << r.out;
+    EXPECT_TRUE(contains(r.out, p + "[  PASSED  ] 1 test")) << r.out;
+  }
+}
+
 }  // namespace
 
 namespace {
