@@ -389,6 +389,7 @@ int PipelineEngine::pipeline_size() const { return impl_->groups.topology.stages
 int PipelineEngine::data_parallel_rank() const { return impl_->engine->rank(); }
 int PipelineEngine::data_parallel_size() const { return impl_->engine->world_size(); }
 int PipelineEngine::world_rank() const { return impl_->world->rank(); }
+Communicator& PipelineEngine::world() const { return *impl_->world; }
 int64_t PipelineEngine::micro_batches() const { return impl_->micro_batches; }
 int64_t PipelineEngine::global_steps() const { return impl_->engine->global_steps(); }
 
