@@ -1,6 +1,5 @@
-// save_checkpoint and load_checkpoint of a PipelineEngine
-// (zero3/pipeline_checkpoint.hpp): the checkpoint code's save and load over the
-// pipeline's world, each rank with its stage engine.
+// save_checkpoint and load_checkpoint of a PipelineEngine (zero3/pipeline_checkpoint.hpp): the checkpoint code's save
+// and load over the pipeline's world, each rank with its stage engine.
 #include "zero3/pipeline_checkpoint.hpp"
 
 #include "checkpoint/checkpoint_ranks.hpp"

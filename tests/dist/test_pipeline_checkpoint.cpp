@@ -1,17 +1,14 @@
-// Checkpoints of a PipelineEngine (zero3/pipeline_checkpoint.hpp): a chain of 8
-// layers (tanh between them, a squared error on the last) trained by the
-// pipeline engine at 4 stages on 4 ranks, saved after 3 optimizer steps, and
-// resumed at 2 stages (2 stages x 2 data-parallel ranks), at 1 stage (an Engine
-// over the 4 ranks without a pipeline, the same model run micro-step by
-// micro-step) and at 4 stages again. The global batch is the same 8
-// micro-batches per step in every layout (the micro-batch of data index t *
-// micro_batches + k on data-parallel rank r is sample (t * micro_batches + k) *
-// data_parallel + r, as the unpipelined engine's micro-step k of step t on rank
-// r). Right after each load the weights and Adam state are bit for bit the
-// saved ones; 3 steps later the losses and the state equal the uninterrupted
-// 4-stage run's: bit for bit at 4 stages, within fp32 round-off at 2 stages and
-// without a pipeline (other data-parallel sizes and accumulation orders sum the
-// gradients in another order). zero3-test-ranks: 4 zero3-test-labels: pipeline
+// Checkpoints of a PipelineEngine (zero3/pipeline_checkpoint.hpp): a chain of 8 layers (tanh between them, a squared
+// error on the last) trained by the pipeline engine at 4 stages on 4 ranks, saved after 3 optimizer steps, and resumed
+// at 2 stages (2 stages x 2 data-parallel ranks), at 1 stage (an Engine over the 4 ranks without a pipeline, the same
+// model run micro-step by micro-step) and at 4 stages again. The global batch is the same 8 micro-batches per step in
+// every layout (the micro-batch of data index t * micro_batches + k on data-parallel rank r is sample (t *
+// micro_batches + k) * data_parallel + r, as the unpipelined engine's micro-step k of step t on rank r). Right after
+// each load the weights and Adam state are bit for bit the saved ones; 3 steps later the losses and the state equal the
+// uninterrupted 4-stage run's: bit for bit at 4 stages, within fp32 round-off at 2 stages and without a pipeline (other
+// data-parallel sizes and accumulation orders sum the gradients in another order).
+// zero3-test-ranks: 4
+// zero3-test-labels: pipeline
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -49,15 +46,13 @@ std::vector<PipelineLayer> chain_layers() {
   return layers;
 }
 
-// Sample values of global micro-batch `sample`: its inputs (kBatch x width(0))
-// and targets (kBatch x width(kLayers)).
+// Sample values of global micro-batch `sample`: its inputs (kBatch x width(0)) and targets (kBatch x width(kLayers)).
 float input_value(int64_t sample, int64_t i) { return static_cast<float>(std::sin(0.7 * (sample + 1) + 0.31 * i)); }
 float target_value(int64_t sample, int64_t i) {
   return static_cast<float>(0.5 * std::cos(0.4 * (sample + 2) + 0.23 * i));
 }
 
-// The chain's stages. Works as any stage of a pipeline and, given the whole
-// chain as its stage, on an Engine alone.
+// The chain's stages. Works as any stage of a pipeline and, given the whole chain as its stage, on an Engine alone.
 class Chain : public PipelineModel {
  public:
   void declare(Engine& e, const PipelineStageInfo& s) override {
@@ -147,8 +142,7 @@ class Chain : public PipelineModel {
   }
 
  private:
-  // The unpipelined engine's sample for micro-batch `data_index` (= step x
-  // micro-batches + micro) on this rank.
+  // The unpipelined engine's sample for micro-batch `data_index` (= step x micro-batches + micro) on this rank.
   static int64_t global_sample(const Engine& e, int64_t data_index) {
     const int64_t per_rank = kMicroBatches / e.world_size();
     return batch_index(data_index / per_rank, data_index % per_rank, per_rank, e.rank(), e.world_size());
@@ -169,8 +163,7 @@ Config config_for(int zero_stage, int stages, int world) {
   return c;
 }
 
-// The same chain on an Engine without a pipeline: every micro-step one
-// micro-batch through all layers.
+// The same chain on an Engine without a pipeline: every micro-step one micro-batch through all layers.
 struct PlainChain {
   PlainChain(const Config& config, std::shared_ptr<Communicator> comm) : engine(config, std::move(comm), cpu_device()) {
     whole.stages = 1;
@@ -209,9 +202,8 @@ std::vector<double> train(PipelineEngine& pipe, int64_t steps) {
   return losses;
 }
 
-// The whole model's state ("<unit>.<part>") on every rank: each unit's holders
-// gather it over their engine's communicator, its first holder broadcasts it
-// over the world.
+// The whole model's state ("<unit>.<part>") on every rank: each unit's holders gather it over their engine's
+// communicator, its first holder broadcasts it over the world.
 std::map<std::string, std::vector<float>> model_state(Engine& engine, Communicator& world) {
   static const char* kParts[] = {"master", "exp_avg", "exp_avg_sq"};
   std::map<std::string, std::vector<float>> out;
