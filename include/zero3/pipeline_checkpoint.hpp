@@ -15,8 +15,8 @@
 //   }
 //
 // Layout. Every stage's data-parallel ranks write their slices of the stage's units as a plain checkpoint's ranks do,
-// into files named after the stage and the rank within the stage (DIR/TAG/stage-01-of-04-rank-00000-of-00002
-// .safetensors); one manifest lists every unit of the model (stage by stage, each stage's units in the order its engine
+// into files named after the stage and the rank within the stage
+// (DIR/TAG/stage-01-of-04-rank-00000-of-00002.safetensors); one manifest lists every unit of the model (stage by stage, each stage's units in the order its engine
 // declared them, with the stage that held it) and every file. Its format_version is 2 (its "pipeline" section: stages
 // and data-parallel size); a checkpoint of one Engine stays version 1.
 //
