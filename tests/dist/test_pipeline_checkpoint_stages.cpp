@@ -168,26 +168,16 @@ void train(StageRun& run, int64_t first, int64_t steps) {
   }
 }
 
-// The whole model's state ("<unit>.<part>") on every rank of the world, whichever rank holds each unit: the unit's
-// holders gather it over their engine's communicator, and its first holder broadcasts it over the world.
+// The chain's units: names and sizes.
+std::vector<std::pair<std::string, int64_t>> chain_units() {
+  std::vector<std::pair<std::string, int64_t>> units;
+  for (int l = 0; l < kLayers; ++l) units.emplace_back(layer_name(l), width(l + 1) * width(l) + width(l + 1));
+  return units;
+}
+
+// The whole model's state on every rank of the world.
 std::map<std::string, std::vector<float>> model_state(StageRun& run, Communicator& world) {
-  static const char* kParts[] = {"master", "exp_avg", "exp_avg_sq"};
-  std::map<std::string, std::vector<float>> out;
-  // The engine's queued collectives first (an Engine over the world shares its communicator).
-  if (run.engine) (void)run.engine->communicator();
-  for (int l = 0; l < kLayers; ++l) {
-    std::optional<UnitId> id = run.engine ? run.engine->find_unit(layer_name(l)) : std::nullopt;
-    float root = id && run.engine->rank() == 0 ? static_cast<float>(world.rank() + 1) : 0.0f;
-    world.all_reduce(&root, 1, DType::f32, ReduceOp::sum)->wait();
-    const int64_t numel = width(l + 1) * width(l) + width(l + 1);
-    for (int part = 0; part < 3; ++part) {
-      std::vector<float> v(static_cast<size_t>(numel));
-      if (id) v = gather_state(*run.engine, *id, part);
-      world.broadcast(v.data(), v.size(), DType::f32, static_cast<int>(root) - 1)->wait();
-      out[layer_name(l) + "." + kParts[part]] = std::move(v);
-    }
-  }
-  return out;
+  return world_state(run.engine.get(), world, chain_units());
 }
 
 class PipelineCheckpointStages : public ::testing::TestWithParam<int> {
