@@ -31,7 +31,8 @@
 // that dies at any moment leaves the previous checkpoint and DIR/latest complete and valid. A load checks the
 // manifest, the model (unit and parameter names, shapes, dtypes) and the size and CRC-32C of every file it
 // needs before it changes any engine state, and reports what is wrong as a CheckpointError naming the file.
-// A checkpoint loads on any world size, any ZeRO stage and any layout (plain, hpZ, MiCS): each rank reads the byte
+// A checkpoint loads on any world size, any ZeRO stage and any layout (plain, hpZ, MiCS, a pipeline of any number of
+// stages: zero3/pipeline_checkpoint.hpp): each rank reads the byte
 // ranges of the saved files that cover its new slice (no conversion step). Under MiCS the first shard group's ranks
 // save (every group holds the whole model). Master weights, Adam moments, step counters and the
 // loss scaler come back exactly; the learning-rate schedule follows from the step count, so training
@@ -86,6 +87,7 @@ struct LoadedCheckpoint {
   std::string tag;             // the resolved tag ("latest" replaced by the tag it named)
   int saved_world_size = 0;
   int saved_stage = 0;
+  int saved_pipeline_stages = 1;  // of a pipelined run (zero3/pipeline_checkpoint.hpp); 1 otherwise
   // The saved slices differ from the engine's: another world size, another partition (MiCS's shard size), or
   // stage 0 (whole units on every rank) against a sharded stage.
   bool resharded = false;
@@ -112,8 +114,9 @@ SavedCheckpoint save_checkpoint(Engine& engine, const std::filesystem::path& dir
                                 const CheckpointExtras& extras = {});
 
 // Restores DIR/TAG ("latest": the tag DIR/latest names) into a materialized engine. Collective. The model the
-// engine declared must match the checkpoint's: the same units with the same parameters, in order, of the same
-// shapes and compute dtypes (CheckpointError naming the first difference). The world size, the stage and the
+// engine declared must match the checkpoint's: the same units (found by name, so a pipelined run's checkpoint
+// loads too) with the same parameters, in order, of the same shapes and compute dtypes (CheckpointError naming
+// the first difference). The world size, the stage and the
 // rest of the config may differ. Verified before anything changes: the manifest, and the size and CRC-32C of
 // every file this rank reads. Then fills every rank's slices (fp32 master weights, Adam moments), restores
 // the counters and the loss scaler, recomputes the compute-dtype parameters, and writes the saved buffers into
@@ -148,9 +151,12 @@ struct CheckpointUnit {
   std::string name;
   DType dtype = DType::f32;
   int64_t numel = 0;         // elements of its parameters
-  int64_t slice_numel = 0;   // ceil(numel / world size): what each rank owns at stages 1-3
-  int64_t padded_numel = 0;  // slice_numel * world size
+  int64_t slice_numel = 0;   // ceil(numel / ranks it is partitioned over): what each of them owns at stages 1-3
+  int64_t padded_numel = 0;  // slice_numel * those ranks
   std::vector<CheckpointParam> params;
+  // A pipelined run's checkpoint: the pipeline stage whose engine held the unit, partitioned over that stage's
+  // data-parallel ranks (CheckpointInfo::data_parallel_size()). 0 otherwise.
+  int pipeline_stage = 0;
 };
 
 // Elements [begin, begin + length) of a unit's flat buffer, held by a file as the tensors
@@ -163,10 +169,11 @@ struct CheckpointRange {
 
 struct CheckpointFile {
   std::string name;  // file name inside DIR/TAG
-  int rank = 0;      // the rank that wrote it
+  int rank = 0;      // the rank that wrote it (a pipelined run's: its rank in its stage's data-parallel group)
   uint64_t bytes = 0;
   uint32_t crc32c = 0;
   std::vector<CheckpointRange> ranges;
+  int pipeline_stage = 0;  // a pipelined run's: the stage of the rank that wrote it (0 otherwise)
 };
 
 // A model buffer a checkpoint holds (Engine::set_buffer_source): rank 0's value at the save.
@@ -185,6 +192,11 @@ struct CheckpointInfo {
   std::string created;        // UTC, ISO 8601
   int world_size = 0;
   int stage = 0;
+  // A pipelined run's checkpoint (zero3/pipeline_checkpoint.hpp): pipeline.stages stage engines, each holding its
+  // stage's units partitioned over world_size / pipeline_stages data-parallel ranks. 1 for a checkpoint of one
+  // Engine (its units partitioned over world_size ranks).
+  int pipeline_stages = 1;
+  int data_parallel_size() const { return world_size / pipeline_stages; }
   std::string config_json;  // the resolved DeepSpeed config of the run that saved it
   TrainingState training_state;
   CheckpointExtras extras;

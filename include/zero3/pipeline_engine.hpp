@@ -166,6 +166,9 @@ class PipelineEngine {
   int data_parallel_rank() const;   // the stage engine's rank
   int data_parallel_size() const;   // world / pipeline.stages
   int world_rank() const;
+  // The communicator over every rank of the pipeline (what the constructor was given): for collectives of the
+  // whole pipeline between train_batch() calls (checkpoints: zero3/pipeline_checkpoint.hpp), not inside them.
+  Communicator& world() const;
   int64_t micro_batches() const;    // gradient_accumulation_steps
   int64_t global_steps() const;
 

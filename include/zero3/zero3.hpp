@@ -22,3 +22,4 @@
 #include "zero3/safetensors.hpp"
 #include "zero3/pipeline_schedule.hpp"
 #include "zero3/pipeline_engine.hpp"
+#include "zero3/pipeline_checkpoint.hpp"

@@ -8,6 +8,7 @@
 #include <set>
 
 #include "checkpoint/checkpoint_dir.hpp"
+#include "checkpoint/checkpoint_ranks.hpp"
 #include "checkpoint/manifest.hpp"
 #include "checkpoint/model_buffers.hpp"
 #include "checkpoint/rank_reports.hpp"
@@ -58,51 +59,100 @@ fs::path locate_or_throw(const fs::path& dir, const std::string& tag) {
 
 std::string shape_text(const std::vector<int64_t>& shape) { return st::shape_string(shape); }
 
-// The first difference between the checkpoint's model and the engine's, or "".
-std::string model_difference(const CheckpointInfo& info, const Engine& engine) {
-  const size_t n = std::min(info.units.size(), engine.num_units());
-  for (size_t i = 0; i < n; ++i) {
-    const CheckpointUnit& cu = info.units[i];
-    const UnitInfo& eu = engine.unit(UnitId{static_cast<int32_t>(i)});
-    const std::string at = "unit " + std::to_string(i);
-    if (cu.name != eu.name) return at + " is '" + cu.name + "' in the checkpoint, '" + eu.name + "' in the engine";
-    const size_t m = std::min(cu.params.size(), eu.params.size());
-    for (size_t j = 0; j < m; ++j) {
-      const CheckpointParam& cp = cu.params[j];
-      const ParamInfo& ep = engine.param(eu.params[j]);
-      const std::string pat = at + " ('" + cu.name + "'), parameter " + std::to_string(j);
-      if (cp.name != ep.local_name) {
-        return pat + " is '" + cp.name + "' in the checkpoint, '" + ep.local_name + "' in the engine";
-      }
-      if (cp.shape != ep.shape) {
-        return "parameter '" + cp.full_name + "' has shape " + shape_text(cp.shape) + " in the checkpoint, " +
-               shape_text(ep.shape) + " in the engine";
-      }
-      if (cp.dtype != ep.dtype) {
-        return "parameter '" + cp.full_name + "' has dtype " + std::string(dtype_name(cp.dtype)) +
-               " in the checkpoint, " + std::string(dtype_name(ep.dtype)) + " in the engine";
-      }
+// "a, b, c, ... (N in all)": a few of the names, for messages.
+std::string some_names(const std::vector<std::string>& names) {
+  constexpr size_t kShown = 8;
+  std::string s;
+  for (size_t i = 0; i < std::min(names.size(), kShown); ++i) s += (i ? ", " : "") + names[i];
+  if (names.size() > kShown) s += ", ... (" + std::to_string(names.size()) + " in all)";
+  return s;
+}
+
+// The first difference between the engine's parameters of unit `eu` and the checkpoint's unit `cu`, or "".
+std::string unit_difference(const CheckpointUnit& cu, const UnitInfo& eu, const Engine& engine) {
+  const size_t m = std::min(cu.params.size(), eu.params.size());
+  for (size_t j = 0; j < m; ++j) {
+    const CheckpointParam& cp = cu.params[j];
+    const ParamInfo& ep = engine.param(eu.params[j]);
+    const std::string pat = "unit '" + cu.name + "', parameter " + std::to_string(j);
+    if (cp.name != ep.local_name) {
+      return pat + " is '" + cp.name + "' in the checkpoint, '" + ep.local_name + "' in the engine";
     }
-    if (cu.params.size() != eu.params.size()) {
-      const bool more = cu.params.size() > eu.params.size();
-      const std::string extra = more ? cu.params[m].name : engine.param(eu.params[m]).local_name;
-      return at + " ('" + cu.name + "') has " + std::to_string(cu.params.size()) + " parameters in the checkpoint, " +
-             std::to_string(eu.params.size()) + " in the engine (first extra: '" + extra + "' in the " +
-             (more ? "checkpoint" : "engine") + ")";
+    if (cp.shape != ep.shape) {
+      return "parameter '" + cp.full_name + "' has shape " + shape_text(cp.shape) + " in the checkpoint, " +
+             shape_text(ep.shape) + " in the engine";
+    }
+    if (cp.dtype != ep.dtype) {
+      return "parameter '" + cp.full_name + "' has dtype " + std::string(dtype_name(cp.dtype)) +
+             " in the checkpoint, " + std::string(dtype_name(ep.dtype)) + " in the engine";
     }
   }
-  if (info.units.size() != engine.num_units()) {
-    const bool more = info.units.size() > engine.num_units();
-    const std::string extra = more ? info.units[n].name : engine.unit(UnitId{static_cast<int32_t>(n)}).name;
-    return "the checkpoint has " + std::to_string(info.units.size()) + " units, the engine " +
-           std::to_string(engine.num_units()) + " (first extra: '" + extra + "' in the " +
+  if (cu.params.size() != eu.params.size()) {
+    const bool more = cu.params.size() > eu.params.size();
+    const std::string extra = more ? cu.params[m].name : engine.param(eu.params[m]).local_name;
+    return "unit '" + cu.name + "' has " + std::to_string(cu.params.size()) + " parameters in the checkpoint, " +
+           std::to_string(eu.params.size()) + " in the engine (first extra: '" + extra + "' in the " +
            (more ? "checkpoint" : "engine") + ")";
   }
   return "";
 }
 
+// Finds each of the engine's units in the checkpoint by name (`index`: the checkpoint's unit of each engine unit)
+// and returns the first difference, or "". `whole`: the engine must hold every unit of the checkpoint (one Engine);
+// else it may hold a part (a pipeline stage's engine).
+std::string model_difference(const CheckpointInfo& info, const Engine& engine, bool whole, std::vector<int>& index) {
+  std::map<std::string, int> by_name;
+  for (size_t i = 0; i < info.units.size(); ++i) by_name.emplace(info.units[i].name, static_cast<int>(i));
+  auto count_difference = [&](const std::string& extra, bool in_checkpoint) {
+    return "the checkpoint has " + std::to_string(info.units.size()) + " units, the engine " +
+           std::to_string(engine.num_units()) + " (first extra: '" + extra + "' in the " +
+           (in_checkpoint ? "checkpoint" : "engine") + ")";
+  };
+  index.assign(engine.num_units(), -1);
+  std::vector<bool> used(info.units.size(), false);
+  for (size_t i = 0; i < engine.num_units(); ++i) {
+    const UnitInfo& eu = engine.unit(UnitId{static_cast<int32_t>(i)});
+    const auto it = by_name.find(eu.name);
+    if (it == by_name.end()) {
+      if (whole && info.units.size() != engine.num_units()) return count_difference(eu.name, false);
+      std::vector<std::string> names;
+      for (const CheckpointUnit& u : info.units) names.push_back(u.name);
+      return "the engine's unit '" + eu.name + "' is not in the checkpoint (its units: " + some_names(names) + ")";
+    }
+    const std::string diff = unit_difference(info.units[static_cast<size_t>(it->second)], eu, engine);
+    if (!diff.empty()) return diff;
+    index[i] = it->second;
+    used[static_cast<size_t>(it->second)] = true;
+  }
+  if (whole) {
+    for (size_t c = 0; c < info.units.size(); ++c) {
+      if (!used[c]) return count_difference(info.units[c].name, true);
+    }
+  }
+  return "";
+}
+
+// A pipelined load: the checkpoint's units that no stage's engine holds (`stage_units`: every rank's unit names,
+// one per line, from each stage's first data-parallel rank), or "".
+std::string units_of_no_stage(const CheckpointInfo& info, const std::vector<std::string>& stage_units) {
+  std::set<std::string> held;
+  for (const std::string& text : stage_units) {
+    size_t from = 0;
+    for (size_t nl; (nl = text.find('\n', from)) != std::string::npos; from = nl + 1)
+      held.insert(text.substr(from, nl - from));
+  }
+  std::vector<std::string> missing;
+  for (const CheckpointUnit& u : info.units) {
+    if (!held.count(u.name)) missing.push_back(u.name);
+  }
+  if (missing.empty()) return "";
+  return "the checkpoint's unit(s) " + some_names(missing) +
+         " are in no pipeline stage's engine (the stages' units together must be the checkpoint's)";
+}
+
 struct UnitPlan {
   UnitId id;
+  int saved = 0;  // the checkpoint's unit
   ShardView view;
   std::vector<ckpt::RangeRead> reads;
   int64_t filled = 0;  // elements of the view the reads fill; the rest is padding
@@ -188,12 +238,21 @@ CheckpointInfo verify_checkpoint(const fs::path& dir, const std::string& tag) {
   return info;
 }
 
-LoadedCheckpoint load_checkpoint(Engine& engine, const fs::path& dir, const std::string& tag_arg) {
+LoadedCheckpoint load_checkpoint(Engine& engine, const fs::path& dir, const std::string& tag) {
+  return ckpt::load_checkpoint_on(ckpt::engine_ranks(engine), dir, tag);
+}
+
+LoadedCheckpoint ckpt::load_checkpoint_on(const CheckpointRanks& ranks, const fs::path& dir,
+                                          const std::string& tag_arg) {
   const auto t0 = Clock::now();
+  Engine& engine = ranks.engine;
   ZERO3_REQUIRE(engine.materialized(), InvalidArgument,
                 "load_checkpoint: materialize() the engine first (the checkpoint fills its slices)");
   const int rank = engine.rank();
   const std::string what = "load of checkpoint '" + tag_arg + "' from " + dir.string();
+  auto exchange = [&](const RankReport& report, const std::string& phase) {
+    return exchange_reports(ranks.comm, engine.device(), report, phase);
+  };
 
   // 1. Verify: manifest, model, and every file this rank reads. Nothing in the engine changes.
   LoadedCheckpoint result;
@@ -205,7 +264,8 @@ LoadedCheckpoint load_checkpoint(Engine& engine, const fs::path& dir, const std:
     result.tag = resolve_checkpoint_tag(dir, tag_arg);
     info = ckpt::read_manifest(locate_or_throw(dir, result.tag));
     result.path = info.path;
-    std::string diff = model_difference(info, engine);
+    std::vector<int> saved_unit;
+    std::string diff = model_difference(info, engine, !ranks.pipelined(), saved_unit);
     if (diff.empty()) diff = ckpt::buffers_difference(info, engine.buffers());
     if (!diff.empty()) {
       throw CheckpointError("checkpoint " + info.path.string() + " does not match the engine's model: " + diff);
@@ -218,8 +278,9 @@ LoadedCheckpoint load_checkpoint(Engine& engine, const fs::path& dir, const std:
     for (size_t i = 0; i < engine.num_units(); ++i) {
       UnitPlan p;
       p.id = UnitId{static_cast<int32_t>(i)};
+      p.saved = saved_unit[i];
       p.view = engine.local_shard(p.id);
-      p.reads = ckpt::plan_reads(info, p.id.index, p.view.begin, p.view.length);
+      p.reads = ckpt::plan_reads(info, p.saved, p.view.begin, p.view.length);
       p.filled = std::clamp<int64_t>(engine.unit(p.id).numel - p.view.begin, 0, p.view.length);
       for (const ckpt::RangeRead& r : p.reads) readers[r.file];
       plans.push_back(std::move(p));
@@ -245,7 +306,7 @@ LoadedCheckpoint load_checkpoint(Engine& engine, const fs::path& dir, const std:
     mine.ok = false;
     mine.message = e.what();
   }
-  std::vector<RankReport> reports = ckpt::exchange_reports(engine, mine, what + " (verifying)");
+  std::vector<RankReport> reports = exchange(mine, what + " (verifying)");
   ckpt::throw_if_any_failed(reports, what);
   for (const RankReport& r : reports) {
     if (r.a != reports[0].a) {
@@ -253,6 +314,19 @@ LoadedCheckpoint load_checkpoint(Engine& engine, const fs::path& dir, const std:
                             ": the ranks found different checkpoints (was DIR/latest rewritten while "
                             "loading, or do the ranks see different directories?)");
     }
+  }
+  if (ranks.pipelined()) {
+    // Every unit of the checkpoint must be some stage's: the same decision on every rank (the same manifest and
+    // the same names).
+    std::string names;
+    if (engine.rank() == 0) {
+      for (size_t i = 0; i < engine.num_units(); ++i) names += engine.unit(UnitId{static_cast<int32_t>(i)}).name + "\n";
+    }
+    const std::string missing = units_of_no_stage(
+        info, exchange_texts(ranks.comm, engine.device(), names, what + " (matching the stages' units)"));
+    if (!missing.empty())
+      throw CheckpointError(what + ": checkpoint " + info.path.string() +
+                            " does not match the pipeline's model: " + missing);
   }
 
   // 2. Fill every slice. From here on a failure leaves the engine's state partly overwritten.
@@ -311,39 +385,37 @@ LoadedCheckpoint load_checkpoint(Engine& engine, const fs::path& dir, const std:
     mine.ok = false;
     mine.message = e.what();
   }
-  reports = ckpt::exchange_reports(engine, mine, what + " (filling the slices)");
+  reports = exchange(mine, what + " (filling the slices)");
   ckpt::throw_if_any_failed(reports, what +
                                          " while filling the slices, after every file had verified (the "
                                          "engine's weights and optimizer state are now partly overwritten: load "
                                          "again or rebuild the engine)");
 
   // 3. Counters, loss scaler, and the compute-dtype parameters.
-  TrainingState state = info.training_state;
-  const int64_t gas = engine.gradient_accumulation_steps();
-  if (state.micro_steps % gas != 0) {
-    const int64_t aligned = state.global_steps * gas;
-    log::info_rank0("checkpoint micro-step count ", state.micro_steps, " is not a multiple of this run's ", gas,
-                    " micro-steps per optimizer step; counting from ", aligned, " (global step ", state.global_steps,
-                    ")");
-    state.micro_steps = aligned;
-  }
+  const TrainingState state = ckpt::engine_training_state(info, engine);
   engine.restore_training_state(state);
   engine.refresh_params();
 
   result.saved_world_size = info.world_size;
   result.saved_stage = info.stage;
+  result.saved_pipeline_stages = info.pipeline_stages;
   result.training_state = engine.training_state();
   result.extras = info.extras;
   // Stages 1-3 partition alike; stage 0 holds whole units on every rank; MiCS partitions over a shard group.
-  result.resharded = info.world_size != engine.world_size() || ((info.stage == 0) != (engine.stage() == 0));
-  for (size_t i = 0; i < engine.num_units(); ++i) {
-    result.resharded |= info.units[i].slice_numel != engine.unit(UnitId{static_cast<int32_t>(i)}).slice_numel;
+  result.resharded = info.data_parallel_size() != engine.world_size() || ((info.stage == 0) != (engine.stage() == 0));
+  for (const UnitPlan& p : plans) {
+    result.resharded |= info.units[static_cast<size_t>(p.saved)].slice_numel != engine.unit(p.id).slice_numel;
   }
   result.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  const std::string saved_by = info.pipeline_stages > 1 ? std::to_string(info.pipeline_stages) + " pipeline stages x " +
+                                                              std::to_string(info.data_parallel_size()) + " ranks"
+                                                        : std::to_string(info.world_size) + " ranks";
+  const std::string loaded_by = ranks.pipelined() ? std::to_string(ranks.pipeline_stages) + " pipeline stages x " +
+                                                        std::to_string(engine.world_size()) + " ranks"
+                                                  : std::to_string(engine.world_size()) + " ranks";
   log::info_rank0("loaded checkpoint ", result.path.string(), " (global step ", state.global_steps, ", saved by ",
-                  info.world_size, " ranks at stage ", info.stage, ", loaded by ", engine.world_size(),
-                  " ranks at stage ", engine.stage(), result.resharded ? ", resharded" : "", ") in ", result.seconds,
-                  " s");
+                  saved_by, " at stage ", info.stage, ", loaded by ", loaded_by, " at stage ", engine.stage(),
+                  result.resharded ? ", resharded" : "", ") in ", result.seconds, " s");
   return result;
 }
 

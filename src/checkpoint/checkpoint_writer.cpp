@@ -10,12 +10,14 @@
 #include <random>
 
 #include "checkpoint/checkpoint_dir.hpp"
+#include "checkpoint/checkpoint_ranks.hpp"
 #include "checkpoint/crash_point.hpp"
 #include "checkpoint/crc32c.hpp"
 #include "checkpoint/manifest.hpp"
 #include "checkpoint/model_buffers.hpp"
 #include "checkpoint/rank_reports.hpp"
 #include "checkpoint/save_on_node.hpp"
+#include "checkpoint/stage_pieces.hpp"
 #include "core/check.hpp"
 #include "io/atomic_file.hpp"
 #include "io/file_util.hpp"
@@ -132,8 +134,9 @@ struct WrittenShard {
 // one write() straight from the engine's memory (cpu device) or in large staged chunks (other devices), then
 // fsync'ed and renamed into place by the safetensors writer. The CRC-32C is computed on the way; the header,
 // which the writer lays down itself, is read back (a few KB) and combined in front of it.
-WrittenShard write_shard(Engine& engine, const fs::path& path, const std::vector<Piece>& pieces, const std::string& tag,
-                         const TrainingState& state) {
+WrittenShard write_shard(const ckpt::CheckpointRanks& ranks, const fs::path& path, const std::vector<Piece>& pieces,
+                         const std::string& tag, const TrainingState& state) {
+  Engine& engine = ranks.engine;
   std::vector<st::TensorDecl> decls;
   std::vector<CheckpointRange> ranges;
   for (const Piece& p : pieces) {
@@ -146,12 +149,17 @@ WrittenShard write_shard(Engine& engine, const fs::path& path, const std::vector
   for (size_t i = 0; i < engine.num_units(); ++i)
     unit_names.push_back(engine.unit(UnitId{static_cast<int32_t>(i)}).name);
   // Bound into the file (its header is under the CRC-32C): which elements it holds and at which step.
-  const std::map<std::string, std::string> metadata = {{"format", "zero3-checkpoint-shard"},
-                                                       {"tag", tag},
-                                                       {"rank", std::to_string(engine.rank())},
-                                                       {"world_size", std::to_string(engine.world_size())},
-                                                       {"ranges", ckpt::ranges_metadata(unit_names, ranges)},
-                                                       {"training_state", ckpt::training_state_metadata(state)}};
+  // A pipelined run's file: the rank in its stage's data-parallel group, the world size of the whole pipeline.
+  std::map<std::string, std::string> metadata = {{"format", "zero3-checkpoint-shard"},
+                                                 {"tag", tag},
+                                                 {"rank", std::to_string(engine.rank())},
+                                                 {"world_size", std::to_string(ranks.comm.size())},
+                                                 {"ranges", ckpt::ranges_metadata(unit_names, ranges)},
+                                                 {"training_state", ckpt::training_state_metadata(state)}};
+  if (ranks.pipelined()) {
+    metadata["pipeline_stage"] = std::to_string(ranks.pipeline_stage);
+    metadata["pipeline_stages"] = std::to_string(ranks.pipeline_stages);
+  }
   st::SafetensorsWriter writer(path, decls, metadata);
   Device& device = engine.device();
   const bool host = device.type() == DeviceType::cpu;
@@ -184,7 +192,7 @@ WrittenShard write_shard(Engine& engine, const fs::path& path, const std::vector
       }
       data_bytes += bytes;
     }
-    if (first) ckpt::crash_point("shard_partial", engine.rank());
+    if (first) ckpt::crash_point("shard_partial", ranks.comm.rank());
     first = false;
   }
   writer.finish();
@@ -199,18 +207,26 @@ WrittenShard write_shard(Engine& engine, const fs::path& path, const std::vector
   return out;
 }
 
-CheckpointInfo describe(Engine& engine, const std::string& tag, const std::string& created, const TrainingState& state,
-                        const CheckpointExtras& extras, const std::vector<RankReport>& shards) {
+// What every manifest says of the save, whatever the ranks.
+CheckpointInfo describe_save(const ckpt::CheckpointRanks& ranks, const std::string& tag, const std::string& created,
+                             const TrainingState& state, const CheckpointExtras& extras) {
   CheckpointInfo info;
   info.tag = tag;
-  info.format_version = ckpt::kFormatVersion;
+  info.format_version = ranks.pipelined() ? ckpt::kPipelineFormatVersion : ckpt::kFormatVersion;
   info.zero3_version = version();
   info.created = created;
-  info.world_size = engine.world_size();
-  info.stage = engine.stage();
-  info.config_json = to_json(engine.config());
+  info.world_size = ranks.comm.size();
+  info.stage = ranks.engine.stage();
+  info.pipeline_stages = ranks.pipeline_stages;
+  info.config_json = to_json(ranks.engine.config());
   info.training_state = state;
   info.extras = extras;
+  return info;
+}
+
+// The units of an engine as a manifest lists them.
+std::vector<CheckpointUnit> describe_units(Engine& engine) {
+  std::vector<CheckpointUnit> units;
   for (size_t i = 0; i < engine.num_units(); ++i) {
     const UnitInfo& u = engine.unit(UnitId{static_cast<int32_t>(i)});
     CheckpointUnit cu;
@@ -223,8 +239,18 @@ CheckpointInfo describe(Engine& engine, const std::string& tag, const std::strin
       const ParamInfo& p = engine.param(pid);
       cu.params.push_back({p.local_name, p.name, p.shape, p.dtype, p.offset, p.numel});
     }
-    info.units.push_back(std::move(cu));
+    units.push_back(std::move(cu));
   }
+  return units;
+}
+
+// The manifest of one Engine's save: its units, and a file per rank that holds a slice.
+CheckpointInfo describe(const ckpt::CheckpointRanks& ranks, const std::string& tag, const std::string& created,
+                        const TrainingState& state, const CheckpointExtras& extras,
+                        const std::vector<RankReport>& shards) {
+  Engine& engine = ranks.engine;
+  CheckpointInfo info = describe_save(ranks, tag, created, state, extras);
+  info.units = describe_units(engine);
   for (int r = 0; r < engine.world_size(); ++r) {
     const RankReport& rep = shards[static_cast<size_t>(r)];
     const std::vector<Piece> pieces = pieces_of_rank(engine, r);
@@ -245,6 +271,48 @@ CheckpointInfo describe(Engine& engine, const std::string& tag, const std::strin
   return info;
 }
 
+// The manifest of a pipelined save: the stages' units and files as merged from every rank's piece, with the sizes
+// and checksums the ranks reported after writing.
+CheckpointInfo describe_pipeline(const ckpt::CheckpointRanks& ranks, const std::string& tag, const std::string& created,
+                                 const TrainingState& state, const CheckpointExtras& extras,
+                                 const ckpt::PipelineLayout& layout, const std::vector<RankReport>& shards) {
+  CheckpointInfo info = describe_save(ranks, tag, created, state, extras);
+  info.units = layout.units;
+  info.files = layout.files;
+  std::vector<bool> writes(shards.size(), false);
+  for (size_t i = 0; i < info.files.size(); ++i) {
+    const RankReport& rep = shards[static_cast<size_t>(layout.file_ranks[i])];
+    info.files[i].bytes = rep.a;
+    info.files[i].crc32c = static_cast<uint32_t>(rep.b);
+    writes[static_cast<size_t>(layout.file_ranks[i])] = true;
+  }
+  for (size_t r = 0; r < shards.size(); ++r) {
+    if ((shards[r].a > 0) != writes[r]) {
+      throw CheckpointError("rank " + std::to_string(r) +
+                            (shards[r].a > 0 ? " wrote a shard file although it holds nothing"
+                                             : " wrote no shard file although it holds slices"));
+    }
+  }
+  return info;
+}
+
+// This rank's part of a pipelined save, for the other ranks to merge into the manifest (stage_pieces.hpp).
+ckpt::StagePiece describe_piece(const ckpt::CheckpointRanks& ranks, const TrainingState& state) {
+  Engine& engine = ranks.engine;
+  ckpt::StagePiece piece;
+  piece.pipeline_stage = ranks.pipeline_stage;
+  piece.stage_rank = engine.rank();
+  try {
+    piece.training_state = ckpt::training_state_metadata(state);
+    piece.buffers = static_cast<int64_t>(engine.buffers().size());
+    for (const Piece& p : my_pieces(engine)) piece.ranges.push_back({engine.unit(p.unit).name, p.begin, p.length});
+    if (engine.rank() == 0) piece.units = describe_units(engine);
+  } catch (const std::exception& e) {
+    piece.error = e.what();
+  }
+  return piece;
+}
+
 void check_extras(const CheckpointExtras& extras) {
   for (const auto& [k, v] : extras) {
     if (!st::detail::valid_utf8(k) || !st::detail::valid_utf8(v)) {
@@ -262,12 +330,6 @@ void prepare_directory(const fs::path& dir, const fs::path& temp) {
   io::fsync_directory(dir);
 }
 
-std::string host_name() {
-  char buf[256] = {};
-  if (::gethostname(buf, sizeof(buf) - 1) != 0) return "localhost";
-  return buf;
-}
-
 bool equal_ignoring_case(const std::string& a, const char* b) {
   const std::string_view bv(b);
   return a.size() == bv.size() && std::equal(a.begin(), a.end(), bv.begin(), [](char x, char y) {
@@ -279,29 +341,45 @@ bool equal_ignoring_case(const std::string& a, const char* b) {
 
 namespace ckpt {
 
-SavedCheckpoint save_checkpoint_on_node(Engine& engine, const fs::path& dir, const std::string& tag_arg,
+std::string host_name() {
+  char buf[256] = {};
+  if (::gethostname(buf, sizeof(buf) - 1) != 0) return "localhost";
+  return buf;
+}
+
+SavedCheckpoint save_checkpoint_on_node(Engine& engine, const fs::path& dir, const std::string& tag,
+                                        const CheckpointExtras& extras, const std::string& node_name) {
+  return save_checkpoint_on_node(engine_ranks(engine), dir, tag, extras, node_name);
+}
+
+SavedCheckpoint save_checkpoint_on_node(const CheckpointRanks& ranks, const fs::path& dir, const std::string& tag_arg,
                                         const CheckpointExtras& extras, const std::string& node_name) {
   const auto t0 = Clock::now();
+  Engine& engine = ranks.engine;
   ckpt::validate_tag(tag_arg);
   ZERO3_REQUIRE(engine.materialized(), InvalidArgument, "save_checkpoint: the engine is not materialized yet");
   ZERO3_REQUIRE(!dir.empty(), InvalidArgument, "save_checkpoint: the checkpoint directory is an empty path");
-  const TrainingState state = engine.training_state();
   const int64_t gas = engine.gradient_accumulation_steps();
-  if (state.micro_steps % gas != 0) {
-    throw InvalidArgument("save_checkpoint at micro-step " + std::to_string(state.micro_steps) +
+  if (engine.micro_steps() % gas != 0) {
+    throw InvalidArgument("save_checkpoint at micro-step " + std::to_string(engine.micro_steps()) +
                           " is inside a gradient accumulation window of " + std::to_string(gas) +
                           " micro-steps: the partial gradients are not part of a checkpoint; save after the step() "
                           "that ends the window (StepResult::boundary)");
   }
   check_extras(extras);
-  const int rank = engine.rank();
-  const int world = engine.world_size();
-  if (engine.config().checkpoint.use_node_local_storage && engine.partition_size() < world) {
-    throw InvalidArgument("save_checkpoint: checkpoint.use_node_local_storage with MiCS (zero_optimization."
-                          "mics_shard_size " +
-                          std::to_string(engine.partition_size()) + " of " + std::to_string(world) +
-                          " ranks): only the first shard group's ranks save the model, so the other nodes' directories "
-                          "would hold no files to load; save to a file system every rank sees");
+  const TrainingState state = saved_training_state(engine);
+  const int rank = ranks.comm.rank();
+  const int world = ranks.comm.size();
+  auto exchange = [&](const RankReport& report, const std::string& phase) {
+    return ckpt::exchange_reports(ranks.comm, engine.device(), report, phase);
+  };
+  if (engine.config().checkpoint.use_node_local_storage && engine.partition_size() < engine.world_size()) {
+    throw InvalidArgument(
+        "save_checkpoint: checkpoint.use_node_local_storage with MiCS (zero_optimization."
+        "mics_shard_size " +
+        std::to_string(engine.partition_size()) + " of " + std::to_string(engine.world_size()) +
+        " ranks): only the first shard group's ranks save the model, so the other nodes' directories "
+        "would hold no files to load; save to a file system every rank sees");
   }
 
   // 1. Rank 0 prepares DIR and the temp directory; every rank learns rank 0's tag, the nonce, rank 0's clock
@@ -322,7 +400,7 @@ SavedCheckpoint save_checkpoint_on_node(Engine& engine, const fs::path& dir, con
     }
   }
   const std::string what = "save of checkpoint '" + tag_arg + "' in " + dir.string();
-  std::vector<RankReport> reports = ckpt::exchange_reports(engine, mine, what + " (preparing the directory)");
+  std::vector<RankReport> reports = exchange(mine, what + " (preparing the directory)");
   ckpt::throw_if_any_failed(reports, what);
   const std::string tag = reports[0].message;
   const uint64_t nonce = reports[0].b;
@@ -372,11 +450,28 @@ SavedCheckpoint save_checkpoint_on_node(Engine& engine, const fs::path& dir, con
             "cannot prepare the node-local checkpoint directory " + dir.string() + " on " + node_name + ": " + e.what();
       }
     }
-    reports = ckpt::exchange_reports(engine, mine, what + " (preparing the node-local directories)");
+    reports = exchange(mine, what + " (preparing the node-local directories)");
     bool all_ok = true;
     for (const RankReport& r : reports) all_ok &= r.ok;
     if (!all_ok && is_leader) ckpt::remove_quietly(temp);
     ckpt::throw_if_any_failed(reports, what);
+  }
+
+  // 1b. A pipeline: every rank describes its part (its stage's units, its ranges, its counters); every rank merges
+  // the parts into the manifest's units and files alike, and all refuse together what does not fit.
+  ckpt::PipelineLayout layout;
+  if (ranks.pipelined()) {
+    const std::vector<std::string> texts =
+        ckpt::exchange_texts(ranks.comm, engine.device(), ckpt::piece_to_json(describe_piece(ranks, state)),
+                             what + " (describing the pipeline stages' parts)");
+    try {
+      std::vector<ckpt::StagePiece> pieces;
+      for (size_t r = 0; r < texts.size(); ++r) pieces.push_back(ckpt::piece_from_json(texts[r], static_cast<int>(r)));
+      layout = ckpt::merge_pieces(pieces, ranks.pipeline_stages, world / ranks.pipeline_stages);
+    } catch (const std::exception& e) {
+      if (is_leader) ckpt::remove_quietly(temp);
+      throw CheckpointError(what + ": " + e.what());
+    }
   }
 
   // 2. Every rank writes its shard file.
@@ -388,10 +483,13 @@ SavedCheckpoint save_checkpoint_on_node(Engine& engine, const fs::path& dir, con
     const std::vector<Piece> pieces = my_pieces(engine);
     if (!pieces.empty()) {
       const auto tw = Clock::now();
-      const fs::path file = temp / ckpt::rank_file_name(rank, world);
+      const fs::path file =
+          temp / (ranks.pipelined() ? ckpt::stage_rank_file_name(ranks.pipeline_stage, ranks.pipeline_stages,
+                                                                 engine.rank(), engine.world_size())
+                                    : ckpt::rank_file_name(rank, world));
       WrittenShard shard;
       try {
-        shard = write_shard(engine, file, pieces, tag, state);
+        shard = write_shard(ranks, file, pieces, tag, state);
       } catch (const Error& e) {
         throw CheckpointError("cannot write " + file.string() + ": " + e.what());
       }
@@ -406,7 +504,7 @@ SavedCheckpoint save_checkpoint_on_node(Engine& engine, const fs::path& dir, con
     mine.ok = false;
     mine.message = e.what();
   }
-  reports = ckpt::exchange_reports(engine, mine, what + " (after writing the shard files)");
+  reports = exchange(mine, what + " (after writing the shard files)");
   bool shards_ok = true;
   for (const RankReport& r : reports) shards_ok &= r.ok;
   if (!shards_ok && is_leader) ckpt::remove_quietly(temp);
@@ -427,7 +525,9 @@ SavedCheckpoint save_checkpoint_on_node(Engine& engine, const fs::path& dir, con
     bool committed = false;
     try {
       ckpt::crash_point("before_manifest", rank);
-      CheckpointInfo info = describe(engine, tag, created, state, extras, shard_reports);
+      CheckpointInfo info = ranks.pipelined()
+                                ? describe_pipeline(ranks, tag, created, state, extras, layout, shard_reports)
+                                : describe(ranks, tag, created, state, extras, shard_reports);
       // The model's buffers: this rank's values (the same on every rank when the program synchronizes them, as
       // zero3::libtorch does).
       const std::vector<ModelBuffer> buffers = engine.buffers();
@@ -455,7 +555,7 @@ SavedCheckpoint save_checkpoint_on_node(Engine& engine, const fs::path& dir, con
       if (!committed) ckpt::remove_quietly(temp);
     }
   }
-  reports = ckpt::exchange_reports(engine, mine, what + " (committing)");
+  reports = exchange(mine, what + " (committing)");
   ckpt::throw_if_any_failed(reports, what);
   result.seconds = seconds_since(t0);
   log::info_rank0("saved checkpoint ", result.path.string(), ": ", result.files, " files, ", result.bytes,
@@ -470,7 +570,7 @@ SavedCheckpoint save_checkpoint_on_node(Engine& engine, const fs::path& dir, con
 
 SavedCheckpoint save_checkpoint(Engine& engine, const fs::path& dir, const std::string& tag,
                                 const CheckpointExtras& extras) {
-  return ckpt::save_checkpoint_on_node(engine, dir, tag, extras, host_name());
+  return ckpt::save_checkpoint_on_node(engine, dir, tag, extras, ckpt::host_name());
 }
 
 }  // namespace zero3

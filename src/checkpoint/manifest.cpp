@@ -123,73 +123,102 @@ std::string span(int64_t begin, int64_t length) { return "[" + str(begin) + ", "
 // [r*S, min((r+1)*S, numel)) of every unit, S = ceil(numel / W), and writes one file holding exactly those ranges
 // (none when it owns only padding); at stage 0 with several ranks rank 0 alone writes every unit whole. So the
 // world size, the units' sizes and the files' ranges must agree, and a file's ranges cannot be another file's.
+// A pipelined run's checkpoint holds one such partition per pipeline stage: the stage's units over its
+// data_parallel_size ranks, each rank's file named after its stage and rank.
 //
 // Under MiCS the partition is a shard group of P ranks (P dividing W): the first group's ranks write its slices,
-// S = ceil(numel / P). P is read from the first unit (padded_numel / slice_numel) and must hold for every unit.
-int saved_partition(const CheckpointInfo& info) {
-  const int world = info.world_size;
-  if (info.stage == 0 || info.units.empty() || info.units[0].slice_numel <= 0) return world;
-  const int64_t p = info.units[0].padded_numel / info.units[0].slice_numel;
-  return p >= 1 && p <= world && world % p == 0 ? static_cast<int>(p) : world;
+// S = ceil(numel / P). P is read from the stage's first unit (padded_numel / slice_numel) and must hold for every
+// unit of the stage.
+int saved_partition(const CheckpointInfo& info, int pipeline_stage) {
+  const int ranks = info.data_parallel_size();
+  if (info.stage == 0) return ranks;
+  for (const CheckpointUnit& u : info.units) {
+    if (u.pipeline_stage != pipeline_stage) continue;
+    if (u.slice_numel <= 0) return ranks;
+    const int64_t p = u.padded_numel / u.slice_numel;
+    return p >= 1 && p <= ranks && ranks % p == 0 ? static_cast<int>(p) : ranks;
+  }
+  return ranks;
 }
 
 void check_layout(const Reader& r, const CheckpointInfo& info) {
   const int world = info.world_size;
-  const int partition = saved_partition(info);
-  const bool replicated = info.stage == 0 && world > 1;
-  std::vector<std::vector<CheckpointRange>> owned(static_cast<size_t>(world));
+  const int stages = info.pipeline_stages;
+  const int ranks = info.data_parallel_size();  // of each stage: the world when not pipelined
+  const bool pipelined = stages > 1;
+  const bool replicated = info.stage == 0 && ranks > 1;
+  // "rank 1 of 4", or in a pipelined checkpoint "rank 1 of pipeline stage 2's 4"
+  auto rank_label = [&](int stage, int rank) {
+    return "rank " + str(rank) + " of " + (pipelined ? "pipeline stage " + str(stage) + "'s " : "") + str(ranks);
+  };
+  // owned[stage * ranks + rank]: the ranges that rank of that stage saves.
+  std::vector<std::vector<CheckpointRange>> owned(static_cast<size_t>(stages) * static_cast<size_t>(ranks));
+  std::vector<int> partition(static_cast<size_t>(stages));
+  for (int s = 0; s < stages; ++s) partition[static_cast<size_t>(s)] = saved_partition(info, s);
   for (size_t u = 0; u < info.units.size(); ++u) {
     const CheckpointUnit& unit = info.units[u];
-    const int64_t slice = (unit.numel + partition - 1) / partition;
-    for (int rank = 0; rank < partition; ++rank) {
+    const int p = partition[static_cast<size_t>(unit.pipeline_stage)];
+    const int64_t slice = (unit.numel + p - 1) / p;
+    for (int rank = 0; rank < p; ++rank) {
       const int64_t begin = replicated ? 0 : rank * slice;
       const int64_t length =
           replicated ? (rank == 0 ? unit.numel : 0) : std::clamp<int64_t>(unit.numel - begin, 0, slice);
-      if (length > 0) owned[static_cast<size_t>(rank)].push_back({static_cast<int>(u), begin, length});
+      if (length > 0)
+        owned[static_cast<size_t>(unit.pipeline_stage * ranks + rank)].push_back({static_cast<int>(u), begin, length});
     }
   }
   size_t expected_files = 0;
-  for (int rank = 0; rank < world; ++rank) expected_files += owned[static_cast<size_t>(rank)].empty() ? 0 : 1;
+  for (const auto& o : owned) expected_files += o.empty() ? 0 : 1;
   if (info.files.size() != expected_files) {
     std::string listed;
-    for (const CheckpointFile& f : info.files) listed += (listed.empty() ? "" : ", ") + str(f.rank);
-    r.fail("world_size " + str(world) + " at stage " + str(info.stage) + " means " +
-           str(static_cast<int64_t>(expected_files)) + " shard file(s), one per rank that holds " +
-           (replicated ? "the model (rank 0)" : "a slice") + ", but files lists " +
-           str(static_cast<int64_t>(info.files.size())) + (listed.empty() ? "" : " (ranks " + listed + ")"));
+    for (const CheckpointFile& f : info.files) {
+      listed += (listed.empty() ? "" : ", ") + (pipelined ? str(f.pipeline_stage) + "/" : "") + str(f.rank);
+    }
+    const std::string shape = pipelined ? "world_size " + str(world) + " as " + str(stages) +
+                                              " pipeline stages x data_parallel_size " + str(ranks)
+                                        : "world_size " + str(world);
+    r.fail(shape + " at stage " + str(info.stage) + " means " + str(static_cast<int64_t>(expected_files)) +
+           " shard file(s), one per rank that holds " +
+           (replicated ? (pipelined ? "a stage's units (each stage's rank 0)" : "the model (rank 0)") : "a slice") +
+           ", but files lists " + str(static_cast<int64_t>(info.files.size())) +
+           (listed.empty() ? "" : (pipelined ? " (stage/rank " : " (ranks ") + listed + ")"));
   }
   for (size_t u = 0; u < info.units.size(); ++u) {
     const CheckpointUnit& unit = info.units[u];
-    const int64_t slice = (unit.numel + partition - 1) / partition;
-    if (unit.slice_numel != slice || unit.padded_numel != slice * partition) {
+    const int p = partition[static_cast<size_t>(unit.pipeline_stage)];
+    const int64_t slice = (unit.numel + p - 1) / p;
+    const std::string over =
+        pipelined ? str(p) + " of pipeline stage " + str(unit.pipeline_stage) + "'s " + str(ranks) + " ranks"
+                  : str(p) + " of world_size " + str(world) + " ranks";
+    if (unit.slice_numel != slice || unit.padded_numel != slice * p) {
       r.fail("units[" + str(static_cast<int64_t>(u)) + "] ('" + unit.name + "'): slice_numel " + str(unit.slice_numel) +
              " and padded_numel " + str(unit.padded_numel) + " do not follow from numel " + str(unit.numel) +
-             " and a partition over " + str(partition) + " of world_size " + str(world) + " ranks (expected ceil(" +
-             str(unit.numel) + " / " + str(partition) + ") = " + str(slice) + " and " + str(slice * partition) + ")");
+             " and a partition over " + over + " (expected ceil(" + str(unit.numel) + " / " + str(p) +
+             ") = " + str(slice) + " and " + str(slice * p) + ")");
     }
   }
   auto elements = [&](const CheckpointRange& x) {
     return "elements " + span(x.begin, x.length) + " of unit '" + info.units[static_cast<size_t>(x.unit)].name + "'";
   };
-  std::vector<bool> seen(static_cast<size_t>(world), false);
+  std::vector<bool> seen(owned.size(), false);
   for (size_t i = 0; i < info.files.size(); ++i) {
     const CheckpointFile& f = info.files[i];
     const std::string where = "files[" + str(static_cast<int64_t>(i)) + "] (" + f.name + ")";
-    if (seen[static_cast<size_t>(f.rank)]) r.fail(where + ": a second file of rank " + str(f.rank));
-    seen[static_cast<size_t>(f.rank)] = true;
-    if (f.name != rank_file_name(f.rank, world)) {
-      r.fail(where + ": rank " + str(f.rank) + " of " + str(world) + " writes '" + rank_file_name(f.rank, world) +
-             "', not '" + f.name + "'");
-    }
-    const std::vector<CheckpointRange>& want = owned[static_cast<size_t>(f.rank)];
+    const size_t slot = static_cast<size_t>(f.pipeline_stage * ranks + f.rank);
+    if (seen[slot]) r.fail(where + ": a second file of " + rank_label(f.pipeline_stage, f.rank));
+    seen[slot] = true;
+    const std::string name = shard_file_name(info, f.pipeline_stage, f.rank);
+    if (f.name != name)
+      r.fail(where + ": " + rank_label(f.pipeline_stage, f.rank) + " writes '" + name + "', not '" + f.name + "'");
+    const std::vector<CheckpointRange>& want = owned[slot];
     for (size_t k = 0; k < std::max(want.size(), f.ranges.size()); ++k) {
       const std::string claim = k < f.ranges.size() ? elements(f.ranges[k]) : "nothing";
       const std::string owns = k < want.size() ? elements(want[k]) : "nothing more";
       const bool same = k < want.size() && k < f.ranges.size() && want[k].unit == f.ranges[k].unit &&
                         want[k].begin == f.ranges[k].begin && want[k].length == f.ranges[k].length;
       if (!same) {
-        r.fail(where + ": ranges[" + str(static_cast<int64_t>(k)) + "] is " + claim + ", but rank " + str(f.rank) +
-               " of " + str(world) + " at stage " + str(info.stage) + " holds " + owns +
+        r.fail(where + ": ranges[" + str(static_cast<int64_t>(k)) + "] is " + claim + ", but " +
+               rank_label(f.pipeline_stage, f.rank) + " at stage " + str(info.stage) + " holds " + owns +
                " there (the ranges must be the saving run's partition: were they edited, or swapped between files?)");
       }
     }
@@ -230,6 +259,20 @@ std::string rank_file_name(int rank, int world_size) {
   return buf;
 }
 
+std::string stage_rank_file_name(int stage, int stages, int rank, int data_parallel_size) {
+  char buf[96];
+  std::snprintf(buf, sizeof(buf), "stage-%02d-of-%02d-rank-%05d-of-%05d.safetensors", stage, stages, rank,
+                data_parallel_size);
+  return buf;
+}
+
+std::string shard_file_name(const CheckpointInfo& info, int pipeline_stage, int rank) {
+  if (info.pipeline_stages > 1) {
+    return stage_rank_file_name(pipeline_stage, info.pipeline_stages, rank, info.data_parallel_size());
+  }
+  return rank_file_name(rank, info.world_size);
+}
+
 std::string crc_hex(uint32_t crc) {
   char buf[16];
   std::snprintf(buf, sizeof(buf), "%08x", crc);
@@ -261,21 +304,11 @@ std::string ranges_metadata(const std::vector<std::string>& unit_names, const st
 
 std::string training_state_metadata(const TrainingState& state) { return training_state_json(state).dump(); }
 
-std::string manifest_to_json(const CheckpointInfo& info) {
-  ordered_json m = ordered_json::object();
-  m["format"] = kFormatName;
-  m["format_version"] = kFormatVersion;
-  m["zero3_version"] = info.zero3_version;
-  m["tag"] = info.tag;
-  m["created"] = info.created;
-  m["world_size"] = info.world_size;
-  m["stage"] = info.stage;
-  m["training_state"] = training_state_json(info.training_state);
-  ordered_json extras = ordered_json::object();
-  for (const auto& [k, v] : info.extras) extras[k] = v;
-  m["extras"] = std::move(extras);
-  ordered_json units = ordered_json::array();
-  for (const CheckpointUnit& u : info.units) {
+namespace {
+
+ordered_json units_json(const std::vector<CheckpointUnit>& units, bool pipelined) {
+  ordered_json out = ordered_json::array();
+  for (const CheckpointUnit& u : units) {
     ordered_json params = ordered_json::array();
     for (const CheckpointParam& p : u.params) {
       params.push_back({{"name", p.name},
@@ -284,97 +317,35 @@ std::string manifest_to_json(const CheckpointInfo& info) {
                         {"offset", p.offset},
                         {"numel", p.numel}});
     }
-    units.push_back({{"name", u.name},
-                     {"dtype", std::string(dtype_name(u.dtype))},
-                     {"numel", u.numel},
-                     {"slice_numel", u.slice_numel},
-                     {"padded_numel", u.padded_numel},
-                     {"params", std::move(params)}});
+    ordered_json unit = {{"name", u.name},
+                         {"dtype", std::string(dtype_name(u.dtype))},
+                         {"numel", u.numel},
+                         {"slice_numel", u.slice_numel},
+                         {"padded_numel", u.padded_numel}};
+    if (pipelined) unit["pipeline_stage"] = u.pipeline_stage;
+    unit["params"] = std::move(params);
+    out.push_back(std::move(unit));
   }
-  m["units"] = std::move(units);
-  ordered_json files = ordered_json::array();
-  for (const CheckpointFile& f : info.files) {
-    ordered_json ranges = ordered_json::array();
-    for (const CheckpointRange& r : f.ranges) {
-      ranges.push_back(
-          {{"unit", info.units.at(static_cast<size_t>(r.unit)).name}, {"begin", r.begin}, {"length", r.length}});
-    }
-    files.push_back({{"name", f.name},
-                     {"rank", f.rank},
-                     {"bytes", f.bytes},
-                     {"crc32c", crc_hex(f.crc32c)},
-                     {"ranges", std::move(ranges)}});
-  }
-  m["files"] = std::move(files);
-  if (!info.buffers.empty()) {
-    ordered_json tensors = ordered_json::array();
-    for (const CheckpointBuffer& b : info.buffers) {
-      tensors.push_back(
-          {{"name", b.name}, {"dtype", std::string(safetensors::dtype_name(b.dtype))}, {"shape", b.shape}});
-    }
-    m["buffers"] = {{"file", info.buffers_file.name},
-                    {"bytes", info.buffers_file.bytes},
-                    {"crc32c", crc_hex(info.buffers_file.crc32c)},
-                    {"tensors", std::move(tensors)}};
-  }
-  // The config last: it is long, and a person reading the manifest wants the layout first.
-  ordered_json config = ordered_json::parse(info.config_json, nullptr, false);
-  m["config"] = config.is_discarded() ? ordered_json(info.config_json) : std::move(config);
-  return m.dump(2) + "\n";
+  return out;
 }
 
-CheckpointInfo manifest_from_json(std::string_view text, const std::filesystem::path& path) {
-  const Reader r(path.string());
-  json m = json::parse(text, nullptr, false);
-  if (m.is_discarded()) r.fail("not valid JSON");
-  if (!m.is_object()) r.fail("not a JSON object");
-  CheckpointInfo info;
-  info.path = path.parent_path();
-  const std::string format = r.string(m, "format", "");
-  if (format != kFormatName) r.fail("format is '" + format + "', expected '" + kFormatName + "'");
-  info.format_version = static_cast<int>(r.integer(m, "format_version", "", 1, INT32_MAX));
-  if (info.format_version > kFormatVersion) {
-    r.fail("format_version " + std::to_string(info.format_version) + " is newer than this build reads (" +
-           std::to_string(kFormatVersion) + "); use a newer zero3");
-  }
-  info.zero3_version = r.string(m, "zero3_version", "");
-  info.tag = r.string(m, "tag", "");
-  info.created = r.string(m, "created", "");
-  info.world_size = static_cast<int>(r.integer(m, "world_size", "", 1, 1 << 24));
-  info.stage = static_cast<int>(r.integer(m, "stage", "", 0, 3));
-
-  const json& st = r.field(m, "training_state", "");
-  TrainingState& s = info.training_state;
-  s.micro_steps = r.integer(st, "micro_steps", "training_state", 0, INT64_MAX);
-  s.global_steps = r.integer(st, "global_steps", "training_state", 0, INT64_MAX);
-  s.skipped_steps = r.integer(st, "skipped_steps", "training_state", 0, INT64_MAX);
-  s.applied_steps = r.integer(st, "applied_steps", "training_state", 0, INT64_MAX);
-  s.loss_scale = r.number(st, "loss_scale", "training_state");
-  s.scaler_iter = r.integer(st, "scaler_iter", "training_state", INT64_MIN, INT64_MAX);
-  s.scaler_last_overflow_iter = r.integer(st, "scaler_last_overflow_iter", "training_state", INT64_MIN, INT64_MAX);
-  s.scaler_hysteresis = r.integer(st, "scaler_hysteresis", "training_state", INT64_MIN, INT64_MAX);
-  check_counters(r, s);
-
-  const json& extras = r.field(m, "extras", "");
-  if (!extras.is_object()) r.fail("extras is not a JSON object");
-  for (const auto& [k, v] : extras.items()) {
-    if (!v.is_string()) r.fail("extras." + k + " is not a string");
-    info.extras[k] = v.get<std::string>();
-  }
-
-  const json& units = r.array(m, "units", "");
-  std::unordered_map<std::string, int> unit_index;
+// The units of a manifest (`units` is its "units" array); a pipelined one's carry their stage.
+std::vector<CheckpointUnit> read_units(const Reader& r, const json& units, int pipeline_stages) {
+  std::vector<CheckpointUnit> out;
+  std::set<std::string> unit_names;
   for (size_t i = 0; i < units.size(); ++i) {
     const std::string where = "units[" + std::to_string(i) + "]";
     const json& ju = units[i];
     CheckpointUnit u;
     u.name = r.string(ju, "name", where);
     if (u.name.empty()) r.fail(where + ".name is empty");
-    if (!unit_index.emplace(u.name, static_cast<int>(i)).second) r.fail("unit '" + u.name + "' appears twice");
+    if (!unit_names.insert(u.name).second) r.fail("unit '" + u.name + "' appears twice");
     u.dtype = r.dtype(ju, "dtype", where);
     u.numel = r.integer(ju, "numel", where, 1, INT64_MAX);
     u.slice_numel = r.integer(ju, "slice_numel", where, 1, INT64_MAX);
     u.padded_numel = r.integer(ju, "padded_numel", where, 1, INT64_MAX);
+    if (pipeline_stages > 1)
+      u.pipeline_stage = static_cast<int>(r.integer(ju, "pipeline_stage", where, 0, pipeline_stages - 1));
     const json& params = r.array(ju, "params", where);
     std::set<std::string> names;
     int64_t offset = 0;
@@ -413,8 +384,130 @@ CheckpointInfo manifest_from_json(std::string_view text, const std::filesystem::
       r.fail(where + " ('" + u.name + "'): its parameters hold " + std::to_string(offset) + " elements, numel is " +
              std::to_string(u.numel));
     }
-    info.units.push_back(std::move(u));
+    out.push_back(std::move(u));
   }
+  return out;
+}
+
+}  // namespace
+
+std::string units_to_json(const std::vector<CheckpointUnit>& units) { return units_json(units, false).dump(); }
+
+std::vector<CheckpointUnit> units_from_json(std::string_view text, const std::string& label) {
+  const Reader r(label);
+  const json units = json::parse(text, nullptr, false);
+  if (units.is_discarded() || !units.is_array()) r.fail("the units are not a JSON array");
+  return read_units(r, units, 1);
+}
+
+std::string manifest_to_json(const CheckpointInfo& info) {
+  ordered_json m = ordered_json::object();
+  m["format"] = kFormatName;
+  const bool pipelined = info.pipeline_stages > 1;
+  m["format_version"] = pipelined ? kPipelineFormatVersion : kFormatVersion;
+  m["zero3_version"] = info.zero3_version;
+  m["tag"] = info.tag;
+  m["created"] = info.created;
+  m["world_size"] = info.world_size;
+  m["stage"] = info.stage;
+  if (pipelined) {
+    m["pipeline"] = {{"stages", info.pipeline_stages}, {"data_parallel_size", info.data_parallel_size()}};
+  }
+  m["training_state"] = training_state_json(info.training_state);
+  ordered_json extras = ordered_json::object();
+  for (const auto& [k, v] : info.extras) extras[k] = v;
+  m["extras"] = std::move(extras);
+  ordered_json units = units_json(info.units, pipelined);
+  m["units"] = std::move(units);
+  ordered_json files = ordered_json::array();
+  for (const CheckpointFile& f : info.files) {
+    ordered_json ranges = ordered_json::array();
+    for (const CheckpointRange& r : f.ranges) {
+      ranges.push_back(
+          {{"unit", info.units.at(static_cast<size_t>(r.unit)).name}, {"begin", r.begin}, {"length", r.length}});
+    }
+    ordered_json file = {{"name", f.name}, {"rank", f.rank}};
+    if (pipelined) file["pipeline_stage"] = f.pipeline_stage;
+    file["bytes"] = f.bytes;
+    file["crc32c"] = crc_hex(f.crc32c);
+    file["ranges"] = std::move(ranges);
+    files.push_back(std::move(file));
+  }
+  m["files"] = std::move(files);
+  if (!info.buffers.empty()) {
+    ordered_json tensors = ordered_json::array();
+    for (const CheckpointBuffer& b : info.buffers) {
+      tensors.push_back(
+          {{"name", b.name}, {"dtype", std::string(safetensors::dtype_name(b.dtype))}, {"shape", b.shape}});
+    }
+    m["buffers"] = {{"file", info.buffers_file.name},
+                    {"bytes", info.buffers_file.bytes},
+                    {"crc32c", crc_hex(info.buffers_file.crc32c)},
+                    {"tensors", std::move(tensors)}};
+  }
+  // The config last: it is long, and a person reading the manifest wants the layout first.
+  ordered_json config = ordered_json::parse(info.config_json, nullptr, false);
+  m["config"] = config.is_discarded() ? ordered_json(info.config_json) : std::move(config);
+  return m.dump(2) + "\n";
+}
+
+CheckpointInfo manifest_from_json(std::string_view text, const std::filesystem::path& path) {
+  const Reader r(path.string());
+  json m = json::parse(text, nullptr, false);
+  if (m.is_discarded()) r.fail("not valid JSON");
+  if (!m.is_object()) r.fail("not a JSON object");
+  CheckpointInfo info;
+  info.path = path.parent_path();
+  const std::string format = r.string(m, "format", "");
+  if (format != kFormatName) r.fail("format is '" + format + "', expected '" + kFormatName + "'");
+  info.format_version = static_cast<int>(r.integer(m, "format_version", "", 1, INT32_MAX));
+  if (info.format_version > kPipelineFormatVersion) {
+    r.fail("format_version " + std::to_string(info.format_version) + " is newer than this build reads (" +
+           std::to_string(kPipelineFormatVersion) + "); use a newer zero3");
+  }
+  info.zero3_version = r.string(m, "zero3_version", "");
+  info.tag = r.string(m, "tag", "");
+  info.created = r.string(m, "created", "");
+  info.world_size = static_cast<int>(r.integer(m, "world_size", "", 1, 1 << 24));
+  info.stage = static_cast<int>(r.integer(m, "stage", "", 0, 3));
+  if (m.contains("pipeline")) {
+    if (info.format_version < kPipelineFormatVersion) {
+      r.fail("a pipeline section in a format_version " + std::to_string(info.format_version) + " manifest (it needs " +
+             std::to_string(kPipelineFormatVersion) + ")");
+    }
+    const json& jp = r.field(m, "pipeline", "");
+    info.pipeline_stages = static_cast<int>(r.integer(jp, "stages", "pipeline", 2, info.world_size));
+    const int64_t ranks = r.integer(jp, "data_parallel_size", "pipeline", 1, info.world_size);
+    if (ranks * info.pipeline_stages != info.world_size) {
+      r.fail("pipeline.stages " + std::to_string(info.pipeline_stages) + " x pipeline.data_parallel_size " +
+             std::to_string(ranks) + " is not world_size " + std::to_string(info.world_size));
+    }
+  } else if (info.format_version >= kPipelineFormatVersion) {
+    r.fail("format_version " + std::to_string(info.format_version) + " without a pipeline section");
+  }
+
+  const json& st = r.field(m, "training_state", "");
+  TrainingState& s = info.training_state;
+  s.micro_steps = r.integer(st, "micro_steps", "training_state", 0, INT64_MAX);
+  s.global_steps = r.integer(st, "global_steps", "training_state", 0, INT64_MAX);
+  s.skipped_steps = r.integer(st, "skipped_steps", "training_state", 0, INT64_MAX);
+  s.applied_steps = r.integer(st, "applied_steps", "training_state", 0, INT64_MAX);
+  s.loss_scale = r.number(st, "loss_scale", "training_state");
+  s.scaler_iter = r.integer(st, "scaler_iter", "training_state", INT64_MIN, INT64_MAX);
+  s.scaler_last_overflow_iter = r.integer(st, "scaler_last_overflow_iter", "training_state", INT64_MIN, INT64_MAX);
+  s.scaler_hysteresis = r.integer(st, "scaler_hysteresis", "training_state", INT64_MIN, INT64_MAX);
+  check_counters(r, s);
+
+  const json& extras = r.field(m, "extras", "");
+  if (!extras.is_object()) r.fail("extras is not a JSON object");
+  for (const auto& [k, v] : extras.items()) {
+    if (!v.is_string()) r.fail("extras." + k + " is not a string");
+    info.extras[k] = v.get<std::string>();
+  }
+
+  info.units = read_units(r, r.array(m, "units", ""), info.pipeline_stages);
+  std::unordered_map<std::string, int> unit_index;
+  for (size_t i = 0; i < info.units.size(); ++i) unit_index.emplace(info.units[i].name, static_cast<int>(i));
 
   const json& files = r.array(m, "files", "");
   std::set<std::string> file_names;
@@ -427,7 +520,10 @@ CheckpointInfo manifest_from_json(std::string_view text, const std::filesystem::
     if (f.name == kManifestName || !file_names.insert(f.name).second) {
       r.fail(where + ".name '" + f.name + "' is repeated or reserved");
     }
-    f.rank = static_cast<int>(r.integer(jf, "rank", where, 0, info.world_size - 1));
+    f.rank = static_cast<int>(r.integer(jf, "rank", where, 0, info.data_parallel_size() - 1));
+    if (info.pipeline_stages > 1) {
+      f.pipeline_stage = static_cast<int>(r.integer(jf, "pipeline_stage", where, 0, info.pipeline_stages - 1));
+    }
     f.bytes = r.unsigned_integer(jf, "bytes", where);
     const std::string crc = r.string(jf, "crc32c", where);
     if (crc.size() != 8 || crc.find_first_not_of("0123456789abcdef") != std::string::npos) {
@@ -496,6 +592,14 @@ CheckpointInfo manifest_from_json(std::string_view text, const std::filesystem::
            " (checkpoints are saved only at the end of an accumulation window)");
   }
   return info;
+}
+
+std::optional<int64_t> saved_gradient_accumulation_steps(const CheckpointInfo& info) {
+  const json config = json::parse(info.config_json, nullptr, false);
+  if (!config.is_object() || !config.contains("gradient_accumulation_steps")) return std::nullopt;
+  const json& gas = config["gradient_accumulation_steps"];
+  if (!gas.is_number_integer()) return std::nullopt;
+  return gas.get<int64_t>();
 }
 
 CheckpointInfo read_manifest(const std::filesystem::path& checkpoint_dir) {

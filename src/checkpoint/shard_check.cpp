@@ -25,14 +25,15 @@ std::string check_metadata(const CheckpointInfo& info, const CheckpointFile& f,
     return "is not a zero3 checkpoint shard (its header's __metadata__.format is " +
            (format ? "'" + *format + "'" : std::string("missing")) + ", expected 'zero3-checkpoint-shard')";
   }
-  const std::pair<const char*, std::string> expected[] = {
+  std::vector<std::pair<const char*, std::string>> expected = {
       {"tag", info.tag}, {"rank", std::to_string(f.rank)}, {"world_size", std::to_string(info.world_size)}};
+  if (info.pipeline_stages > 1) expected.emplace_back("pipeline_stage", std::to_string(f.pipeline_stage));
   for (const auto& [key, want] : expected) {
     const std::string* got = value(key);
     if (got == nullptr || *got != want) {
       return "was written with " + std::string(key) + " " + (got ? "'" + *got + "'" : "(none)") +
              " (its header's __metadata__), but the manifest says '" + want +
-             "' (a shard file from another save or rank, or a manifest edited after the save)";
+             "' (a shard file from another save, rank or pipeline stage, or a manifest edited after the save)";
     }
   }
   if (const std::string* got = value("ranges")) {

@@ -129,6 +129,9 @@ int run_inspect(const Args& args) {
   std::printf("format       %s %d, saved by zero3 %s at %s\n", ckpt::kFormatName, info.format_version,
               info.zero3_version.c_str(), info.created.c_str());
   std::printf("world size   %d, ZeRO stage %d\n", info.world_size, info.stage);
+  if (info.pipeline_stages > 1) {
+    std::printf("pipeline     %d stages x %d data-parallel ranks\n", info.pipeline_stages, info.data_parallel_size());
+  }
   std::printf("steps        global %" PRId64 " (applied %" PRId64 ", skipped %" PRId64 "), micro %" PRId64
               ", loss scale %g\n",
               s.global_steps, s.applied_steps, s.skipped_steps, s.micro_steps, s.loss_scale);
@@ -141,8 +144,9 @@ int run_inspect(const Args& args) {
   }
   std::printf("\nunits:\n");
   for (const CheckpointUnit& u : info.units) {
-    std::printf("  %-24s %-4s %12" PRId64 " elements, %" PRId64 " per rank\n", u.name.c_str(),
-                std::string(dtype_name(u.dtype)).c_str(), u.numel, u.slice_numel);
+    const std::string stage = info.pipeline_stages > 1 ? " (stage " + std::to_string(u.pipeline_stage) + ")" : "";
+    std::printf("  %-24s %-4s %12" PRId64 " elements, %" PRId64 " per rank%s\n", u.name.c_str(),
+                std::string(dtype_name(u.dtype)).c_str(), u.numel, u.slice_numel, stage.c_str());
     for (const CheckpointParam& p : u.params) {
       std::printf("    %-40s %s\n", p.name.c_str(), shape_text(p.shape).c_str());
     }
@@ -229,8 +233,10 @@ int run_list(const Args& args) {
   for (const std::string& t : tags) {
     try {
       const CheckpointInfo info = read_checkpoint_info(dir, t);
-      std::printf("%c %-32s global step %-8" PRId64 " %d ranks, stage %d, %s, %s\n", t == latest ? '*' : ' ', t.c_str(),
-                  info.training_state.global_steps, info.world_size, info.stage,
+      const std::string pipeline =
+          info.pipeline_stages > 1 ? " (" + std::to_string(info.pipeline_stages) + " pipeline stages)" : "";
+      std::printf("%c %-32s global step %-8" PRId64 " %d ranks%s, stage %d, %s, %s\n", t == latest ? '*' : ' ',
+                  t.c_str(), info.training_state.global_steps, info.world_size, pipeline.c_str(), info.stage,
                   human_bytes(info.total_bytes()).c_str(), info.created.c_str());
     } catch (const Error& e) {
       std::printf("%c %-32s unreadable manifest: %s\n", t == latest ? '*' : ' ', t.c_str(), e.what());

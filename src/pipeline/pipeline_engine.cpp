@@ -99,7 +99,6 @@ struct PipelineEngine::Impl {
   std::vector<PipelineStageInfo> stages;  // this rank's, in stage order
   std::unique_ptr<Engine> engine;
   int64_t micro_batches = 1;
-  int64_t steps = 0;
   int64_t eval_batches = 0;
   std::exception_ptr failed;
 
@@ -173,7 +172,8 @@ std::vector<double> PipelineEngine::Impl::run_actions(const std::vector<Action>&
     for (WorkPtr& w : pending) w->wait();
   } catch (const CommError&) {
     detail::rethrow_comm_error(log::concat("pipeline stage ", stages.front().stage, " on world rank ", world->rank(),
-                                           ", step ", steps + 1, ": the step's transfers on the compute stream: "));
+                                           ", step ", engine->global_steps() + 1,
+                                           ": the step's transfers on the compute stream: "));
   }
   buffers.release_sent();
   return losses;
@@ -229,7 +229,7 @@ void PipelineEngine::Impl::run_call(const std::vector<Action>& call, pipeline::S
                           groups.topology.rank_of(a.peer_rank, groups.topology.index_of(world->rank())), ")");
     }
     detail::rethrow_comm_error(log::concat("pipeline stage ", call.front().stage, " on world rank ", world->rank(),
-                                           ", step ", steps + 1, ": ", what, ": "));
+                                           ", step ", engine->global_steps() + 1, ": ", what, ": "));
   }
   for (const Action& a : call) {
     if (a.kind == ActionKind::send_activation) buffers.sent_output(a.stage, a.micro_batch);
@@ -333,10 +333,9 @@ PipelineStepResult PipelineEngine::train_batch() {
   try {
     pipeline::StageBuffers buffers(p.device, p.options.activation_dtype, p.stages);
     const std::vector<double> losses = p.run_actions(p.schedule.actions[static_cast<size_t>(p.groups.stage)], buffers,
-                                                     p.steps * p.micro_batches, true);
+                                                     p.engine->global_steps() * p.micro_batches, true);
     result.step = p.engine->step();
     result.loss = p.share_loss(losses);
-    ++p.steps;
   } catch (...) {
     p.failed = std::current_exception();
     throw;
@@ -389,6 +388,7 @@ int PipelineEngine::pipeline_size() const { return impl_->groups.topology.stages
 int PipelineEngine::data_parallel_rank() const { return impl_->engine->rank(); }
 int PipelineEngine::data_parallel_size() const { return impl_->engine->world_size(); }
 int PipelineEngine::world_rank() const { return impl_->world->rank(); }
+Communicator& PipelineEngine::world() const { return *impl_->world; }
 int64_t PipelineEngine::micro_batches() const { return impl_->micro_batches; }
 int64_t PipelineEngine::global_steps() const { return impl_->engine->global_steps(); }
 

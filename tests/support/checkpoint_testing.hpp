@@ -12,7 +12,9 @@
 #include <filesystem>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "support/engine_world.hpp"
@@ -114,6 +116,29 @@ inline std::map<std::string, std::vector<float>> gather_all_state(Engine& engine
     const UnitId id{static_cast<int32_t>(i)};
     for (int part = 0; part < 3; ++part)
       out[engine.unit(id).name + "." + kParts[part]] = gather_state(engine, id, part);
+  }
+  return out;
+}
+
+// The state of the named units ("<unit>.<part>", `units`: name and numel) on every rank of `world`, whichever engine
+// holds each (a pipeline's stages): a unit's holders gather it over their engine's communicator, and its holder of
+// engine rank 0 broadcasts it over the world (host memory). `engine` is null on ranks without one. Collective over the
+// world.
+inline std::map<std::string, std::vector<float>> world_state(
+    Engine* engine, Communicator& world, const std::vector<std::pair<std::string, int64_t>>& units) {
+  static const char* kParts[] = {"master", "exp_avg", "exp_avg_sq"};
+  std::map<std::string, std::vector<float>> out;
+  if (engine) (void)engine->communicator();  // its queued collectives first (an Engine over the world shares it)
+  for (const auto& [name, numel] : units) {
+    const std::optional<UnitId> id = engine ? engine->find_unit(name) : std::nullopt;
+    float root = id && engine->rank() == 0 ? static_cast<float>(world.rank() + 1) : 0.0f;
+    world.all_reduce(&root, 1, DType::f32, ReduceOp::sum)->wait();
+    for (int part = 0; part < 3; ++part) {
+      std::vector<float> v(static_cast<size_t>(numel));
+      if (id) v = gather_state(*engine, *id, part);
+      world.broadcast(v.data(), v.size(), DType::f32, static_cast<int>(root) - 1)->wait();
+      out[name + "." + kParts[part]] = std::move(v);
+    }
   }
   return out;
 }

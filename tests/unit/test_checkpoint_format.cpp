@@ -141,6 +141,83 @@ TEST(Manifest, RefusesInconsistentLayouts) {
   EXPECT_THROW(manifest_from_json(crc, "m.json"), CheckpointError);
 }
 
+// A pipelined run's manifest: 2 stages x 2 data-parallel ranks, each stage's unit partitioned over its 2 ranks.
+CheckpointInfo pipelined_info() {
+  CheckpointInfo info = sample_info();
+  info.format_version = kPipelineFormatVersion;
+  info.pipeline_stages = 2;
+  info.units.clear();
+  info.files.clear();
+  CheckpointUnit a;
+  a.name = "layers.0";
+  a.numel = 10;
+  a.slice_numel = 5;
+  a.padded_numel = 10;
+  a.params = {{"w", "layers.0.w", {2, 5}, DType::f32, 0, 10}};
+  CheckpointUnit b;
+  b.name = "layers.1";
+  b.numel = 7;
+  b.slice_numel = 4;
+  b.padded_numel = 8;
+  b.params = {{"w", "layers.1.w", {7}, DType::f32, 0, 7}};
+  b.pipeline_stage = 1;
+  info.units = {a, b};
+  const CheckpointRange ranges[2][2] = {{{0, 0, 5}, {0, 5, 5}}, {{1, 0, 4}, {1, 4, 3}}};
+  for (int s = 0; s < 2; ++s) {
+    for (int r = 0; r < 2; ++r) {
+      CheckpointFile f;
+      f.name = stage_rank_file_name(s, 2, r, 2);
+      f.rank = r;
+      f.pipeline_stage = s;
+      f.bytes = 100;
+      f.ranges = {ranges[s][r]};
+      info.files.push_back(f);
+    }
+  }
+  return info;
+}
+
+TEST(Manifest, PipelinedRoundTripsAndChecksEachStagesPartition) {
+  const CheckpointInfo a = pipelined_info();
+  const std::string text = manifest_to_json(a);
+  EXPECT_NE(text.find("\"format_version\": 2"), std::string::npos);
+  EXPECT_NE(text.find("\"data_parallel_size\": 2"), std::string::npos);
+  const CheckpointInfo b = manifest_from_json(text, "/ck/p/manifest.json");
+  EXPECT_EQ(b.pipeline_stages, 2);
+  EXPECT_EQ(b.data_parallel_size(), 2);
+  EXPECT_EQ(b.units[1].pipeline_stage, 1);
+  EXPECT_EQ(b.files[3].name, "stage-01-of-02-rank-00001-of-00002.safetensors");
+  EXPECT_EQ(b.files[3].pipeline_stage, 1);
+  EXPECT_EQ(b.files[3].rank, 1);
+  const size_t config_at = text.find("\"config\"");
+  EXPECT_EQ(manifest_to_json(b).substr(0, config_at), text.substr(0, config_at));
+  // A unit read back whole: its stage's two files.
+  const std::vector<RangeRead> reads = plan_reads(b, 1, 0, 7);
+  ASSERT_EQ(reads.size(), 2u);
+  EXPECT_EQ(reads[0].file, 2);
+  EXPECT_EQ(reads[1].file, 3);
+
+  CheckpointInfo world_partition = pipelined_info();
+  world_partition.units[1].slice_numel = 2;
+  world_partition.units[1].padded_numel = 8;
+  expect_invalid(world_partition, "a partition over 2 of pipeline stage 1's 2 ranks");
+  CheckpointInfo renamed = pipelined_info();
+  renamed.files[1].name = rank_file_name(1, 4);
+  expect_invalid(renamed, "rank 1 of pipeline stage 0's 2 writes 'stage-00-of-02-rank-00001-of-00002.safetensors'");
+  CheckpointInfo swapped = pipelined_info();
+  std::swap(swapped.files[1].ranges, swapped.files[2].ranges);
+  expect_invalid(swapped, "but rank 1 of pipeline stage 0's 2 at stage 3 holds elements [5, 10) of unit 'layers.0'");
+  CheckpointInfo missing = pipelined_info();
+  missing.files.pop_back();
+  expect_invalid(missing, "world_size 4 as 2 pipeline stages x data_parallel_size 2 at stage 3 means 4 shard file(s)");
+  std::string three = text;
+  three.replace(three.find("\"stages\": 2"), 11, "\"stages\": 3");
+  EXPECT_THROW(manifest_from_json(three, "m.json"), CheckpointError);
+  std::string version1 = text;
+  version1.replace(version1.find("\"format_version\": 2"), 19, "\"format_version\": 1");
+  EXPECT_THROW(manifest_from_json(version1, "m.json"), CheckpointError);
+}
+
 // The files' ranges must be the partition of the run that saved: ceil(numel / world_size) elements per rank, rank r
 // from r * slice, padding not stored; rank 0 alone at stage 0. Whatever breaks it is named.
 TEST(Manifest, RangesMustBeTheSavingRunsPartition) {
