@@ -103,8 +103,7 @@ class LibtorchCudaEnvironment : public ::testing::Environment {
   }
 };
 
-const ::testing::Environment* const kEnvironment =
-    ::testing::AddGlobalTestEnvironment(new LibtorchCudaEnvironment);
+const ::testing::Environment* const kEnvironment = ::testing::AddGlobalTestEnvironment(new LibtorchCudaEnvironment);
 
 const at::Device kCuda(at::kCUDA, 0);
 
@@ -149,8 +148,8 @@ TrainRun train_tiny_llama_on_cuda(libtorch::ShardedModel& sharded, const TinyLla
     for (int64_t k = 0; k < engine.gradient_accumulation_steps(); ++k) {
       const at::Tensor batch = token_batch(c, spec, step, k).to(kCuda);
       const at::Tensor logits = tiny_llama_logits(sharded.module(), batch.slice(1, 0, c.seq));
-      const at::Tensor loss = F::cross_entropy(logits.reshape({-1, c.vocab}).to(at::kFloat),
-                                               batch.slice(1, 1, c.seq + 1).reshape({-1}));
+      const at::Tensor loss =
+          F::cross_entropy(logits.reshape({-1, c.vocab}).to(at::kFloat), batch.slice(1, 1, c.seq + 1).reshape({-1}));
       sharded.backward(loss);
       const StepResult r = sharded.step();
       if (r.boundary) run.grad_norms.push_back(r.grad_norm);
@@ -206,8 +205,8 @@ TEST(LibtorchCuda, TinyLlamaOnCudaEqualsPlainLibtorchOnCpu) {
 }
 
 // Trains the CNN through the adapter on cuda: each step's whole batch on the one rank.
-BnConvNetRun train_bn_conv_net_on_cuda(libtorch::ShardedModel& sharded, const BnConvNetConfig& c,
-                                       const TrainSpec& spec, int64_t rows) {
+BnConvNetRun train_bn_conv_net_on_cuda(libtorch::ShardedModel& sharded, const BnConvNetConfig& c, const TrainSpec& spec,
+                                       int64_t rows) {
   BnConvNetRun run;
   for (int64_t step = 0; step < spec.steps; ++step) {
     auto [images, labels] = bn_conv_net_batch(c, rows, step);
@@ -228,10 +227,9 @@ TEST(LibtorchCuda, BatchNormCnnOnCudaEqualsPlainLibtorchOnCpu) {
   TrainSpec spec;
   spec.steps = 4;
   const int64_t rows = 6;
-  const BnConvNetRun want = train_bn_conv_net_plain(BnConvNetConfig{}, kSeed, spec, rows,
-                                                    [](const at::Tensor& logits, const at::Tensor& labels) {
-                                                      return F::cross_entropy(logits, labels);
-                                                    });
+  const BnConvNetRun want = train_bn_conv_net_plain(
+      BnConvNetConfig{}, kSeed, spec, rows,
+      [](const at::Tensor& logits, const at::Tensor& labels) { return F::cross_entropy(logits, labels); });
   for (const bool sync : {false, true}) {
     SCOPED_TRACE(sync ? "SyncBatchNorm, block2 checkpointed" : "torch's BatchNorm");
     {
@@ -257,8 +255,7 @@ TEST(LibtorchCuda, BatchNormCnnOnCudaEqualsPlainLibtorchOnCpu) {
       for (const auto& [name, buffer] : want.buffers) {
         ASSERT_TRUE(got.buffers.count(name)) << name;
         const at::Tensor diff = (got.buffers[name].to(at::kDouble) - buffer.to(at::kDouble)).abs().max();
-        EXPECT_LE(diff.item<double>(), 1e-4 * std::max(1.0, buffer.to(at::kDouble).abs().max().item<double>()))
-            << name;
+        EXPECT_LE(diff.item<double>(), 1e-4 * std::max(1.0, buffer.to(at::kDouble).abs().max().item<double>())) << name;
       }
     }
     EXPECT_EQ(device->bytes_in_use(), 0) << "the engine left device memory behind";

@@ -100,8 +100,8 @@ TEST(SyncBatchNorm, FunctionalEqualsBatchNormOverTheConcatenatedBatch) {
     expect_same_on_every_rank(engine, var, "running_var");
     // The check has teeth: the rank's own batch statistics give other outputs.
     at::Tensor local_mean = torch::zeros({channels}), local_var = torch::ones({channels});
-    const at::Tensor local = at::batch_norm(rows_of_rank(global, rank), weight0, bias0, local_mean, local_var, true,
-                                               0.1, 1e-5, false);
+    const at::Tensor local =
+        at::batch_norm(rows_of_rank(global, rank), weight0, bias0, local_mean, local_var, true, 0.1, 1e-5, false);
     EXPECT_GT(relative_error(local, rows_of_rank(yr, rank)), 1e-2);
   }
 }
@@ -131,9 +131,10 @@ void expect_trains_like_batch_norm_over_the_global_batch(const ModelVariant& v) 
   BnConvNetConfig reference_config;
   reference_config.momentum = v.momentum;
   const int64_t rows = first_row(spec.world);
-  const BnConvNetRun want = train_bn_conv_net_plain(reference_config, kSeed, spec, rows, [&](const at::Tensor& logits, const at::Tensor& labels) {
-    return mean_of_rank_losses(logits, labels, spec.world);
-  });
+  const BnConvNetRun want = train_bn_conv_net_plain(reference_config, kSeed, spec, rows,
+                                                    [&](const at::Tensor& logits, const at::Tensor& labels) {
+                                                      return mean_of_rank_losses(logits, labels, spec.world);
+                                                    });
 
   BnConvNetConfig config = reference_config;
   config.sync_batch_norm = true;
@@ -199,8 +200,8 @@ TEST(SyncBatchNorm, Errors) {
   }
   // One value per channel over all ranks: only rank 0 has a row (every rank reaches the same verdict).
   try {
-    libtorch::sync_batch_norm(engine, torch::randn({engine.rank() == 0 ? 1 : 0, 3}), weight, bias, mean, var, true,
-                              0.1, 1e-5);
+    libtorch::sync_batch_norm(engine, torch::randn({engine.rank() == 0 ? 1 : 0, 3}), weight, bias, mean, var, true, 0.1,
+                              1e-5);
     ADD_FAILURE() << "one value per channel over all ranks was accepted in training";
   } catch (const InvalidArgument& e) {
     EXPECT_NE(std::string(e.what()).find("more than 1 value per channel"), std::string::npos) << e.what();

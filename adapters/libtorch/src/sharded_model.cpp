@@ -288,7 +288,13 @@ void ModelCore::point(const UnitDesc& unit, const UnitScope& scope) {
 
 PointedUnit::PointedUnit(ModelCore& core, const UnitDesc& unit, const UnitScope& scope) : core_(core), unit_(unit) {
   core_.point(unit_, scope);
-  if (core_.streams) core_.streams->torch_after_engine();
+  if (!core_.streams) return;
+  try {
+    core_.streams->torch_after_engine();
+  } catch (...) {
+    core_.empty(unit_);
+    throw;
+  }
 }
 
 void PointedUnit::release() {
@@ -306,8 +312,8 @@ PointedUnit::~PointedUnit() {
   try {
     release();
   } catch (const std::exception& e) {  // already leaving by an exception: the scope's own error is the one to see
-    log::error("zero3::libtorch: ordering the engine's stream after torch's for unit '", unit_.name, "' failed: ",
-               e.what());
+    log::error("zero3::libtorch: ordering the engine's stream after torch's for unit '", unit_.name,
+               "' failed: ", e.what());
   }
 }
 

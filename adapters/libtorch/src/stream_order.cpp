@@ -30,8 +30,8 @@ c10::Device torch_device(const Device& device) {
 #if ZERO3_HAVE_CUDA
 void check_cuda(cudaError_t status, const char* call, const Device& device) {
   if (status == cudaSuccess) return;
-  throw CudaError(std::string("zero3::libtorch: ") + call + " on " + device.name() + " failed: " +
-                  cudaGetErrorName(status) + " (" + cudaGetErrorString(status) + ")");
+  throw CudaError(std::string("zero3::libtorch: ") + call + " on " + device.name() +
+                  " failed: " + cudaGetErrorName(status) + " (" + cudaGetErrorString(status) + ")");
 }
 
 // The calling thread's current device is the engine's while it lives (the engine's stream may be CUDA's legacy

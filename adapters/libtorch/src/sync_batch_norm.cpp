@@ -2,7 +2,10 @@
 #include "zero3/libtorch/sync_batch_norm.hpp"
 
 #include <ATen/core/grad_mode.h>
-#include <torch/autograd.h>
+#include <ATen/ops/cat.h>
+#include <ATen/ops/tensor.h>
+#include <ATen/ops/var_mean.h>
+#include <torch/csrc/autograd/custom_function.h>
 #include <torch/nn/functional/batchnorm.h>
 #include <torch/nn/init.h>
 
@@ -50,7 +53,8 @@ BatchStats global_stats(Engine* engine, const at::Tensor& input) {
   const at::Tensor x = input.detach().to(stats_type(input));
   const int64_t channels = input.size(1);
   const double local_count = channels == 0 ? 0.0 : static_cast<double>(input.numel() / channels);
-  auto [var, mean] = at::var_mean(x, reduced_dims(x), /*unbiased=*/false, /*keepdim=*/false);
+  const std::vector<int64_t> dims = reduced_dims(x);
+  auto [var, mean] = at::var_mean(x, at::IntArrayRef(dims), /*unbiased=*/false, /*keepdim=*/false);
   if (engine == nullptr || engine->world_size() == 1) {
     return {mean, var, local_count};
   }
@@ -79,7 +83,8 @@ BatchStats global_stats(Engine* engine, const at::Tensor& input) {
     for (int64_t c = 0; c < channels; ++c) {
       const double delta = static_cast<double>(s[2 + c]) - total_mean[static_cast<size_t>(c)];
       total_mean[static_cast<size_t>(c)] += delta * n / combined;
-      total_m2[static_cast<size_t>(c)] += static_cast<double>(s[2 + channels + c]) + delta * delta * total * n / combined;
+      total_m2[static_cast<size_t>(c)] +=
+          static_cast<double>(s[2 + channels + c]) + delta * delta * total * n / combined;
     }
     total = combined;
   }
@@ -125,8 +130,8 @@ class SyncBatchNormFunction : public torch::autograd::Function<SyncBatchNormFunc
     const at::Tensor dy = grad_outputs[0].to(type);
     const std::vector<int64_t> dims = reduced_dims(x);
     const at::Tensor x_hat = (x - per_channel(mean, x)) * per_channel(invstd, x);
-    at::Tensor sum_dy = dy.sum(dims);                  // (C)
-    at::Tensor sum_dy_x_hat = (dy * x_hat).sum(dims);  // (C)
+    at::Tensor sum_dy = dy.sum(at::IntArrayRef(dims));                  // (C)
+    at::Tensor sum_dy_x_hat = (dy * x_hat).sum(at::IntArrayRef(dims));  // (C)
     if (weight.defined()) {
       if (ctx->needs_input_grad(1)) grads[1] = sum_dy_x_hat.to(weight.scalar_type());
       if (ctx->needs_input_grad(2)) grads[2] = sum_dy.to(weight.scalar_type());
@@ -142,8 +147,8 @@ class SyncBatchNormFunction : public torch::autograd::Function<SyncBatchNormFunc
       }
       at::Tensor scale = invstd;
       if (weight.defined()) scale = scale * weight.to(type);
-      const at::Tensor dx = (dy - per_channel(sum_dy / count, x) - x_hat * per_channel(sum_dy_x_hat / count, x)) *
-                            per_channel(scale, x);
+      const at::Tensor dx =
+          (dy - per_channel(sum_dy / count, x) - x_hat * per_channel(sum_dy_x_hat / count, x)) * per_channel(scale, x);
       grads[0] = dx.to(input.scalar_type());
     }
     return grads;
@@ -248,15 +253,14 @@ at::Tensor SyncBatchNormImpl::forward(const at::Tensor& input) {
 }
 
 void SyncBatchNormImpl::pretty_print(std::ostream& stream) const {
-  stream << "zero3::libtorch::SyncBatchNorm(" << options.num_features() << ", eps=" << options.eps()
-         << ", momentum=";
+  stream << "zero3::libtorch::SyncBatchNorm(" << options.num_features() << ", eps=" << options.eps() << ", momentum=";
   if (options.momentum()) {
     stream << *options.momentum();
   } else {
     stream << "None";
   }
-  stream << ", affine=" << std::boolalpha << options.affine() << ", track_running_stats=" << options.track_running_stats()
-         << ")";
+  stream << ", affine=" << std::boolalpha << options.affine()
+         << ", track_running_stats=" << options.track_running_stats() << ")";
 }
 
 }  // namespace zero3::libtorch

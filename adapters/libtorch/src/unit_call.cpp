@@ -23,10 +23,10 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Context.h>
 #include <ATen/SequenceNumber.h>
-#include <ATen/record_function.h>
 #include <ATen/core/grad_mode.h>
 #include <ATen/ops/from_blob.h>
 #include <ATen/ops/zeros.h>
+#include <ATen/record_function.h>
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/functions/accumulate_grad.h>
@@ -395,7 +395,12 @@ class UnitBackward : public Node {
           const at::Tensor& g = got[k++];
           if (!g.defined()) continue;  // not used by this call: a zero gradient
           const TorchParam& p = core->params[static_cast<size_t>(i)];
-          at::from_blob(scope.grad(p.id).data, p.shape, grad_options, core->device).add_(g);
+          // The device given: from_blob would otherwise ask CUDA where the pointer lives.
+          at::for_blob(scope.grad(p.id).data, p.shape)
+              .options(grad_options)
+              .target_device(core->device)
+              .make_tensor()
+              .add_(g);
         }
         for (size_t f = 0; f < foreign.size(); ++f) result[inputs_with_edges + f] = got[k++];
         kept_buffers.reset();

@@ -27,7 +27,8 @@ torch::nn::AnyModule make_norm(const BnConvNetConfig& c, int64_t features, int i
 
 struct ConvBlockImpl : torch::nn::Module {
   ConvBlockImpl(const BnConvNetConfig& c, int64_t in) {
-    conv = register_module("conv", torch::nn::Conv2d(torch::nn::Conv2dOptions(in, c.channels, 3).padding(1).bias(false)));
+    conv =
+        register_module("conv", torch::nn::Conv2d(torch::nn::Conv2dOptions(in, c.channels, 3).padding(1).bias(false)));
     norm = make_norm(c, c.channels, 2);
     register_module("bn", norm.ptr());
   }

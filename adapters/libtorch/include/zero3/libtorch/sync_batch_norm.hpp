@@ -65,7 +65,7 @@ class SyncBatchNormImpl : public torch::nn::Cloneable<SyncBatchNormImpl> {
   void pretty_print(std::ostream& stream) const override;
 
   torch::nn::BatchNormOptions options;
-  at::Tensor weight, bias;  // (C); undefined without affine
+  at::Tensor weight, bias;                                    // (C); undefined without affine
   at::Tensor running_mean, running_var, num_batches_tracked;  // undefined without track_running_stats
 };
 TORCH_MODULE(SyncBatchNorm);
