@@ -19,7 +19,9 @@ namespace zero3::testing {
 namespace {
 
 torch::nn::AnyModule make_norm(const BnConvNetConfig& c, int64_t features, int image_dims) {
-  const auto options = torch::nn::BatchNormOptions(features).momentum(c.momentum);
+  // libtorch 1.13's option is a c10::optional, not a std::optional.
+  const auto options = torch::nn::BatchNormOptions(features).momentum(
+      c.momentum ? c10::optional<double>(*c.momentum) : c10::optional<double>());
   if (c.sync_batch_norm) return torch::nn::AnyModule(zero3::libtorch::SyncBatchNorm(options));
   if (image_dims == 2) return torch::nn::AnyModule(torch::nn::BatchNorm2d(options));
   return torch::nn::AnyModule(torch::nn::BatchNorm1d(options));
