@@ -1,5 +1,7 @@
 // The model's buffers (BatchNorm's running statistics): listed for the engine's checkpoints and exports,
-// synchronized across the data-parallel ranks, and kept across a checkpointed unit's recomputation.
+// synchronized across the data-parallel ranks, and kept across a checkpointed unit's recomputation. On a cuda engine
+// they live in device memory with the parameters; the engine reads and writes host memory, so the adapter hands it
+// host copies, and copies back to the device those that a load changed.
 #include <ATen/core/grad_mode.h>
 #include <ATen/ops/from_blob.h>
 
@@ -83,7 +85,8 @@ void register_buffers(ModelCore& core) {
     const std::string what = "zero3::libtorch::ShardedModel: buffer '" + b.name + "'";
     if (b.tensor.device() != core.device) {
       throw InvalidArgument(what + " is on " + b.tensor.device().str() + ", the engine's device is " +
-                            core.engine.device().name() + ": move the model with model->to() before wrapping");
+                            core.engine.device().name() + " (" + core.device.str() +
+                            "): move the model with model->to() before wrapping");
     }
     if (b.tensor.layout() != at::kStrided || !b.tensor.is_contiguous()) {
       throw InvalidArgument(what + " is not a contiguous dense tensor (register a contiguous one)");
@@ -104,47 +107,69 @@ void register_buffers(ModelCore& core) {
       const std::optional<st::Dtype> dtype = safetensors_dtype(b.tensor.scalar_type());
       if (!dtype || !b.tensor.is_contiguous() || b.tensor.device() != c->device) {
         throw InvalidArgument("zero3::libtorch: buffer '" + b.name +
-                              "' was replaced after wrapping by a tensor that is not a contiguous cpu tensor of a "
-                              "real or integer type");
+                              "' was replaced after wrapping by a tensor that is not a contiguous " + c->device.str() +
+                              " tensor of a real or integer type");
       }
-      out.push_back({b.name, *dtype, b.tensor.sizes().vec(), b.tensor.data_ptr()});
+      void* data = b.tensor.data_ptr();
+      if (!b.tensor.is_cpu()) {
+        at::Tensor host = b.tensor.to(at::kCPU).contiguous();
+        c->handed_buffers.push_back({b.tensor, host, host.clone()});
+        data = host.data_ptr();
+      }
+      out.push_back({b.name, *dtype, b.tensor.sizes().vec(), data});
     }
     return out;
   });
 }
 
+void apply_loaded_buffers(ModelCore& core) {
+  if (core.handed_buffers.empty()) return;
+  std::vector<ModelCore::HandedBuffer> handed;
+  handed.swap(core.handed_buffers);
+  at::NoGradGuard no_grad;
+  for (const ModelCore::HandedBuffer& h : handed) {
+    if (!h.host.equal(h.handed)) h.buffer.copy_(h.host);
+  }
+}
+
 void sync_buffers(ModelCore& core, BufferSync mode) {
+  apply_loaded_buffers(core);
   Engine& engine = core.engine;
   if (engine.world_size() == 1) return;
   std::vector<NamedBuffer> buffers = model_buffers(*core.model);
   if (buffers.empty()) return;
+  // The values travel through host memory: a cuda engine's buffers are copied out and back.
+  std::vector<at::Tensor> hosts;
+  for (const NamedBuffer& b : buffers) hosts.push_back(b.tensor.is_cpu() ? b.tensor : b.tensor.to(at::kCPU));
   const bool rank0 = engine.rank() == 0;
   auto averaged = [mode](const at::Tensor& t) {
     return mode == BufferSync::average && at::isFloatingType(t.scalar_type());
   };
   std::vector<float> packed;
-  for (const NamedBuffer& b : buffers) {
-    if (averaged(b.tensor)) {
-      const at::Tensor f = b.tensor.to(at::kFloat).contiguous();
+  for (const at::Tensor& host : hosts) {
+    if (averaged(host)) {
+      const at::Tensor f = host.to(at::kFloat).contiguous();
       packed.insert(packed.end(), f.data_ptr<float>(), f.data_ptr<float>() + f.numel());
     } else {
-      pack_bytes(b.tensor, rank0, packed);
+      pack_bytes(host, rank0, packed);
     }
   }
   engine.all_reduce_host(packed.data(), packed.size(), ReduceOp::sum);
   at::NoGradGuard no_grad;
   const float* next = packed.data();
   const float inv_world = 1.0f / static_cast<float>(engine.world_size());
-  for (NamedBuffer& b : buffers) {
-    if (averaged(b.tensor)) {
-      const int64_t n = b.tensor.numel();
+  for (size_t i = 0; i < buffers.size(); ++i) {
+    at::Tensor& host = hosts[i];
+    if (averaged(host)) {
+      const int64_t n = host.numel();
       at::Tensor sum = at::from_blob(const_cast<float*>(next), {n}, at::TensorOptions().dtype(at::kFloat));
-      b.tensor.copy_((sum * inv_world).view(b.tensor.sizes()));
+      host.copy_((sum * inv_world).view(host.sizes()));
       next += n;
     } else {
-      unpack_bytes(next, b.tensor);
-      next += byte_slots(b.tensor);
+      unpack_bytes(next, host);
+      next += byte_slots(host);
     }
+    if (!buffers[i].tensor.is_cpu()) buffers[i].tensor.copy_(host);
   }
 }
 

@@ -13,6 +13,7 @@
 #include <ATen/core/Tensor.h>
 #include <torch/nn/module.h>
 
+#include "stream_order.hpp"
 #include "zero3/engine.hpp"
 #include "zero3/libtorch.hpp"
 
@@ -56,6 +57,12 @@ struct UnitRebuilder {
 
 at::Tensor cpu_rng_state();
 void set_cpu_rng_state(const at::Tensor& state);
+
+// The generators a unit's forward draws from: the CPU's, and on a cuda engine the device's.
+struct RngStates {
+  at::Tensor cpu;
+  at::Tensor device;  // undefined on the cpu device
+};
 
 // One parameter tensor of the module.
 struct TorchParam {
@@ -109,6 +116,7 @@ class ModelCore : public std::enable_shared_from_this<ModelCore> {
   std::vector<TorchParam> params;
   std::unordered_map<const c10::TensorImpl*, int> param_by_impl;
   at::Device device{at::kCPU};
+  std::unique_ptr<StreamOrder> streams;  // torch's stream against the engine's (cuda); null on the cpu device
   at::ScalarType compute_type = at::kFloat;
   at::ScalarType grad_type = at::kFloat;
 
@@ -120,6 +128,12 @@ class ModelCore : public std::enable_shared_from_this<ModelCore> {
   bool watch_training = true;            // the model's training calls watch for idle units' parameters until one
   bool watch_evaluation = true;          // completes without using any; the same for evaluation calls
   IdleUse idle_use;
+  // Host copies of device buffers handed to the engine (Engine::buffers(), for a save, load or export), each with
+  // its values when handed: a load writes them, and apply_loaded_buffers() copies what changed to the device.
+  struct HandedBuffer {
+    at::Tensor buffer, host, handed;
+  };
+  std::vector<HandedBuffer> handed_buffers;
 
   // Points the unit's parameter tensors at the scope's gathered buffer (full shapes), or empties them.
   void point(const UnitDesc& unit, const UnitScope& scope);
@@ -129,21 +143,30 @@ class ModelCore : public std::enable_shared_from_this<ModelCore> {
   void check_unchanged(const UnitDesc& unit) const;
   bool is_open_in_forward(int unit) const;
   std::string describe_param(int index) const;  // "parameter 'x' of unit 'u'"
+  RngStates rng_states() const;
+  void set_rng_states(const RngStates& states) const;
 };
 
-// Empties a unit's parameters when it goes out of scope (normal exit and exceptions alike).
+// The engine of the ShardedModel whose call (or unit backward) runs on this thread, or null (SyncBatchNorm's).
+Engine* engine_of_current_call();
+
+// A unit's parameters pointed at a scope's memory while it lives, and emptied when it goes out of scope (normal exit
+// and exceptions alike). On a cuda engine torch's stream waits for the engine's first, and the engine's for torch's
+// at the end, before the scope closes.
 class PointedUnit {
  public:
-  PointedUnit(ModelCore& core, const UnitDesc& unit, const UnitScope& scope) : core_(core), unit_(unit) {
-    core_.point(unit_, scope);
-  }
-  ~PointedUnit() { core_.empty(unit_); }
+  PointedUnit(ModelCore& core, const UnitDesc& unit, const UnitScope& scope);
+  ~PointedUnit();
   PointedUnit(const PointedUnit&) = delete;
   PointedUnit& operator=(const PointedUnit&) = delete;
+  // Orders the engine's stream after torch's and empties the parameters now (the normal end: throws what the
+  // ordering raised; the destructor logs it instead).
+  void release();
 
  private:
   ModelCore& core_;
   const UnitDesc& unit_;
+  bool released_ = false;
 };
 
 at::ScalarType scalar_type_of(DType dtype);
@@ -154,8 +177,11 @@ struct NamedBuffer {
   at::Tensor tensor;
 };
 std::vector<NamedBuffer> model_buffers(const torch::nn::Module& model);
-// Checks every buffer (contiguous, on the cpu, of a type safetensors has) and makes them the engine's buffers.
+// Checks every buffer (contiguous, on the engine's device, of a type safetensors has) and makes them the engine's
+// buffers (on a cuda engine through host copies: see ModelCore::handed_buffers).
 void register_buffers(ModelCore& core);
+// Copies to the device the host copies of device buffers that a load changed since they were handed out.
+void apply_loaded_buffers(ModelCore& core);
 // Collective (one Engine::all_reduce_host): the buffers synchronized across the ranks by `mode`.
 void sync_buffers(ModelCore& core, BufferSync mode);
 

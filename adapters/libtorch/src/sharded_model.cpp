@@ -86,13 +86,12 @@ ModelCore::ModelCore(Engine& engine_, std::shared_ptr<torch::nn::Module> model_,
     throw InvalidArgument("zero3::libtorch::ShardedModel: the engine is already materialized; wrap the model on a "
                           "fresh engine (the model's parameters are declared to it)");
   }
-  // The adapter's CUDA path (torch tensors on the engine's device memory, torch's current stream against the
-  // engine's compute stream) has not run on a GPU yet: refused rather than trusted untested.
-  if (engine.device().type() != DeviceType::cpu) {
-    throw Unsupported("zero3::libtorch::ShardedModel: the engine's device is " + engine.device().name() +
-                      "; the libtorch adapter runs on the cpu device only in this version (zero3.device: \"cpu\")");
+  // On a cuda engine the parameters are views of its device memory, in torch's order of work (stream_order.hpp).
+  check_torch_device(engine.device());
+  if (engine.device().type() == DeviceType::cuda) {
+    device = at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(engine.device().index()));
+    streams = std::make_unique<StreamOrder>(engine.device());
   }
-  device = at::Device(at::kCPU);
   compute_type = scalar_type_of(engine.compute_dtype());
   grad_type = scalar_type_of(engine.grad_dtype());
 
@@ -284,6 +283,37 @@ void ModelCore::point(const UnitDesc& unit, const UnitScope& scope) {
     storage->set_data_ptr_noswap(c10::DataPtr(v.data, device));
     storage->set_nbytes(v.bytes());
     impl->set_sizes_contiguous(p.shape);
+  }
+}
+
+PointedUnit::PointedUnit(ModelCore& core, const UnitDesc& unit, const UnitScope& scope) : core_(core), unit_(unit) {
+  core_.point(unit_, scope);
+  if (!core_.streams) return;
+  try {
+    core_.streams->torch_after_engine();
+  } catch (...) {
+    core_.empty(unit_);
+    throw;
+  }
+}
+
+void PointedUnit::release() {
+  if (released_) return;
+  released_ = true;
+  struct Emptied {
+    ModelCore& core;
+    const UnitDesc& unit;
+    ~Emptied() { core.empty(unit); }
+  } emptied{core_, unit_};
+  if (core_.streams) core_.streams->engine_after_torch();
+}
+
+PointedUnit::~PointedUnit() {
+  try {
+    release();
+  } catch (const std::exception& e) {  // already leaving by an exception: the scope's own error is the one to see
+    log::error("zero3::libtorch: ordering the engine's stream after torch's for unit '", unit_.name,
+               "' failed: ", e.what());
   }
 }
 

@@ -21,11 +21,12 @@
 // that belongs to no unit, a parameter of a unit not in use, a tensor computed before the call and not passed
 // as an argument) would get a wrong or lost gradient, so it is an error naming it.
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/Context.h>
 #include <ATen/SequenceNumber.h>
-#include <ATen/record_function.h>
 #include <ATen/core/grad_mode.h>
 #include <ATen/ops/from_blob.h>
 #include <ATen/ops/zeros.h>
+#include <ATen/record_function.h>
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/functions/accumulate_grad.h>
@@ -50,6 +51,21 @@ using torch::autograd::variable_list;
 std::string unit_label(const UnitDesc& unit) {
   return unit.root ? "the model (root unit '" + unit.name + "')" : "unit '" + unit.name + "'";
 }
+
+// The ShardedModel whose call or unit backward runs on this thread (engine_of_current_call()): backward may run on
+// another thread than the forward (libtorch's autograd runs a CUDA graph's nodes on a thread per device).
+thread_local ModelCore* calling_core = nullptr;
+
+class CallingCore {
+ public:
+  explicit CallingCore(ModelCore& core) : previous_(calling_core) { calling_core = &core; }
+  ~CallingCore() { calling_core = previous_; }
+  CallingCore(const CallingCore&) = delete;
+  CallingCore& operator=(const CallingCore&) = delete;
+
+ private:
+  ModelCore* previous_;
+};
 
 // Counts a call in progress on a unit and, in training, its frame; both undone on any exit.
 class OpenCall {
@@ -268,7 +284,7 @@ class UnitBackward : public Node {
   std::vector<int> foreign;               // enclosing units' parameters: one edge each, after the inputs'
   at::Tensor anchor;                      // this call's anchor, when nested calls recorded nodes
   ForwardFn forward;                      // checkpointed units
-  at::Tensor rng_state;                   // checkpointed units
+  RngStates rng_state;                    // checkpointed units
 
   variable_list apply(variable_list&& grads) override {
     std::shared_ptr<ModelCore> core = core_.lock();
@@ -299,6 +315,7 @@ class UnitBackward : public Node {
     }
     done_ = true;
     core->backward_micro_step = micro_step_;
+    CallingCore calling(*core);
 
     std::vector<at::Tensor> outs, grad_outs;
     std::vector<size_t> live_slots;
@@ -329,18 +346,18 @@ class UnitBackward : public Node {
               if (input_has_edge[i]) x_in[i].requires_grad_(true);
             }
           }
-          at::Tensor current_rng = cpu_rng_state();
-          set_cpu_rng_state(rng_state);
+          const RngStates current_rng = core->rng_states();
+          core->set_rng_states(rng_state);
           const uint64_t first_seq = at::sequence_number::peek();
           std::vector<at::Tensor> recomputed;
           try {
             at::AutoGradMode grad_on(true);
             recomputed = run_forward(*core, forward, x_in);
           } catch (...) {
-            set_cpu_rng_state(current_rng);
+            core->set_rng_states(current_rng);
             throw;
           }
-          set_cpu_rng_state(current_rng);
+          core->set_rng_states(current_rng);
           check_graph(*core, unit_, recomputed, x_in, at::Tensor(), first_seq);
           for (size_t s : live_slots) {
             const at::Tensor& o = recomputed.at(slot_output[s]);
@@ -378,9 +395,16 @@ class UnitBackward : public Node {
           const at::Tensor& g = got[k++];
           if (!g.defined()) continue;  // not used by this call: a zero gradient
           const TorchParam& p = core->params[static_cast<size_t>(i)];
-          at::from_blob(scope.grad(p.id).data, p.shape, grad_options).add_(g);
+          // The device given: from_blob would otherwise ask CUDA where the pointer lives.
+          at::for_blob(scope.grad(p.id).data, p.shape)
+              .options(grad_options)
+              .target_device(core->device)
+              .make_tensor()
+              .add_(g);
         }
         for (size_t f = 0; f < foreign.size(); ++f) result[inputs_with_edges + f] = got[k++];
+        kept_buffers.reset();
+        pointed.release();
       }
       scope.close();
     }
@@ -392,7 +416,7 @@ class UnitBackward : public Node {
     inner_inputs.clear();
     inner_outputs.clear();
     forward = nullptr;
-    rng_state = at::Tensor();
+    rng_state = RngStates{};
     anchor = at::Tensor();
   }
 
@@ -415,6 +439,7 @@ std::vector<at::Tensor> run_evaluation(ModelCore& core, int unit_index, const st
     PointedUnit pointed(core, unit, scope);
     outputs = run_forward(core, forward, inputs);
     check_outputs_alias_no_parameter(core, unit, outputs);
+    pointed.release();
   }
   scope.close();
   return outputs;
@@ -437,8 +462,8 @@ std::vector<at::Tensor> run_training(ModelCore& core, int unit_index, const std:
       has_edge[i] = 1;
     }
   }
-  at::Tensor rng_state;
-  if (unit.checkpoint) rng_state = cpu_rng_state();
+  RngStates rng_state;
+  if (unit.checkpoint) rng_state = core.rng_states();
 
   std::vector<at::Tensor> outputs;
   at::Tensor anchor, enclosing;
@@ -456,6 +481,7 @@ std::vector<at::Tensor> run_training(ModelCore& core, int unit_index, const std:
         outputs = run_forward(core, forward, inner);
       }
       check_outputs_alias_no_parameter(core, unit, outputs);
+      pointed.release();
     }
     scope.close();
     anchor = core.frames.back().anchor;
@@ -514,6 +540,27 @@ void set_cpu_rng_state(const at::Tensor& state) {
   gen.set_state(state);
 }
 
+RngStates ModelCore::rng_states() const {
+  RngStates states{cpu_rng_state(), at::Tensor()};
+  if (device.is_cuda()) {
+    at::Generator gen = at::globalContext().defaultGenerator(device);
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    states.device = gen.get_state();
+  }
+  return states;
+}
+
+void ModelCore::set_rng_states(const RngStates& states) const {
+  set_cpu_rng_state(states.cpu);
+  if (states.device.defined()) {
+    at::Generator gen = at::globalContext().defaultGenerator(device);
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    gen.set_state(states.device);
+  }
+}
+
+Engine* engine_of_current_call() { return calling_core == nullptr ? nullptr : &calling_core->engine; }
+
 std::vector<at::Tensor> run_unit(UnitRef ref, std::vector<at::Tensor> inputs, ForwardFn forward) {
   ModelCore& core = *ref.core;
   const UnitDesc& unit = core.units[static_cast<size_t>(ref.unit)];
@@ -554,6 +601,8 @@ std::vector<at::Tensor> run_unit(UnitRef ref, std::vector<at::Tensor> inputs, Fo
                           "schedule");
   }
   core.check_unchanged(unit);
+  if (unit.root) apply_loaded_buffers(core);
+  CallingCore calling(core);
   bool& watch = evaluating ? core.watch_evaluation : core.watch_training;
   if (unit.root && watch) {
     std::vector<at::Tensor> outputs;

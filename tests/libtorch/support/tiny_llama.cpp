@@ -45,7 +45,7 @@ struct BlockImpl : torch::nn::Module {
     const int64_t B = x.size(0), T = x.size(1), H = config.heads, Dh = config.dim / config.heads;
     at::Tensor qkv = wqkv(attn_norm(x)).view({B, T, 3, H, Dh}).permute({2, 0, 3, 1, 4});
     at::Tensor att = torch::matmul(qkv[0], qkv[1].transpose(-2, -1)) / std::sqrt(static_cast<double>(Dh));
-    at::Tensor causal = torch::ones({T, T}, torch::kBool).triu(1);
+    at::Tensor causal = torch::ones({T, T}, x.options().dtype(torch::kBool)).triu(1);
     att = torch::softmax(att.masked_fill(causal, -std::numeric_limits<double>::infinity()), -1);
     att = F::dropout(att, F::DropoutFuncOptions().p(config.attn_dropout).training(is_training()));
     at::Tensor y = torch::matmul(att, qkv[2]).transpose(1, 2).reshape({B, T, config.dim});

@@ -45,16 +45,16 @@
 //    materialized and at every step(); saved by zero3::save_checkpoint (rank 0's) and restored by load_checkpoint on
 //    any world size; written by save_16bit_model and consolidate_checkpoint under the module's names, in their own
 //    types. A checkpointed unit's recomputation in backward leaves them as its forward left them (not updated
-//    twice). Buffers must be contiguous cpu tensors of a real or integer type (InvalidArgument at wrapping).
+//    twice). Buffers: contiguous, on the engine's device, of a real or integer type (InvalidArgument at wrapping).
 //  - Training. One micro-step is one or more calls of the model, one backward, then step(); gradient
 //    accumulation is the config's gradient_accumulation_steps. Under torch::NoGradGuard a call is an error unless
 //    the engine is evaluating (evaluate()). torch::optim does not apply: the parameters have no gradient.
 //
 // Errors are zero3::InvalidArgument (a misuse, raised before any gradient it would make wrong is computed or
 // applied) naming the unit, the parameter or the module and what to do; errors of the engine (communication,
-// memory) are the engine's. The engine's device must be cpu in this version (Unsupported otherwise).
-// Threads: one thread drives a ShardedModel, its calls and its backward (libtorch's CPU autograd runs backward
-// on the calling thread).
+// memory) are the engine's. Device: cpu, or cuda with a CUDA build of libtorch (else Unsupported): parameters and
+// gradients are views of the engine's device memory, torch's current stream and the engine's ordered by events.
+// Threads: one thread drives a ShardedModel and its calls; backward may run on libtorch's autograd device thread.
 #pragma once
 
 #include <array>
@@ -134,7 +134,7 @@ class ShardedModel {
   // that nest, a parameter that is not a leaf, does not require gradients, is not of the engine's compute dtype
   // (bf16/fp16 in the config: convert the model with model->to() first) or lives on another device, for a
   // module already wrapped, for a checkpointed unit whose module holds a parameter of another unit or of the root (a
-  // tied weight: naming both), and for a buffer that is not a contiguous cpu tensor of a real or integer type. The
+  // tied weight: naming both), and for a buffer not contiguous, on the engine's device, of a real or integer type. The
   // model's buffers are registered with the engine (Engine::set_buffer_source) for checkpoints and exports.
   ShardedModel(Engine& engine, std::shared_ptr<torch::nn::Module> model, WrapOptions options = {});
   // The same for a model whose units are built here, one at a time: `model` holds the rest (the root's parameters,
