@@ -950,7 +950,8 @@ std::vector<KeyEntry> build_table() {
       IGNORED("zero_optimization.memory_efficient_linear", "boolean", "true", not_default,
               "A PyTorch autograd detail of DeepSpeed's stage 3."),
       IGNORED("zero_optimization.pipeline_loading_checkpoint", "boolean", "false", not_default,
-              "Pipeline-parallel checkpoint loading; zero3's pipeline engine is not built yet (docs/pipeline.md)."),
+              "Pipeline-parallel checkpoint loading; zero3's pipelined checkpoints load by unit names at any stage "
+              "count (docs/checkpoints.md)."),
       IGNORED("zero_optimization.override_module_apply", "boolean", "true", not_default, "A PyTorch nn.Module detail."),
       IGNORED("zero_optimization.log_trace_cache_warnings", "boolean", "false", not_default,
               "DeepSpeed's trace cache; zero3 reports schedule changes itself."),
@@ -999,7 +1000,7 @@ std::vector<KeyEntry> build_table() {
                "same ranks per node)."),
       SECTION("checkpoint.parallel_write", "Pipeline-parallel checkpoint writing."),
       IGNORED("checkpoint.parallel_write.pipeline_stage", "boolean", "false", not_default,
-              "zero3's pipeline engine is not built yet (docs/pipeline.md); every rank writes its own shard."),
+              "Every rank writes its own shard, a pipeline's stages side by side (docs/checkpoints.md)."),
       IGNORED("checkpoint.checkpoint_serialization", "boolean", "true", not_default,
               "torch.save serialization detail; zero3 writes safetensors-style files."),
       IGNORED("checkpoint.writer", "object", "null", present, "DeepSpeed's fast checkpoint writer options."),
