@@ -65,6 +65,8 @@ int group_ranks_per_node(const detail::RankGroup& group, const detail::NodeLayou
   return per_node == 0 ? run : per_node;
 }
 
+bool sends(ActionKind kind) { return kind == ActionKind::send_activation || kind == ActionKind::send_gradient; }
+
 const char* transfer_what(ActionKind kind) {
   switch (kind) {
     case ActionKind::send_activation:
@@ -185,31 +187,26 @@ void PipelineEngine::Impl::run_call(const std::vector<Action>& call, pipeline::S
   transfers.reserve(call.size());
   const DType dtype = options.activation_dtype;
   for (const Action& a : call) {
-    const uint32_t tag = pipeline::transfer_tag(a);
+    TensorView v;
     switch (a.kind) {
-      case ActionKind::send_activation: {
-        TensorView v = buffers.output(a.stage, a.micro_batch);
-        transfers.push_back(PeerTransfer::send_to(a.peer_rank, v.data, v.numel, dtype, tag));
+      case ActionKind::send_activation:
+        v = buffers.output(a.stage, a.micro_batch);
         break;
-      }
-      case ActionKind::recv_activation: {
-        TensorView v = buffers.make_received_input(a.stage, a.micro_batch);
-        transfers.push_back(PeerTransfer::recv_from(a.peer_rank, v.data, v.numel, dtype, tag));
+      case ActionKind::recv_activation:
+        v = buffers.make_received_input(a.stage, a.micro_batch);
         break;
-      }
-      case ActionKind::send_gradient: {
-        TensorView v = buffers.grad_input(a.stage, a.micro_batch);
-        transfers.push_back(PeerTransfer::send_to(a.peer_rank, v.data, v.numel, dtype, tag));
+      case ActionKind::send_gradient:
+        v = buffers.grad_input(a.stage, a.micro_batch);
         break;
-      }
-      case ActionKind::recv_gradient: {
-        TensorView v = buffers.make_received_grad_output(a.stage, a.micro_batch);
-        transfers.push_back(PeerTransfer::recv_from(a.peer_rank, v.data, v.numel, dtype, tag));
+      case ActionKind::recv_gradient:
+        v = buffers.make_received_grad_output(a.stage, a.micro_batch);
         break;
-      }
       default:
-        break;
+        continue;
     }
+    const uint32_t tag = pipeline::transfer_tag(a);
+    transfers.push_back(sends(a.kind) ? PeerTransfer::send_to(a.peer_rank, v.data, v.numel, dtype, tag)
+                                      : PeerTransfer::recv_from(a.peer_rank, v.data, v.numel, dtype, tag));
   }
   Communicator& pipe = *groups.pipeline.comm;
   const bool on_stream = device.type() != DeviceType::cpu;
@@ -223,9 +220,8 @@ void PipelineEngine::Impl::run_call(const std::vector<Action>& call, pipeline::S
   } catch (const CommError&) {
     std::string what;
     for (const Action& a : call) {
-      const bool sends = a.kind == ActionKind::send_activation || a.kind == ActionKind::send_gradient;
       what += log::concat(what.empty() ? "" : ", ", transfer_what(a.kind), " of micro-batch ", a.micro_batch,
-                          sends ? " to" : " from", " stage ", a.peer_stage, " (world rank ",
+                          sends(a.kind) ? " to" : " from", " stage ", a.peer_stage, " (world rank ",
                           groups.topology.rank_of(a.peer_rank, groups.topology.index_of(world->rank())), ")");
     }
     detail::rethrow_comm_error(log::concat("pipeline stage ", call.front().stage, " on world rank ", world->rank(),
