@@ -32,7 +32,8 @@ void check_pipeline_model(const ModelConfig& config, int pipeline_ranks) {
 
 PipelineStageModel::PipelineStageModel(const ModelConfig& config, const BatchShape& shape, MicroBatchSource& data,
                                        int64_t micro_batches, int data_parallel_size, int pipeline_ranks,
-                                       zero3::Device& device, zero3::DType compute, const EngineModelOptions& options)
+                                       zero3::Device& device, zero3::DType compute,
+                                       std::optional<zero3::DType> boundary, const EngineModelOptions& options)
     : config_(config),
       shape_(shape),
       data_(data),
@@ -52,12 +53,20 @@ PipelineStageModel::PipelineStageModel(const ModelConfig& config, const BatchSha
                                  " data-parallel ranks must all be > 0");
   }
   ops_ = make_model_ops(device, compute);
+  boundary_ = boundary.value_or(ops_->act());
+  if (boundary_ != ops_->act()) {
+    conversion_ = ops_->allocate(static_cast<size_t>(shape.tokens() * config.hidden_size) * zero3::dtype_size(ops_->act()));
+  }
   staging_ = std::make_unique<ModelRunner>(config_, *ops_);
   ids_.resize(static_cast<size_t>(shape.tokens()));
   targets_.resize(ids_.size());
 }
 
-PipelineStageModel::~PipelineStageModel() = default;
+PipelineStageModel::~PipelineStageModel() {
+  if (conversion_ != nullptr) {
+    ops_->free(conversion_, static_cast<size_t>(shape_.tokens() * config_.hidden_size) * zero3::dtype_size(ops_->act()));
+  }
+}
 
 int64_t PipelineStageModel::activation_bytes() const {
   int64_t bytes = staging_->peak_allocated_bytes();
@@ -163,14 +172,30 @@ void PipelineStageModel::finish_micro_batch(const zero3::PipelineCall& call) {
 void PipelineStageModel::check_boundary(const zero3::TensorView& view, const char* what,
                                         const zero3::PipelineCall& call) const {
   const int64_t numel = shape_.tokens() * config_.hidden_size;
-  if (view.data == nullptr || view.numel != numel || view.dtype != ops_->act()) {
+  if (view.data == nullptr || view.numel != numel || view.dtype != boundary_) {
     throw zero3::InvalidArgument(std::string("PipelineStageModel: stage ") + std::to_string(call.stage->stage) +
                                  ", micro-batch " + std::to_string(call.micro_batch) + ": the " + what + " holds " +
                                  std::to_string(view.numel) + " " + std::string(zero3::dtype_name(view.dtype)) +
                                  " elements" + (view.data == nullptr ? " (no buffer)" : "") + ", expected " +
-                                 std::to_string(numel) + " " + std::string(zero3::dtype_name(ops_->act())) +
+                                 std::to_string(numel) + " " + std::string(zero3::dtype_name(boundary_)) +
                                  " (micro-batch x seq x hidden)");
   }
+}
+
+const void* PipelineStageModel::from_boundary(const zero3::TensorView& view) {
+  if (conversion_ == nullptr) return view.data;
+  ops_->convert(view.data, boundary_, conversion_, ops_->act(), view.numel);
+  return conversion_;
+}
+
+void PipelineStageModel::store_output(ModelRunner& runner, int64_t layer, const zero3::TensorView& view) {
+  runner.store_layer_input(layer, conversion_ != nullptr ? conversion_ : view.data);
+  if (conversion_ != nullptr) ops_->convert(conversion_, ops_->act(), view.data, boundary_, view.numel);
+}
+
+void PipelineStageModel::store_input_grad(ModelRunner& runner, const zero3::TensorView& view) {
+  runner.store_grad(conversion_ != nullptr ? conversion_ : view.data);
+  if (conversion_ != nullptr) ops_->convert(conversion_, ops_->act(), view.data, boundary_, view.numel);
 }
 
 // The normalizer of every micro-batch of optimizer step `step` (step_loss_normalizer's): the non-ignored targets of
@@ -203,7 +228,7 @@ void PipelineStageModel::forward_layers(zero3::Engine& engine, ModelRunner& runn
     s.close();
   } else {
     check_boundary(call.input, "input activation", call);
-    runner.load_layer_input(static_cast<int64_t>(a) - 1, call.input.data);
+    runner.load_layer_input(static_cast<int64_t>(a) - 1, from_boundary(call.input));
   }
   for (size_t i = std::max<size_t>(a, 1); i < std::min(b, L + 1); ++i) {
     zero3::UnitScope s = engine.forward_scope(unit(i, "forward"));
@@ -233,7 +258,7 @@ double PipelineStageModel::forward(zero3::Engine& engine, const zero3::PipelineC
     return loss;
   }
   check_boundary(call.output, "output activation", call);
-  runner.store_layer_input(static_cast<int64_t>(b) - 1, call.output.data);
+  store_output(runner, static_cast<int64_t>(b) - 1, call.output);
   if (time_phases_) ops_->synchronize();
   times_.forward += seconds_since(t0);
   return loss;
@@ -317,7 +342,7 @@ double PipelineStageModel::evaluate(zero3::Engine& engine, const zero3::Pipeline
     loss = eval_normalizer_ > 0 ? r.loss_sum / eval_normalizer_ : 0.0;
   } else {
     check_boundary(call.output, "output activation", call);
-    runner->store_layer_input(static_cast<int64_t>(b) - 1, call.output.data);
+    store_output(*runner, static_cast<int64_t>(b) - 1, call.output);
   }
   idle_.push_back(std::move(runner));
   return loss;
@@ -329,7 +354,7 @@ void PipelineStageModel::backward(zero3::Engine& engine, const zero3::PipelineCa
   ModelRunner& runner = running(call, "backward");
   if (b != L + 2) {
     check_boundary(call.grad_output, "output gradient", call);
-    runner.load_grad(call.grad_output.data);
+    runner.load_grad(from_boundary(call.grad_output));
   }
   const int64_t first = static_cast<int64_t>(std::max<size_t>(a, 1));
   for (int64_t i = static_cast<int64_t>(std::min(b, L + 1)) - 1; i >= first; --i) {
@@ -346,7 +371,7 @@ void PipelineStageModel::backward(zero3::Engine& engine, const zero3::PipelineCa
     s.close();
   } else {
     check_boundary(call.grad_input, "input gradient", call);
-    runner.store_grad(call.grad_input.data);
+    store_input_grad(runner, call.grad_input);
   }
   finish_micro_batch(call);
   if (time_phases_) ops_->synchronize();

@@ -5,6 +5,12 @@
 // units EngineModel declares, in the same order, with the same names and parameters: pipeline.partition cuts them
 // into stages. Every boundary carries the residual stream, micro-batch x seq x hidden elements.
 //
+// The boundary dtype (PipelineOptions::activation_dtype, what crosses between stages): by default the backend's
+// activation dtype, so a boundary is a copy and the pipelined run equals the unpipelined one up to round-off; given
+// another (llama3_train: the compute dtype, as DeepSpeed's pipeline sends a bf16 model's activations in bf16), the
+// stage converts its output and its input gradient into it and back on the other side, which rounds the residual
+// stream there (on the CPU backend, whose activations are fp32, to bf16's 8 bits of mantissa).
+//
 // One stage on one micro-batch, with the ops EngineModel runs (model_runner.hpp) inside the stage engine's scopes:
 //   forward   the stage's input (the embedding's forward scope on the first stage, the received activation
 //             elsewhere), its layers' forward scopes, then either its output (sent on) or, on the last stage, the
@@ -46,6 +52,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -71,18 +78,18 @@ void check_pipeline_model(const ModelConfig& config, int pipeline_ranks);
 class PipelineStageModel : public zero3::PipelineModel {
  public:
   // `device` and `compute`: the stage engine's (the backend is made here, so that activation_dtype() is known
-  // before the PipelineEngine is). `micro_batches`: gradient_accumulation_steps; `data_parallel_size`: the
+  // before the PipelineEngine is). `boundary`: the dtype between stages (nullopt: the backend's activation dtype).
+  // `micro_batches`: gradient_accumulation_steps; `data_parallel_size`: the
   // ranks of a stage (the world over pipeline.stages); `pipeline_ranks`: pipeline.stages. options.time_phases,
   // activation_checkpointing, init_from and init_from_strict as EngineModel's. `data` must outlive the model.
   // Throws what check_pipeline_model and make_model_ops throw; IoError for a bad options.init_from.
   PipelineStageModel(const ModelConfig& config, const BatchShape& shape, MicroBatchSource& data, int64_t micro_batches,
                      int data_parallel_size, int pipeline_ranks, zero3::Device& device, zero3::DType compute,
-                     const EngineModelOptions& options = {});
+                     std::optional<zero3::DType> boundary = std::nullopt, const EngineModelOptions& options = {});
   ~PipelineStageModel() override;
 
-  // The dtype of the activations between stages (PipelineOptions::activation_dtype): the backend's (f32 on cpu,
-  // the compute dtype on cuda), so that a boundary is a copy.
-  zero3::DType activation_dtype() const { return ops_->act(); }
+  // The dtype of the activations and their gradients between stages (PipelineOptions::activation_dtype).
+  zero3::DType boundary_dtype() const { return boundary_; }
 
   // The held-out micro-batches of eval_batch(), `per_evaluation` per data-parallel rank in one evaluation (a
   // multiple of the micro-batches of one eval_batch()). `source` must outlive the model. Without it, a forward in
@@ -119,6 +126,11 @@ class PipelineStageModel : public zero3::PipelineModel {
   double head(zero3::Engine& engine, ModelRunner& runner, int64_t data_index);
   double step_normalizer(int64_t step);
   void check_boundary(const zero3::TensorView& view, const char* what, const zero3::PipelineCall& call) const;
+  // Boundary tensors, in boundary_dtype(), through conversion_ where it is not the backend's activation dtype: a
+  // received one in the backend's dtype, the stage's output and its input's gradient written into `view`.
+  const void* from_boundary(const zero3::TensorView& view);
+  void store_output(ModelRunner& runner, int64_t layer, const zero3::TensorView& view);
+  void store_input_grad(ModelRunner& runner, const zero3::TensorView& view);
   zero3::UnitId unit(size_t layer, const char* what) const;
 
   ModelConfig config_;
@@ -136,6 +148,8 @@ class PipelineStageModel : public zero3::PipelineModel {
   bool weights_opened_ = false;
 
   std::unique_ptr<ModelOps> ops_;
+  zero3::DType boundary_;
+  void* conversion_ = nullptr;  // micro-batch x seq x hidden of the backend's dtype, where boundary_ differs
   std::unique_ptr<ModelRunner> staging_;  // dtype staging of a scope's units (no batch runs on it)
   std::map<RunnerKey, std::unique_ptr<ModelRunner>> in_flight_;
   std::vector<std::unique_ptr<ModelRunner>> idle_;

@@ -401,6 +401,13 @@ zero3::CheckpointExtras sampler_extras(const DistributedSampler& sampler, const 
           {"seed", std::to_string(o.seed)}};
 }
 
+// --pipeline-boundary-dtype: the dtype between stages (nullopt for "activation": the backend's).
+std::optional<zero3::DType> boundary_dtype(const TrainOptions& o, const zero3::Config& cfg) {
+  if (o.pipeline_boundary_dtype == "compute") return cfg.compute_dtype();
+  if (o.pipeline_boundary_dtype == "activation") return std::nullopt;
+  return zero3::parse_dtype(o.pipeline_boundary_dtype);
+}
+
 // Whether the run is pipelined (pipeline.stages above 1, after --pipeline-stages), and the refusals of what the
 // pipelined run does not do yet: checkpoints and consolidation need every stage's units in one engine.
 bool pipelined_run(const TrainOptions& o, const zero3::Config& cfg, const ModelConfig& mc) {
@@ -465,9 +472,13 @@ int train(const TrainOptions& o, zero3::Config file_cfg, const ModelConfig& mc, 
         pipelined ? "data-parallel " : "", static_cast<long long>(micro * o.seq_len * gas * data_world),
         static_cast<long long>(o.steps));
     if (pipelined) {
-      std::printf("  pipeline   %d stages x %d data-parallel ranks (%s), schedule %s, %lld virtual stage(s) per rank\n",
-                  stages, data_world, cfg.zero3.pipeline_stage_order.c_str(), cfg.zero3.pipeline_schedule.c_str(),
-                  static_cast<long long>(cfg.zero3.pipeline_virtual_stages));
+      const std::optional<zero3::DType> boundary = boundary_dtype(o, cfg);
+      std::printf(
+          "  pipeline   %d stages x %d data-parallel ranks (%s), schedule %s, %lld virtual stage(s) per rank, "
+          "boundaries in %s\n",
+          stages, data_world, cfg.zero3.pipeline_stage_order.c_str(), cfg.zero3.pipeline_schedule.c_str(),
+          static_cast<long long>(cfg.zero3.pipeline_virtual_stages),
+          boundary ? std::string(zero3::dtype_name(*boundary)).c_str() : "the backend's activation dtype");
     }
     std::string peak = !gpu         ? ""
                        : peak_flops ? ", peak dense bf16 " + fmt("%.0f", *peak_flops / 1e12) + " TFLOP/s"
@@ -550,13 +561,14 @@ int train(const TrainOptions& o, zero3::Config file_cfg, const ModelConfig& mc, 
   if (pipelined) {
     // The stages' units declared and materialized by the PipelineEngine (collective over the world).
     micro_batches.emplace(dataset, data_world, o.seed, micro);
-    stage_model.emplace(mc, shape, *micro_batches, gas, data_world, stages, device, cfg.compute_dtype(), mo);
+    stage_model.emplace(mc, shape, *micro_batches, gas, data_world, stages, device, cfg.compute_dtype(),
+                        boundary_dtype(o, cfg), mo);
     if (eval_set) {
       eval_micro_batches.emplace(*eval_set, data_world, micro, o.eval_batches, gas, kIgnoreIndex);
       stage_model->set_evaluation(*eval_micro_batches, eval_micro_batches->per_evaluation());
     }
     zero3::PipelineOptions po;
-    po.activation_dtype = stage_model->activation_dtype();
+    po.activation_dtype = stage_model->boundary_dtype();
     pipe = std::make_unique<zero3::PipelineEngine>(cfg, session.comm, device, pipeline_layers(mc, shape), *stage_model,
                                                    po);
     if (rank == 0) {

@@ -104,6 +104,13 @@ const std::vector<Flag>& flags() {
        "pipeline stages (replaces the config's pipeline.stages): the layers cut into N stages, the ranks into N x "
        "ranks/N data-parallel ranks; schedule, virtual stages and stage order from the config's zero3.pipeline_* keys",
        [](TrainOptions& o, const std::string& v) { o.pipeline_stages = to_int("pipeline-stages", v, 1); }},
+      {"pipeline-boundary-dtype", Kind::text, "compute|activation|bf16|fp16|fp32",
+       "dtype of the activations and gradients between pipeline stages (default compute: the config's compute dtype, "
+       "as DeepSpeed's pipeline sends a bf16 model's activations; activation: the backend's, fp32 on cpu, which makes "
+       "a pipelined cpu run equal to the unpipelined one up to round-off)",
+       [](TrainOptions& o, const std::string& v) {
+         o.pipeline_boundary_dtype = one_of("pipeline-boundary-dtype", v, {"compute", "activation", "bf16", "fp16", "fp32"});
+       }},
       {"network", Kind::text, "auto|efa|socket", "inter-node transport for NCCL (efa fails without EFA)",
        [](TrainOptions& o, const std::string& v) {
          o.network = one_of("network", v, {"auto", "efa", "socket"});

@@ -26,6 +26,9 @@ struct TrainOptions {
   std::string device = "auto";           // cpu | cuda | auto
   bool grad_checkpointing = true;
   std::optional<int64_t> pipeline_stages;  // pipeline.stages; unset: the config's (default 1, no pipeline)
+  // The dtype between pipeline stages: compute (default: the config's compute dtype, as DeepSpeed's pipeline sends
+  // a bf16 model's activations) | activation (the backend's activation dtype: fp32 on cpu) | bf16 | fp16 | fp32.
+  std::string pipeline_boundary_dtype = "compute";
   std::string network = "auto";            // auto | efa | socket
   std::string save_dir;
   int64_t save_interval = 0;          // optimizer steps between checkpoints; 0: only at the end (with --save-dir)

@@ -218,11 +218,12 @@ std::string format_pipeline_step_time(const PipelineStepTime& pt, int64_t steps)
   const double n = static_cast<double>(steps);
   std::snprintf(buf, sizeof buf,
                 "pipeline: %d x %.3f s / (1 - %.4f) = %.2f s (fixed cost: %.2f s); boundary %.2f s (%.2f s)\n"
-                "step %s, %lld steps %s; node link %.3f GB per step\n",
+                "step %s, %lld steps %s\n"
+                "sent to other nodes per step: %.2f MB by the busiest node, %.2f MB by all nodes together\n",
                 t.grad_accum, t.micro_step_s, pt.bubble, pt.pipeline_s, pt.pipeline_fixed_s, t.boundary_s,
                 t.boundary_fixed_s, format_seconds_range(t.step_low_s(), t.step_high_s()).c_str(),
                 static_cast<long long>(steps), format_seconds_range(t.step_low_s() * n, t.step_high_s() * n).c_str(),
-                static_cast<double>(t.node_inter_bytes) / 1e9);
+                static_cast<double>(t.node_inter_bytes) / 1e6, static_cast<double>(t.cluster_inter_bytes) / 1e6);
   out << buf;
   return out.str();
 }

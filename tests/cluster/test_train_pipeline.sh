@@ -4,14 +4,16 @@
 # Llama cut into NODES pipeline stages, one per node (zero3.pipeline_stage_order "stages_across_nodes"), 1F1B over
 # the step's micro-batches, the seed's ZeRO-3 inside each stage over the node's ranks.
 # Required: the run trains (a finite loss every step, from the last stage, the partition printed), and every node's
-# link carried the pipeline's traffic, each way, per optimizer step: the activations of the stage boundaries and
-# their gradients, micro-batches x micro-batch x seq x hidden x 4 bytes (fp32, the CPU backend's activation dtype)
-# per boundary and direction for each of the stage's RANKS data-parallel ranks, and nothing of ZeRO's gathers and
-# reductions, which stay inside the node. `zero3 plan` of this build does not model pipeline stages, so the bytes are
-# checked against that arithmetic: at least it times the steps, at most 1.2 times it plus what the small collectives
-# over the pipeline group (the step's agreed statistics and loss) and start-up send (a fixed allowance below).
-# Prints, per node, the payload each way per optimizer step against the arithmetic, the unpipelined plan of the same
-# config beside it (ZeRO-3 over all NODES x RANKS ranks), and the mean step time.
+# link carried the pipeline's traffic, each way, per optimizer step, as `zero3 plan` of the pipelined config predicts
+# it: the activations of the stage boundaries and their gradients (micro-batches x micro-batch x seq x hidden in the
+# compute dtype, bf16, llama3_train's default --pipeline-boundary-dtype, per boundary and direction for each of the
+# stage's RANKS data-parallel ranks), and nothing of ZeRO's gathers and reductions, which stay inside the node. The
+# plan gives what each node sends; a node of the chain receives as much as it sends (an activation from the stage
+# before, a gradient from the stage after, of the same sizes), so both directions are held to it: at least it times
+# the steps, at most 1.2 times it plus what the small collectives over the pipeline group (the step's agreed
+# statistics and loss) and start-up send (a fixed allowance below).
+# Prints, per node, the payload each way per optimizer step against the plan, the unpipelined plan of the same config
+# beside it (ZeRO-3 over all NODES x RANKS ranks), and the mean step time.
 # usage: test_train_pipeline.sh ZERO3 LLAMA3_TRAIN ROOT WORK NODES RANKS
 ZERO3=$1 TRAIN=$2 ROOT=$3 WORK=$4 NODES=$5 RANKS=$6
 source "$(dirname "$0")/cluster_common.sh"
@@ -72,28 +74,34 @@ awk -F, -v steps="$steps" 'NR == 1 { for (i = 1; i <= NF; i++) if ($i == "loss")
 unpipelined=$(awk '/^zero3 traffic plan/ { on = 1; next } on && $1 == 0 { gsub(",", "", $4); b += $4 } END { print b + 0 }' \
   "$WORK/unpipelined-plan.txt")
 
-# The pipeline's bytes per optimizer step over node i's link, each way: every boundary of the node's stage moves, for
-# each of its RANKS data-parallel ranks, accum activations one way and accum gradients the other.
-boundary=$((RANKS * accum * micro * seq * hidden * 4))
+# The pipelined plan: what each node sends to other nodes per optimizer step ("node 1: 262,144 to other nodes per
+# step (262,144 of it stage boundaries)").
+"$ZERO3" plan "${plan_args[@]}" --config "$WORK/pipeline.json" --world-size "$world" --ranks-per-node "$RANKS" \
+  --seq-len "$seq" > "$WORK/pipelined-plan.txt" 2>&1 ||
+  { cat "$WORK/pipelined-plan.txt"; fail "zero3 plan failed for the pipelined config"; }
+mapfile -t planned < <(awk '/^node [0-9]+: .* to other nodes per step/ { gsub(",", "", $3); print $3 }' \
+  "$WORK/pipelined-plan.txt")
+[ "${#planned[@]}" = "$NODES" ] ||
+  { cat "$WORK/pipelined-plan.txt"; fail "the pipelined plan has ${#planned[@]} node lines, expected $NODES"; }
 # Small collectives over the pipeline group and the world (the step's statistics, the loss, the schedule's
 # agreement) and start-up: per step, 16 of them at 640 bytes per rank off the node (call_comparison_bytes' figure),
 # and 512 KiB for the whole run.
 small=$((16 * 640 * (world - RANKS)))
-echo "== per optimizer step: the activations and their gradients at the stage boundaries ($accum micro-batches x" \
-  "$micro x seq $seq x hidden $hidden x 4 bytes, $RANKS ranks per stage: $boundary bytes per boundary and" \
-  "direction); the unpipelined plan of the same config: $unpipelined bytes per node link"
+echo "== per optimizer step, each way: the pipelined plan's bytes per node ($accum micro-batches x $micro x seq" \
+  "$seq x hidden $hidden in bf16 per boundary, $RANKS ranks per stage); the unpipelined plan of the same config:" \
+  "$unpipelined bytes per node link"
 for ((i = 0; i < NODES; ++i)); do
   boundaries=$(( (i > 0) + (i < NODES - 1) ))
-  per_step=$((boundaries * boundary))
+  per_step=${planned[$i]}
   low=$((steps * per_step))
   high=$((steps * (per_step * 12 / 10 + small) + 512 * 1024))
   for way in tx rx; do
     got=$(node_payload "$WORK/pipeline" "$i" "$way")
-    printf 'node %d (stage %d, %d boundar%s): %s %d payload bytes/step (%.3f of the arithmetic), %d with headers;' \
+    printf 'node %d (stage %d, %d boundar%s): %s %d payload bytes/step (%.3f of the plan), %d with headers;' \
       "$i" "$i" "$boundaries" "$([ "$boundaries" = 1 ] && echo y || echo ies)" "$way" $((got / steps)) \
       "$(awk -v g="$got" -v p="$low" 'BEGIN { print p ? g / p : 0 }')" $(( $(node_bytes "$WORK/pipeline" "$i" "$way") / steps ))
     echo " allowed $low..$high over $steps steps"
-    [ "$got" -ge "$low" ] || fail "node $i's link carried less ($way $got) than the stage boundaries must ($low)"
+    [ "$got" -ge "$low" ] || fail "node $i's link carried less ($way $got) than the plan's stage boundaries ($low)"
     [ "$got" -le "$high" ] || fail "node $i's link carried more ($way $got) than the stage boundaries and small collectives allow ($high)"
   done
 done

@@ -36,9 +36,10 @@
 #     pipe:SCHEDULE[:DTYPE] (gpipe, 1f1b or interleaved_1f1b; bf16 unless :fp32): PyTorch's pipelining],
 #   PIPE_STAGES [4] and PIPE_VIRTUAL_STAGES [2, interleaved_1f1b only]: the pipelining peer's shape, as the pipelined
 #     layouts' pipeline.stages and zero3.pipeline_virtual_stages; PIPE_DP [fsdp2, or ddp]: its data parallelism
-#     inside each stage; PIPE_GRAD_ACCUM [GRAD_ACCUM]: the micro-batches per step of the pipelined layouts and the
-#     pipelining peer (GRAD_ACCUM x PIPE_STAGES gives them the unpipelined runs' global batch: their data-parallel
-#     ranks are the world over the stages),
+#     inside each stage; PIPE_GRAD_ACCUM [GRAD_ACCUM x PIPE_STAGES]: the micro-batches per step of the pipelined
+#     layouts and the pipelining peer (the default gives them the unpipelined runs' global batch: their
+#     data-parallel ranks are the world over the stages); PIPE_BOUNDARY_DTYPE [bf16, or fp32]: the dtype between
+#     stages on both sides (llama3_train --pipeline-boundary-dtype, pipe_llama.py --boundary-dtype),
 #   GLOO_PROBE [1; 0 skips the probe of what torch's gloo collectives send between nodes],
 #   RUN_TIMEOUT [1800 s per run]
 # Needs root (network namespaces); exits 77 with the reason where they cannot be made, 1 when a run failed.
@@ -66,7 +67,8 @@ PEERS=${PEERS-hsdp:bf16 hsdp:fp32 full:bf16 full:fp32}
 PIPE_STAGES=${PIPE_STAGES:-4}
 PIPE_VIRTUAL_STAGES=${PIPE_VIRTUAL_STAGES:-2}
 PIPE_DP=${PIPE_DP:-fsdp2}
-PIPE_GRAD_ACCUM=${PIPE_GRAD_ACCUM:-$GRAD_ACCUM}
+PIPE_GRAD_ACCUM=${PIPE_GRAD_ACCUM:-$((GRAD_ACCUM * PIPE_STAGES))}
+PIPE_BOUNDARY_DTYPE=${PIPE_BOUNDARY_DTYPE:-bf16}
 GLOO_PROBE=${GLOO_PROBE:-1}
 RUN_TIMEOUT=${RUN_TIMEOUT:-1800}
 world=$((NODES * RANKS))
@@ -86,6 +88,8 @@ for p in $PEERS; do
   peers+=("$p")
 done
 [[ "$PIPE_DP" =~ ^(fsdp2|ddp)$ ]] || { echo "bench_topology: PIPE_DP '$PIPE_DP': expected fsdp2 or ddp" >&2; exit 2; }
+[[ "$PIPE_BOUNDARY_DTYPE" =~ ^(bf16|fp32)$ ]] ||
+  { echo "bench_topology: PIPE_BOUNDARY_DTYPE '$PIPE_BOUNDARY_DTYPE': expected bf16 or fp32" >&2; exit 2; }
 
 why=$("$SIM" check) || { echo "$why"; exit 77; }
 mkdir -p "$WORK"
@@ -106,7 +110,7 @@ echo "machine: $(getconf _NPROCESSORS_ONLN) cores ($(sed -n 's/^model name[[:spa
 echo "cluster: $NODES nodes x $RANKS ranks, every link shaped each way by tc tbf; rates: $RATES"
 echo "model: $MODEL; micro-batch $MICRO_BATCH x seq $SEQ_LEN x grad-accum $GRAD_ACCUM x $world ranks; $STEPS steps," \
   "the first $WARMUP not timed; bf16 parameters, fp32 master weights and Adam; $REPEATS repeats, interleaved"
-[ "$PIPE_GRAD_ACCUM" = "$GRAD_ACCUM" ] || echo "pipelined runs: grad-accum (micro-batches per step) $PIPE_GRAD_ACCUM"
+echo "pipelined runs: grad-accum (micro-batches per step) $PIPE_GRAD_ACCUM, boundaries in $PIPE_BOUNDARY_DTYPE"
 [ $((STEPS - WARMUP)) -ge 5 ] || echo "only $((STEPS - WARMUP)) timed steps per run: a smoke run, not figures to quote"
 
 # --- the peer's torch, in a venv of its own --------------------------------------------------------------------
@@ -169,8 +173,8 @@ drops() {  # packets the token buckets dropped in the whole run (TCP sent them a
 # The step-time model's prediction of a zero3 run: "bytes<TAB>seconds", the bytes every node's link carries per
 # optimizer step summed (as the counters are) and the step time, from `zero3 plan --cluster` (its zero3 column);
 # "<TAB>" where no cluster description matches this simulated cluster or the plan fails (its output in the dir).
-# A pipelined layout's prediction comes only from a plan that models the pipeline (its output names the stage
-# boundaries); the plan of the same config without them would be the unpipelined job's, so it is n/a then.
+# A pipelined layout's plan is the pipeline's (zero3 plan models the schedule, the stage boundaries and ZeRO inside
+# the stages): its "sent to other nodes per step" line and its step.
 predict() {  # predict <rate> <layout file> <dir> <schedule, for a pipelined layout>
   local cluster="$ROOT/configs/clusters/sim-${NODES}x${RANKS}-$1.json"
   if [ ! -f "$cluster" ] || ! "$ZERO3" plan --model "$MODEL" --config "$2" --cluster "$cluster" --seq-len "$SEQ_LEN" \
@@ -179,10 +183,12 @@ predict() {  # predict <rate> <layout file> <dir> <schedule, for a pipelined lay
     printf '\t\n'
     return 0
   fi
-  if [ -n "${4:-}" ] && ! grep -qiE 'stage boundar' "$3/plan.txt"; then
-    local why="zero3 $(basename "$2" .json): no prediction: \`zero3 plan\` of this build does not model pipeline stages"
-    grep -qsxF "$why" "$notes" || echo "$why" >> "$notes"
-    printf '\t\n'
+  if [ -n "${4:-}" ]; then
+    # "step 1.74 s, 1 steps 1.74 s" (or a range "1.60-1.74 s": its high end) and
+    # "sent to other nodes per step: 1.58 MB by the busiest node, 6.32 MB by all nodes together"
+    awk '/^step / { t = $2; sub(/^.*-/, "", t) }
+         /^sent to other nodes per step: / { b = $(NF - 5) * 1e6 }
+         END { printf "%s\t%s\n", b == "" ? "" : sprintf("%.0f", b), t }' "$3/plan.txt"
     return 0
   fi
   # "  all nodes' links together   543.43 MB   238.67 MB" and "step: grad_accum x micro-step + boundary   13.59 s   5.97 s"
@@ -222,14 +228,14 @@ run_zero3() {  # run_zero3 <rate> <layout file> <repeat>
   dtype=$(reduce_dtype "$layout" 2>/dev/null) || dtype="unknown"
   schedule=$(pipeline_schedule "$layout" 2>/dev/null) || schedule=""
   echo "-- $rate, repeat $repeat, zero3 $name${schedule:+ (pipelined, $schedule)} ($(date -u +%H:%M), load average $(load))"
-  local accum=$GRAD_ACCUM
-  [ -z "$schedule" ] || accum=$PIPE_GRAD_ACCUM
+  local accum=$GRAD_ACCUM pipelined=()
+  [ -z "$schedule" ] || { accum=$PIPE_GRAD_ACCUM; pipelined=(--pipeline-boundary-dtype "$PIPE_BOUNDARY_DTYPE"); }
   predicted=$(predict "$rate" "$layout" "$dir" "$schedule")
   "$SIM" launch --nodes "$NODES" --ranks-per-node "$RANKS" --rate "$rate" --zero3 "$ZERO3" --workdir "$dir" \
     --timeout "$RUN_TIMEOUT" --quiet -- "$TRAIN" --model "$MODEL" --deepspeed "$layout" \
     --data /usr/share/common-licenses --tokenizer bytes --seq-len "$SEQ_LEN" --micro-batch "$MICRO_BATCH" \
     --grad-accum "$accum" --steps "$STEPS" --lr 1e-4 --precision bf16 --device cpu --no-grad-checkpointing \
-    --metrics "$dir/metrics.csv" 2>> "$dir/sim.log" || status=$?
+    --metrics "$dir/metrics.csv" "${pipelined[@]}" 2>> "$dir/sim.log" || status=$?
   if [ "$status" != 0 ]; then
     tail -20 "$dir"/node0.log
     printf '%s\t%s\tzero3\t%s\t%s\t\t\tfailed (status %s, logs in %s)\t\t%s\t\t\t\t\t\t\t%s\n' "$rate" "$name" "$repeat" \
@@ -261,7 +267,7 @@ run_peer() {  # run_peer <rate> full|hsdp|pipe bf16|fp32 <repeat> [schedule, for
   if [ "$mesh" = pipe ]; then
     name="pipe-$schedule-$dtype" script="$here/pipe_llama.py"
     what="PyTorch pipelining $schedule, $PIPE_STAGES stages, $PIPE_DP inside, reduce_dtype $dtype"
-    args+=(--stages "$PIPE_STAGES" --schedule "$schedule" --dp "$PIPE_DP" --virtual-stages
+    args+=(--stages "$PIPE_STAGES" --schedule "$schedule" --dp "$PIPE_DP" --boundary-dtype "$PIPE_BOUNDARY_DTYPE" --virtual-stages
            "$([ "$schedule" = interleaved_1f1b ] && echo "$PIPE_VIRTUAL_STAGES" || echo 1)")
   else
     name="fsdp2-$mesh-$dtype" script="$here/fsdp2_llama.py" what="PyTorch FSDP2 $mesh, reduce_dtype $dtype"

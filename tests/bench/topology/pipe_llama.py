@@ -20,7 +20,9 @@ What it does, to match a pipelined llama3_train run on the CPU with a bf16 DeepS
     master weights and AdamW state sharded; the schedule keeps parameters and gradients unsharded over the
     micro-batches and reduces once at the step's end) or --dp ddp (replicated, DistributedDataParallel's all-reduce
     on the last micro-batch; fp32 weights gathered nowhere);
-  - activations and their gradients between stages in fp32 (the CPU backend's dtype, as zero3's on the CPU);
+  - activations and their gradients between stages in --boundary-dtype (llama3_train --pipeline-boundary-dtype:
+    bf16, the compute dtype, by default; fp32 the CPU backend's activation dtype): each stage widens what it
+    receives to fp32 and rounds what it sends, as zero3's CPU stages do;
   - gradient clipping at 1.0 on the global norm over all stages (each stage's norm over its data-parallel shards,
     then summed in squares over the pipeline group, as torchtitan does), AdamW, no activation checkpointing;
   - micro-batch x seq-len random token ids per data-parallel rank (seeded by the data-parallel index, so the first
@@ -110,8 +112,9 @@ class StageModule(nn.Module):
     """Layers [first, end) of (embedding, layers.0 .., head): token ids or the previous stage's activation in, the
     next stage's activation or (last stage) the logits out. The loss is the schedule's loss_fn."""
 
-    def __init__(self, model, first, end, cos, sin):
+    def __init__(self, model, first, end, cos, sin, boundary_dtype):
         super().__init__()
+        self.boundary_dtype = boundary_dtype
         n_layers = len(model.layers)
         self.embed_tokens = model.embed_tokens if first == 0 else None
         # Keep the layers' own indices as names ("layers.3"), as the unpipelined model's.
@@ -125,11 +128,10 @@ class StageModule(nn.Module):
         return [m for m in (self.embed_tokens, *self.layers.values(), self.head) if m is not None]
 
     def forward(self, x):
-        if self.embed_tokens is not None:
-            x = self.embed_tokens(x)
+        x = self.embed_tokens(x) if self.embed_tokens is not None else x.float()
         for layer in self.layers.values():
             x = layer(x, self.cos, self.sin)
-        return self.head(x) if self.head is not None else x
+        return self.head(x) if self.head is not None else x.to(self.boundary_dtype)
 
 
 def main():
@@ -144,6 +146,8 @@ def main():
                     help="data parallelism inside each stage: FSDP2 (sharded) or DDP (replicated)")
     ap.add_argument("--reduce-dtype", choices=["bf16", "fp32"], default="bf16",
                     help="FSDP2's gradient reductions' dtype (MixedPrecisionPolicy reduce_dtype; default bf16)")
+    ap.add_argument("--boundary-dtype", choices=["bf16", "fp32"], default="bf16",
+                    help="dtype of the activations and their gradients between stages (default bf16)")
     ap.add_argument("--micro-batch", type=int, required=True)
     ap.add_argument("--seq-len", type=int, required=True)
     ap.add_argument("--grad-accum", type=int, required=True, help="micro-batches per optimizer step")
@@ -191,7 +195,8 @@ def main():
     modules, stages = [], []
     forward_time, started = [0.0], {}
     for s in mine:
-        module = StageModule(model, bounds[s], bounds[s + 1], cos, sin)
+        module = StageModule(model, bounds[s], bounds[s + 1], cos, sin,
+                             {"bf16": torch.bfloat16, "fp32": torch.float32}[args.boundary_dtype])
         if args.dp == "fsdp2":  # also over one rank: its mixed precision is the bf16 weights' arithmetic
             for unit in module.units():
                 fully_shard(unit, mesh=mesh["dp"], mp_policy=mp)
@@ -272,6 +277,7 @@ def main():
         "step_time_s": sum(timed) / len(timed),
         "step_times_s": times,
         "reduce_dtype": args.reduce_dtype,
+        "boundary_dtype": args.boundary_dtype,
         **phases,
         "losses": losses,
         "grad_norms": norms,

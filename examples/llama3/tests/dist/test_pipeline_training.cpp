@@ -132,7 +132,7 @@ TrainingRun pipelined_run(const ModelConfig& mc, const PackedDataset& data, int 
   zero3::Device& device = zero3::testing::cpu_device();
   PipelineStageModel model(mc, shape, source, kGas, D, stages, device, c.compute_dtype());
   zero3::PipelineOptions po;
-  po.activation_dtype = model.activation_dtype();
+  po.activation_dtype = model.boundary_dtype();
   zero3::PipelineEngine pipe(c, world, device, pipeline_layers(mc, shape), model, po);
   TrainingRun run;
   for (int64_t step = 0; step < kSteps; ++step) {
