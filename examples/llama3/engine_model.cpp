@@ -297,13 +297,7 @@ uint64_t EngineModel::save_hf(const std::filesystem::path& dir, st::Dtype dtype,
   writer->finish();
   uint64_t bytes = 0;
   for (const st::TensorDecl& d : decls) bytes += st::tensor_bytes(d);
-  if (!config_json.empty()) {
-    const std::string text =
-        exported_config_json(config_json, dtype == st::Dtype::bf16 ? "bfloat16" : "float32", "the model config");
-    std::ofstream out(dir / "config.json", std::ios::binary | std::ios::trunc);
-    out << text;
-    if (!out.flush()) throw zero3::IoError((dir / "config.json").string() + ": cannot write it");
-  }
+  if (!config_json.empty()) write_exported_config(dir, config_json, dtype == st::Dtype::bf16 ? "bfloat16" : "float32");
   return bytes;
 }
 

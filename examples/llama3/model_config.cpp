@@ -222,6 +222,14 @@ std::string exported_config_json(const std::string& json_text, const std::string
   return root.dump(2) + "\n";
 }
 
+void write_exported_config(const std::filesystem::path& dir, const std::string& json_text,
+                           const std::string& torch_dtype) {
+  const std::string text = exported_config_json(json_text, torch_dtype, "the model config");
+  std::ofstream out(dir / "config.json", std::ios::binary | std::ios::trunc);
+  out << text;
+  if (!out.flush()) throw zero3::IoError((dir / "config.json").string() + ": cannot write it");
+}
+
 ModelConfig load_model_config(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) throw zero3::IoError("cannot open the model config " + path + " for reading");

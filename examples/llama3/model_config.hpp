@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <filesystem>
 #include <optional>
 #include <string>
 
@@ -57,6 +58,11 @@ ModelConfig parse_model_config(const std::string& json_text, const std::string& 
 // for text that is not a JSON object.
 std::string exported_config_json(const std::string& json_text, const std::string& torch_dtype,
                                  const std::string& source = "<string>");
+
+// Writes exported_config_json(json_text, torch_dtype, "the model config") as DIR/config.json. Throws zero3::IoError
+// when it cannot be written.
+void write_exported_config(const std::filesystem::path& dir, const std::string& json_text,
+                           const std::string& torch_dtype);
 
 // Reads and parses a config.json file. Throws zero3::IoError when the file cannot be read.
 ModelConfig load_model_config(const std::string& path);

@@ -408,20 +408,16 @@ std::optional<zero3::DType> boundary_dtype(const TrainOptions& o, const zero3::C
   return zero3::parse_dtype(o.pipeline_boundary_dtype);
 }
 
-// Whether the run is pipelined (pipeline.stages above 1, after --pipeline-stages), and the refusals of what the
-// pipelined run does not do yet: checkpoints and consolidation need every stage's units in one engine.
+// Whether the run is pipelined (pipeline.stages above 1, after --pipeline-stages). A pipelined run consolidates its
+// final checkpoint (no engine holds every unit), so --consolidate-to needs --save-dir there.
 bool pipelined_run(const TrainOptions& o, const zero3::Config& cfg, const ModelConfig& mc) {
   const int64_t stages = cfg.pipeline.stages.value_or(1);
   if (stages <= 1) return false;
   check_pipeline_model(mc, static_cast<int>(stages));
-  const char* unsupported = !o.save_dir.empty()         ? "--save-dir"
-                            : o.resume                  ? "--resume"
-                            : !o.consolidate_to.empty() ? "--consolidate-to"
-                                                        : nullptr;
-  if (unsupported != nullptr) {
-    throw zero3::InvalidArgument(std::string(unsupported) + " with " + std::to_string(stages) +
-                                 " pipeline stages (pipeline.stages or --pipeline-stages): the pipelined run does not "
-                                 "save, resume or consolidate yet; run without pipeline stages for that");
+  if (!o.consolidate_to.empty() && o.save_dir.empty()) {
+    throw zero3::InvalidArgument("--consolidate-to with " + std::to_string(stages) +
+                                 " pipeline stages (pipeline.stages or --pipeline-stages) needs --save-dir: the "
+                                 "pipelined run writes the Hugging Face files from its final checkpoint");
   }
   return true;
 }
@@ -590,7 +586,8 @@ int train(const TrainOptions& o, zero3::Config file_cfg, const ModelConfig& mc, 
   int64_t start_step = 0;
   if (o.resume) {
     const auto t_load = Clock::now();
-    const zero3::LoadedCheckpoint ck = zero3::load_checkpoint(engine, o.save_dir, *o.resume);
+    const zero3::LoadedCheckpoint ck =
+        pipelined ? zero3::load_checkpoint(*pipe, o.save_dir, *o.resume) : zero3::load_checkpoint(engine, o.save_dir, *o.resume);
     const std::string where = ck.path.string();
     for (const char* key : {"seq_len", "data_sequences", "seed"}) {
       const int64_t saved = ck.extra_int(key);
@@ -605,7 +602,19 @@ int train(const TrainOptions& o, zero3::Config file_cfg, const ModelConfig& mc, 
     DistributedSampler::State st;
     st.epoch = ck.extra_int("sampler_epoch");
     st.position = ck.extra_int("sampler_position");
-    if (ck.saved_world_size != world) {
+    start_step = ck.training_state.global_steps;
+    if (pipelined) {
+      // The stages read micro-batch data_index = step x accumulation + k (SampledMicroBatches): the data continues
+      // from the restored step count, where this run's sampler would be after start_step steps.
+      for (int64_t n = 0; n < start_step * gas * micro; ++n) sampler.next();
+      if (sampler.state().epoch != st.epoch || sampler.state().position != st.position) {
+        log::warn_rank0("resume: the checkpoint's data position (epoch ", st.epoch, ", sequence ", st.position,
+                        " of each rank's share) is not where this pipelined run's ", data_world,
+                        " data-parallel ranks x ", gas, " micro-batches reach at step ", start_step, " (epoch ",
+                        sampler.state().epoch, ", sequence ", sampler.state().position,
+                        "): the data continues from the step count");
+      }
+    } else if (ck.saved_world_size != world) {
       // Each rank took `position` sequences of its share; on another world size the shares differ, so continue
       // with the next epoch's shuffle rather than repeat or skip sequences unevenly.
       log::warn_rank0("resume: saved on ", ck.saved_world_size, " ranks, running on ", world,
@@ -613,8 +622,7 @@ int train(const TrainOptions& o, zero3::Config file_cfg, const ModelConfig& mc, 
       st.epoch += 1;
       st.position = 0;
     }
-    sampler.restore(st);
-    start_step = ck.training_state.global_steps;
+    if (!pipelined) sampler.restore(st);
     log::info_rank0("resumed from ", where, " (step ", start_step, ", ", ck.saved_world_size, " ranks, stage ",
                     ck.saved_stage, ck.resharded ? ", resharded" : "", ") in ", fmt("%.2f", seconds_since(t_load)),
                     " s");
@@ -624,8 +632,10 @@ int train(const TrainOptions& o, zero3::Config file_cfg, const ModelConfig& mc, 
   std::string last_checkpoint;
   auto save = [&](int64_t step) {
     const auto t_save = Clock::now();
-    const zero3::SavedCheckpoint saved = zero3::save_checkpoint(
-        engine, o.save_dir, "global_step" + std::to_string(step), sampler_extras(sampler, o, dataset));
+    const std::string tag = "global_step" + std::to_string(step);
+    const zero3::SavedCheckpoint saved =
+        pipelined ? zero3::save_checkpoint(*pipe, o.save_dir, tag, sampler_extras(sampler, o, dataset))
+                  : zero3::save_checkpoint(engine, o.save_dir, tag, sampler_extras(sampler, o, dataset));
     last_checkpoint = saved.path.string();
     log::info_rank0("checkpoint ", saved.path.string(), ": ", saved.files, " file(s), ",
                     format_bytes(static_cast<int64_t>(saved.bytes)), " in ", fmt("%.2f", seconds_since(t_save)), " s");
@@ -747,6 +757,8 @@ int train(const TrainOptions& o, zero3::Config file_cfg, const ModelConfig& mc, 
   };
   auto pipelined_step = [&] {
     const zero3::PipelineStepResult p = pipe->train_batch();
+    // The sampler where the unpipelined loop's would be (what a checkpoint records): the step's sequences taken.
+    for (int64_t k = 0; k < gas * micro; ++k) sampler.next();
     return StepOutcome{p.loss, p.step, NAN, NAN};
   };
   for (int64_t step = start_step; step < o.steps; ++step) {
@@ -868,9 +880,23 @@ int train(const TrainOptions& o, zero3::Config file_cfg, const ModelConfig& mc, 
                            : compute == zero3::DType::bf16 ? "bf16"
                                                            : "fp32";
     const auto t_save = Clock::now();
-    consolidated = model->save_hf(o.consolidate_to,
-                                  dt == "bf16" ? zero3::safetensors::Dtype::bf16 : zero3::safetensors::Dtype::f32,
-                                  zero3::safetensors::parse_size(o.consolidate_max_shard), model_json);
+    if (pipelined) {
+      // From the final checkpoint (saved above: --save-dir is required), on rank 0, with the same names and
+      // config.json as EngineModel::save_hf writes.
+      pipe->world().barrier();
+      if (rank == 0) {
+        zero3::ExportOptions eo;
+        eo.dtype = dt == "bf16" ? zero3::DType::bf16 : zero3::DType::f32;
+        eo.max_shard_bytes = zero3::safetensors::parse_size(o.consolidate_max_shard);
+        consolidated = zero3::consolidate_checkpoint(o.save_dir, "latest", o.consolidate_to, eo).bytes;
+        write_exported_config(o.consolidate_to, model_json, dt == "bf16" ? "bfloat16" : "float32");
+      }
+      pipe->world().barrier();
+    } else {
+      consolidated = model->save_hf(o.consolidate_to,
+                                    dt == "bf16" ? zero3::safetensors::Dtype::bf16 : zero3::safetensors::Dtype::f32,
+                                    zero3::safetensors::parse_size(o.consolidate_max_shard), model_json);
+    }
     log::info_rank0("consolidated the final weights (", dt, ", ", format_bytes(static_cast<int64_t>(consolidated)),
                     ") into ", o.consolidate_to, " in ", fmt("%.2f", seconds_since(t_save)), " s");
   }

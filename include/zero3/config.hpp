@@ -187,6 +187,10 @@ struct Zero3Section {
   std::string pipeline_schedule = "1f1b";  // gpipe | 1f1b | interleaved_1f1b (zero3/pipeline_schedule.hpp)
   int64_t pipeline_virtual_stages = 1;     // stages per pipeline rank; interleaved_1f1b needs 2 or more
   std::string pipeline_stage_order = "stages_across_nodes";  // or stages_within_node
+  // ZeRO 2-3 inside a pipeline stage: reduce-scatter each micro-batch's gradients (false: the slices only, DeepSpeed's
+  // ZeRO-2/3 with accumulation) or accumulate the stage's full gradients over the step and reduce-scatter them once
+  // (true, "step": FSDP2's no gradient sync until the last micro-batch under PyTorch's pipelining schedules).
+  bool pipeline_reduce_once_per_step = false;
 };
 
 struct Config {

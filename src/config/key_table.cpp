@@ -1217,6 +1217,22 @@ std::vector<KeyEntry> build_table() {
              ctx.config.zero3.pipeline_stage_order = v.as_choice({"stages_across_nodes", "stages_within_node"});
            },
        .emit = [](const Config& c) -> Emitted { return J(c.zero3.pipeline_stage_order); }},
+      {.path = "zero3.pipeline_gradient_reduction",
+       .type = "string",
+       .default_json = "\"micro_batch\"",
+       .doc = "ZeRO stage 2-3 inside a pipeline stage: \"micro_batch\" reduce-scatters each micro-batch's gradients "
+              "as its backward ends (only the rank's slices are kept, as DeepSpeed's ZeRO-2/3 with gradient "
+              "accumulation) or \"step\" accumulates the stage's full fp32 gradients over the step's micro-batches "
+              "and reduce-scatters them once at its end (the gradient memory of ZeRO-1 during the step, one reduction "
+              "instead of one per micro-batch: FSDP2's under PyTorch's pipelining schedules). Stage 0-1 reduce once "
+              "per step either way.",
+       .apply =
+           [](ReadContext& ctx, const Value& v) {
+             ctx.config.zero3.pipeline_reduce_once_per_step = v.as_choice({"micro_batch", "step"}) == "step";
+           },
+       .emit = [](const Config& c) -> Emitted {
+         return J(c.zero3.pipeline_reduce_once_per_step ? "step" : "micro_batch");
+       }},
   };
 }
 

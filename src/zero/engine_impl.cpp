@@ -110,6 +110,9 @@ EngineImpl::EngineImpl(const Config& config, std::shared_ptr<Communicator> comm,
     ZERO3_REQUIRE(stage.micro_batches == gas_, InvalidArgument, "Engine: a pipeline stage of ", stage.micro_batches,
                   " micro-batches per step, but gradient_accumulation_steps is ", gas_);
     gas_ = 1;  // every micro-batch of the step goes through one micro-step
+    // zero3.pipeline_gradient_reduction "step": stage 2-3 accumulate the full gradients over the step's
+    // micro-batches and reduce-scatter them once at the boundary.
+    reduce_once_per_step_ = policy_.shard_grads && config_.zero3.pipeline_reduce_once_per_step;
   }
   overlap_ = z.overlap_comm_set ? z.overlap_comm : z.stage == 3;
   reduce_bucket_numel_ = require_set(z.reduce_bucket_size, "zero_optimization.reduce_bucket_size");

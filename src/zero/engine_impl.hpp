@@ -92,6 +92,7 @@ struct UnitState {
   bool has_secondary() const { return secondary.allocated() || host_secondary.allocated(); }
   DeviceBuffer gather_scratch;  // MiCS's hierarchical gather: the slices of the inter-node stage, while in flight
   DeviceBuffer grad_acc;                    // grad_accum_dtype: padded_numel at stage 0-1, slice_numel at 2-3
+  DeviceBuffer step_grads;  // reduce_once_per_step_: the full gradient over the step (grad_accum_dtype, padded_numel)
   ReplicaReduce replica = ReplicaReduce::at_boundary;  // MiCS: the all-reduce across the replicas, this window
 
   // Stage-3 schedule state.
@@ -166,6 +167,7 @@ class EngineImpl {
   // A pipeline stage's pipeline group: the gradient statistics are summed over it (read_boundary).
   std::shared_ptr<Communicator> pipeline_group_;
   int stage_ranks_per_node_ = 0;  // PipelineStageBinding::ranks_per_node
+  bool reduce_once_per_step_ = false;  // a stage-2/3 pipeline stage with zero3.pipeline_gradient_reduction "step"
   bool overlap_ = false;
   int64_t reduce_bucket_numel_ = 0;
   SchedulePolicy schedule_policy_;

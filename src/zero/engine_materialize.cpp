@@ -307,6 +307,10 @@ void EngineImpl::allocate_and_init(UnitState& u) {
   int64_t acc_numel = policy_.shard_grads ? S : P;
   u.grad_acc = DeviceBuffer(device_, counters_, MemoryCategory::grads, acc_numel * dtype_size(acc_dtype_));
   device_.fill_zero(u.grad_acc.data(), u.grad_acc.bytes());
+  if (reduce_once_per_step_) {
+    u.step_grads = DeviceBuffer(device_, counters_, MemoryCategory::grads, P * dtype_size(acc_dtype_));
+    device_.fill_zero(u.step_grads.data(), u.step_grads.bytes());
+  }
   init_owned_range(u);
 }
 

@@ -108,7 +108,9 @@ void EngineImpl::reopen_replica_unit(UnitState& u) {
 }
 
 void EngineImpl::add_scope_grads(UnitState& u, const void* grads) {
-  if (policy_.shard_grads) {
+  if (reduce_once_per_step_) {  // summed here; reduce-scattered at the boundary
+    kernels_of(device_).scale_add(u.step_grads.data(), acc_dtype_, grads, acc_dtype_, 1.0f, u.info.numel, compute_);
+  } else if (policy_.shard_grads) {
     reducer_->add_scatter(u.info.name, grads, u.info.slice_numel, u.grad_acc.data());
     if (replica_reduce_ready(u)) {
       // The window's last gradients of u: to the all-reduce across the replicas once the shard group's bucket holding
@@ -133,7 +135,10 @@ void* EngineImpl::owned_grads(UnitState& u) {
 }
 
 void EngineImpl::zero_grads() {
-  for (UnitState& u : units_) device_.fill_zero(u.grad_acc.data(), u.grad_acc.bytes(), compute_);
+  for (UnitState& u : units_) {
+    device_.fill_zero(u.grad_acc.data(), u.grad_acc.bytes(), compute_);
+    if (u.step_grads.allocated()) device_.fill_zero(u.step_grads.data(), u.step_grads.bytes(), compute_);
+  }
 }
 
 void EngineImpl::reduce_at_boundary() {
@@ -141,6 +146,10 @@ void EngineImpl::reduce_at_boundary() {
   // (the same on every rank whatever order the scopes closed in).
   if (!policy_.shard_grads) {
     for (UnitState& u : units_) reducer_->add_all_reduce(u.info.name, u.grad_acc.data(), u.info.numel);
+  }
+  // A pipeline stage reducing once per step: the step's full gradients into the slices, in declaration order.
+  if (reduce_once_per_step_) {
+    for (UnitState& u : units_) reducer_->add_scatter(u.info.name, u.step_grads.data(), u.info.slice_numel, u.grad_acc.data());
   }
   // cpu: the reductions complete in their tasks. cuda: the compute stream waits for the reduce stream (join), the
   // host for nothing; the Works are checked at the boundary's read.

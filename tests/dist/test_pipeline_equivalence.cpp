@@ -1,6 +1,7 @@
 // Pipelined training equals unpipelined training: the chain model of support/chain_model.hpp (8 layers) trained for
 // 4 optimizer steps of 4 micro-batches with AdamW, gradient clipping and a WarmupLR schedule, on a PipelineEngine
-// (2 and 4 stages; GPipe, 1F1B and interleaved 1F1B; ZeRO stage 1 and 3 inside the stages) gives the same losses,
+// (2 and 4 stages; GPipe, 1F1B and interleaved 1F1B; ZeRO stage 1 and 3 inside the stages, and ZeRO 2-3 with
+// zero3.pipeline_gradient_reduction "step": one reduce-scatter per step of the summed gradients) gives the same losses,
 // gradient norms, learning rates and final weights as an unpipelined Engine over the same global batch: the same
 // data-parallel size (the reference runs on a group of world / stages ranks), init and data order. fp32; the only
 // difference is the order of the sums (the norm is summed per stage, then over the stages; the gradients of a
@@ -42,12 +43,13 @@ struct Case {
   const char* schedule;
   int virtual_stages;
   int zero_stage;
+  bool reduce_once_per_step = false;  // zero3.pipeline_gradient_reduction "step"
 };
 
 std::string case_name(const Case& c) {
   return std::to_string(c.stages) + " stages, " + c.schedule +
          (c.virtual_stages > 1 ? " x" + std::to_string(c.virtual_stages) : std::string()) + ", ZeRO " +
-         std::to_string(c.zero_stage);
+         std::to_string(c.zero_stage) + (c.reduce_once_per_step ? ", gradients reduced once per step" : "");
 }
 
 Config chain_config(int zero_stage) {
@@ -117,6 +119,7 @@ TrainedRun pipelined_run(const std::shared_ptr<Communicator>& world, const Case&
   config.pipeline.stages = c.stages;
   config.zero3.pipeline_schedule = c.schedule;
   config.zero3.pipeline_virtual_stages = c.virtual_stages;
+  config.zero3.pipeline_reduce_once_per_step = c.reduce_once_per_step;
   ResolveInputs in;
   in.world_size = world->size();
   resolve(config, in);
@@ -177,6 +180,8 @@ TEST(PipelineEquivalence, EveryScheduleAndStageCountEqualsTheUnpipelinedRun) {
       {2, "gpipe", 1, 1},         {2, "1f1b", 1, 1}, {2, "1f1b", 1, 3},         {2, "gpipe", 1, 3},
       {2, "interleaved_1f1b", 2, 1}, {2, "interleaved_1f1b", 2, 3}, {4, "gpipe", 1, 1},
       {4, "1f1b", 1, 1},          {4, "1f1b", 1, 3}, {4, "interleaved_1f1b", 2, 3}, {4, "gpipe", 1, 3},
+      {2, "1f1b", 1, 3, true},    {4, "1f1b", 1, 3, true}, {2, "gpipe", 1, 2, true},
+      {1, "interleaved_1f1b", 4, 3, true},
   };
   std::map<std::pair<int, int>, TrainedRun> references;  // (data-parallel size, ZeRO stage)
   int ran = 0;

@@ -86,6 +86,7 @@ json other_value(const KeyEntry& e) {
       {"zero3.pipeline_schedule", "gpipe"},
       {"zero3.pipeline_virtual_stages", 2},
       {"zero3.pipeline_stage_order", "stages_within_node"},
+      {"zero3.pipeline_gradient_reduction", "step"},
       {"optimizer.params.betas", json::array({0.8, 0.95})},
       {"scheduler.params.cycle_min_lr", 0.0002},
       {"scheduler.params.cycle_max_lr", 0.003},

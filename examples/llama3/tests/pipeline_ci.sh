@@ -8,8 +8,10 @@
 # per data-parallel rank, padded to whole pipeline batches when pipelined), within 1e-5 relative (the CSV's 9
 # significant digits), the worst printed. At bf16: 2 stages x 1 against 1 rank with the boundaries in bf16 (the
 # default) near it, and with --pipeline-boundary-dtype activation (fp32) equal.
-# Then what the program refuses, each by name: tied embeddings across stages, --save-dir, a stage count that does not
-# divide the ranks and an activation checkpoint interval above 1; and --dry-run's partition and per-stage memory.
+# Checkpoints: saved pipelined, resumed pipelined and unpipelined, consolidated on both (below).
+# Then what the program refuses, each by name: tied embeddings across stages, --consolidate-to without --save-dir, a
+# stage count that does not divide the ranks and an activation checkpoint interval above 1; and --dry-run's partition
+# and per-stage memory.
 # usage: pipeline_ci.sh ZERO3_CLI LLAMA3_TRAIN REPO_ROOT WORK_DIR
 set -euo pipefail
 zero3=$1 train=$2 root=$3 work=$4
@@ -114,6 +116,45 @@ compare ref1_z1_bf16 p2x1_z1_bf16_act
 grep -q "boundaries in bf16" "$work/p2x1_z1_bf16.log" ||
   { echo "FAIL the bf16 run does not say its boundaries are bf16"; failures=$((failures + 1)); }
 
+# Checkpoints: 2 stages x 1 (ZeRO-3) saves at step 3; resumed on 2 stages and on 1 rank without a pipeline, each
+# continues as the uninterrupted runs do (steps 4-6 within 1e-5); both consolidate their final weights
+# (--consolidate-to, the pipelined one from its final checkpoint), which agree within 1e-5 of the largest weight.
+run ck_p2_first 2 "$work/z3_1f1b.json" --pipeline-stages 2 --steps 3 --save-dir "$work/ck"
+cp -r "$work/ck" "$work/ck_plain"
+run ck_p2_resumed 2 "$work/z3_1f1b.json" --pipeline-stages 2 --save-dir "$work/ck" --resume latest \
+  --consolidate-to "$work/hf_p2"
+compare p2x1_z3_1f1b ck_p2_resumed
+run ck_p1_resumed 1 "$work/z3_1f1b.json" --save-dir "$work/ck_plain" --resume latest --consolidate-to "$work/hf_p1"
+compare ref1_z3 ck_p1_resumed
+verdict=$(python3 - "$work/hf_p2" "$work/hf_p1" <<'PY'
+import json, os, struct, sys
+def tensors(d):
+    out = {}
+    for f in sorted(os.listdir(d)):
+        if not f.endswith(".safetensors"):
+            continue
+        raw = open(os.path.join(d, f), "rb").read()
+        n = struct.unpack("<Q", raw[:8])[0]
+        for name, t in json.loads(raw[8:8 + n]).items():
+            if name == "__metadata__":
+                continue
+            a, b = t["data_offsets"]
+            if t["dtype"] != "F32":
+                sys.exit(f"FAIL {f}: {name} is {t['dtype']}, expected F32 at --precision fp32")
+            out[name] = struct.unpack(f"<{(b - a) // 4}f", raw[8 + n + a:8 + n + b])
+    return out
+p, q = tensors(sys.argv[1]), tensors(sys.argv[2])
+if not p or sorted(p) != sorted(q):
+    sys.exit(f"FAIL tensor names differ: {sorted(set(p) ^ set(q))[:5]}")
+scale = max(abs(x) for v in q.values() for x in v)
+worst = max(abs(x - y) for k in p for x, y in zip(p[k], q[k]))
+ok = worst <= 1e-5 * scale and os.path.exists(os.path.join(sys.argv[1], "config.json"))
+print(f"{'ok' if ok else 'FAIL'} {len(p)} tensors, largest difference {worst:.3g} (largest weight {scale:.3g})")
+PY
+) || true
+echo "${verdict:-FAIL no verdict} (consolidated: pipelined resumed against unpipelined resumed)"
+[ "${verdict%% *}" = ok ] || failures=$((failures + 1))
+
 # The pipelined run names its layout and partition.
 if ! grep -q "pipeline   2 stages x 2 data-parallel ranks" "$work/p2x2_z3_1f1b.log" ||
    ! grep -q "partition  stage 0: embedding" "$work/p2x2_z3_1f1b.log"; then
@@ -135,8 +176,8 @@ refuse() {
 sed 's/"tie_word_embeddings": false/"tie_word_embeddings": true/' configs/models/llama-3-tiny.json > "$work/tied.json"
 refuse tied "tie_word_embeddings with pipeline stages > 1" 2 --deepspeed "$work/z3_1f1b.json" \
   --pipeline-stages 2 --model "$work/tied.json"
-refuse save_dir "--save-dir with 2 pipeline stages" 2 --deepspeed "$work/z3_1f1b.json" --pipeline-stages 2 \
-  --save-dir "$work/ckpt"
+refuse consolidate_alone "--consolidate-to with 2 pipeline stages (pipeline.stages or --pipeline-stages) needs --save-dir" \
+  2 --deepspeed "$work/z3_1f1b.json" --pipeline-stages 2 --consolidate-to "$work/hf_refused"
 refuse indivisible "pipeline.stages" 3 --deepspeed "$work/z3_1f1b.json" --pipeline-stages 2
 sed 's/"steps_per_print": 1/"steps_per_print": 1, "pipeline": { "activation_checkpoint_interval": 2 }/' \
   "$work/z3_1f1b.json" > "$work/interval2.json"
