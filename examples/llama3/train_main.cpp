@@ -42,6 +42,7 @@
 #include "zero3/initialize.hpp"
 #include "zero3/log.hpp"
 #include "zero3/memory_plan.hpp"
+#include "zero3/pipeline_checkpoint.hpp"
 #include "zero3/pipeline_engine.hpp"
 #include "zero3/pipeline_schedule.hpp"
 #include "zero3/safetensors.hpp"
@@ -393,8 +394,9 @@ void check_output_paths(const TrainOptions& o, const zero3::Config& cfg, const M
 // What the program saves beside the engine's state to continue exactly: the sampler's position and the facts
 // that must not change across a resume.
 zero3::CheckpointExtras sampler_extras(const DistributedSampler& sampler, const TrainOptions& o,
-                                       const PackedDataset& data) {
+                                       const PackedDataset& data, int data_parallel_ranks) {
   return {{"sampler_epoch", std::to_string(sampler.state().epoch)},
+          {"data_parallel_ranks", std::to_string(data_parallel_ranks)},
           {"sampler_position", std::to_string(sampler.state().position)},
           {"seq_len", std::to_string(o.seq_len)},
           {"data_sequences", std::to_string(data.num_sequences())},
@@ -586,8 +588,8 @@ int train(const TrainOptions& o, zero3::Config file_cfg, const ModelConfig& mc, 
   int64_t start_step = 0;
   if (o.resume) {
     const auto t_load = Clock::now();
-    const zero3::LoadedCheckpoint ck =
-        pipelined ? zero3::load_checkpoint(*pipe, o.save_dir, *o.resume) : zero3::load_checkpoint(engine, o.save_dir, *o.resume);
+    const zero3::LoadedCheckpoint ck = pipelined ? zero3::load_checkpoint(*pipe, o.save_dir, *o.resume)
+                                                 : zero3::load_checkpoint(engine, o.save_dir, *o.resume);
     const std::string where = ck.path.string();
     for (const char* key : {"seq_len", "data_sequences", "seed"}) {
       const int64_t saved = ck.extra_int(key);
@@ -602,6 +604,10 @@ int train(const TrainOptions& o, zero3::Config file_cfg, const ModelConfig& mc, 
     DistributedSampler::State st;
     st.epoch = ck.extra_int("sampler_epoch");
     st.position = ck.extra_int("sampler_position");
+    // The data-parallel ranks the sampler was split over (a pipelined run's: its world over the stages; checkpoints
+    // without the key were saved by unpipelined runs, on all their ranks).
+    const int64_t saved_data_ranks =
+        ck.extras.count("data_parallel_ranks") ? ck.extra_int("data_parallel_ranks") : ck.saved_world_size;
     start_step = ck.training_state.global_steps;
     if (pipelined) {
       // The stages read micro-batch data_index = step x accumulation + k (SampledMicroBatches): the data continues
@@ -614,10 +620,10 @@ int train(const TrainOptions& o, zero3::Config file_cfg, const ModelConfig& mc, 
                         sampler.state().epoch, ", sequence ", sampler.state().position,
                         "): the data continues from the step count");
       }
-    } else if (ck.saved_world_size != world) {
-      // Each rank took `position` sequences of its share; on another world size the shares differ, so continue
-      // with the next epoch's shuffle rather than repeat or skip sequences unevenly.
-      log::warn_rank0("resume: saved on ", ck.saved_world_size, " ranks, running on ", world,
+    } else if (saved_data_ranks != world) {
+      // Each rank took `position` sequences of its share; on another number of data-parallel ranks the shares
+      // differ, so continue with the next epoch's shuffle rather than repeat or skip sequences unevenly.
+      log::warn_rank0("resume: saved on ", saved_data_ranks, " data-parallel ranks, running on ", world,
                       ": the data continues at the start of epoch ", st.epoch + 1);
       st.epoch += 1;
       st.position = 0;
@@ -634,8 +640,8 @@ int train(const TrainOptions& o, zero3::Config file_cfg, const ModelConfig& mc, 
     const auto t_save = Clock::now();
     const std::string tag = "global_step" + std::to_string(step);
     const zero3::SavedCheckpoint saved =
-        pipelined ? zero3::save_checkpoint(*pipe, o.save_dir, tag, sampler_extras(sampler, o, dataset))
-                  : zero3::save_checkpoint(engine, o.save_dir, tag, sampler_extras(sampler, o, dataset));
+        pipelined ? zero3::save_checkpoint(*pipe, o.save_dir, tag, sampler_extras(sampler, o, dataset, data_world))
+                  : zero3::save_checkpoint(engine, o.save_dir, tag, sampler_extras(sampler, o, dataset, data_world));
     last_checkpoint = saved.path.string();
     log::info_rank0("checkpoint ", saved.path.string(), ": ", saved.files, " file(s), ",
                     format_bytes(static_cast<int64_t>(saved.bytes)), " in ", fmt("%.2f", seconds_since(t_save)), " s");
