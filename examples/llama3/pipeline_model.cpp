@@ -55,7 +55,8 @@ PipelineStageModel::PipelineStageModel(const ModelConfig& config, const BatchSha
   ops_ = make_model_ops(device, compute);
   boundary_ = boundary.value_or(ops_->act());
   if (boundary_ != ops_->act()) {
-    conversion_ = ops_->allocate(static_cast<size_t>(shape.tokens() * config.hidden_size) * zero3::dtype_size(ops_->act()));
+    conversion_ =
+        ops_->allocate(static_cast<size_t>(shape.tokens() * config.hidden_size) * zero3::dtype_size(ops_->act()));
   }
   staging_ = std::make_unique<ModelRunner>(config_, *ops_);
   ids_.resize(static_cast<size_t>(shape.tokens()));
@@ -64,7 +65,8 @@ PipelineStageModel::PipelineStageModel(const ModelConfig& config, const BatchSha
 
 PipelineStageModel::~PipelineStageModel() {
   if (conversion_ != nullptr) {
-    ops_->free(conversion_, static_cast<size_t>(shape_.tokens() * config_.hidden_size) * zero3::dtype_size(ops_->act()));
+    ops_->free(conversion_,
+               static_cast<size_t>(shape_.tokens() * config_.hidden_size) * zero3::dtype_size(ops_->act()));
   }
 }
 

@@ -149,7 +149,7 @@ class PipelineStageModel : public zero3::PipelineModel {
 
   std::unique_ptr<ModelOps> ops_;
   zero3::DType boundary_;
-  void* conversion_ = nullptr;  // micro-batch x seq x hidden of the backend's dtype, where boundary_ differs
+  void* conversion_ = nullptr;            // micro-batch x seq x hidden of the backend's dtype, where boundary_ differs
   std::unique_ptr<ModelRunner> staging_;  // dtype staging of a scope's units (no batch runs on it)
   std::map<RunnerKey, std::unique_ptr<ModelRunner>> in_flight_;
   std::vector<std::unique_ptr<ModelRunner>> idle_;

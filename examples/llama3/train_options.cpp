@@ -109,7 +109,8 @@ const std::vector<Flag>& flags() {
        "as DeepSpeed's pipeline sends a bf16 model's activations; activation: the backend's, fp32 on cpu, which makes "
        "a pipelined cpu run equal to the unpipelined one up to round-off)",
        [](TrainOptions& o, const std::string& v) {
-         o.pipeline_boundary_dtype = one_of("pipeline-boundary-dtype", v, {"compute", "activation", "bf16", "fp16", "fp32"});
+         o.pipeline_boundary_dtype =
+             one_of("pipeline-boundary-dtype", v, {"compute", "activation", "bf16", "fp16", "fp32"});
        }},
       {"network", Kind::text, "auto|efa|socket", "inter-node transport for NCCL (efa fails without EFA)",
        [](TrainOptions& o, const std::string& v) {

@@ -1079,7 +1079,8 @@ std::vector<KeyEntry> build_table() {
                         "partitions by \"parameters\", PipelineModule's own default");
                p = "parameters";
              }
-             if (p == "profile") v.fail_with("\"profile\" is not implemented (DeepSpeed's PipelineModule refuses it too)");
+             if (p == "profile")
+               v.fail_with("\"profile\" is not implemented (DeepSpeed's PipelineModule refuses it too)");
              if (p != "parameters" && p != "uniform") {
                if (p.rfind("type:", 0) != 0 || p.size() == 5) {
                  v.fail("\"parameters\", \"uniform\" or \"type:REGEX\" with a regular expression after the colon");

@@ -149,7 +149,8 @@ void EngineImpl::reduce_at_boundary() {
   }
   // A pipeline stage reducing once per step: the step's full gradients into the slices, in declaration order.
   if (reduce_once_per_step_) {
-    for (UnitState& u : units_) reducer_->add_scatter(u.info.name, u.step_grads.data(), u.info.slice_numel, u.grad_acc.data());
+    for (UnitState& u : units_)
+      reducer_->add_scatter(u.info.name, u.step_grads.data(), u.info.slice_numel, u.grad_acc.data());
   }
   // cpu: the reductions complete in their tasks. cuda: the compute stream waits for the reduce stream (join), the
   // host for nothing; the Works are checked at the boundary's read.

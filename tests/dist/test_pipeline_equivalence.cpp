@@ -176,11 +176,22 @@ TEST(PipelineEquivalence, EveryScheduleAndStageCountEqualsTheUnpipelinedRun) {
   const int w = world->size();
   const ChainDims d;
   const std::vector<Case> cases = {
-      {1, "interleaved_1f1b", 4, 1}, {1, "interleaved_1f1b", 4, 3},
-      {2, "gpipe", 1, 1},         {2, "1f1b", 1, 1}, {2, "1f1b", 1, 3},         {2, "gpipe", 1, 3},
-      {2, "interleaved_1f1b", 2, 1}, {2, "interleaved_1f1b", 2, 3}, {4, "gpipe", 1, 1},
-      {4, "1f1b", 1, 1},          {4, "1f1b", 1, 3}, {4, "interleaved_1f1b", 2, 3}, {4, "gpipe", 1, 3},
-      {2, "1f1b", 1, 3, true},    {4, "1f1b", 1, 3, true}, {2, "gpipe", 1, 2, true},
+      {1, "interleaved_1f1b", 4, 1},
+      {1, "interleaved_1f1b", 4, 3},
+      {2, "gpipe", 1, 1},
+      {2, "1f1b", 1, 1},
+      {2, "1f1b", 1, 3},
+      {2, "gpipe", 1, 3},
+      {2, "interleaved_1f1b", 2, 1},
+      {2, "interleaved_1f1b", 2, 3},
+      {4, "gpipe", 1, 1},
+      {4, "1f1b", 1, 1},
+      {4, "1f1b", 1, 3},
+      {4, "interleaved_1f1b", 2, 3},
+      {4, "gpipe", 1, 3},
+      {2, "1f1b", 1, 3, true},
+      {4, "1f1b", 1, 3, true},
+      {2, "gpipe", 1, 2, true},
       {1, "interleaved_1f1b", 4, 3, true},
   };
   std::map<std::pair<int, int>, TrainedRun> references;  // (data-parallel size, ZeRO stage)
