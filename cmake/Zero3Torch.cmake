@@ -44,3 +44,28 @@ if(NOT ZERO3_LIBTORCH STREQUAL "OFF")
   endif()
 endif()
 zero3_decide(ZERO3_LIBTORCH ${_torch_found} "${_torch_detail}")
+
+# libtorch's headers take most of the 25 to 35 CPU-seconds of each source that includes them: the adapter compiles
+# them once as its precompiled header, and its tests and the libtorch examples reuse it (docs/testing.md, "How long
+# the test command takes"). The list holds the headers that most of those sources include; all of torch/torch.h
+# would make each of them slower to compile, not faster. GCC and Clang read a precompiled header only under the
+# position-independence flag it was made with, so a program that reuses it is compiled as position-independent code
+# (-fPIC, after CMake's -fPIE), as the adapter, a shared library, is; and they read it only where every macro defined
+# when it was made is defined too, so the adapter goes without CMake's zero3_libtorch_EXPORTS, which nothing reads.
+option(ZERO3_LIBTORCH_PCH "Precompile libtorch's common headers once for the adapter, its tests and examples" ON)
+function(zero3_torch_pch target)
+  if(NOT ZERO3_LIBTORCH_PCH)
+    return()
+  endif()
+  if(target STREQUAL "zero3_libtorch")
+    set_target_properties(${target} PROPERTIES DEFINE_SYMBOL "")
+    target_precompile_headers(${target} PRIVATE <ATen/core/Tensor.h> <torch/nn/module.h> <torch/nn/modules/linear.h>
+                              <torch/nn/functional/loss.h> <torch/optim/adamw.h> <torch/utils.h>)
+    return()
+  endif()
+  target_precompile_headers(${target} REUSE_FROM zero3_libtorch)
+  get_target_property(type ${target} TYPE)
+  if(type STREQUAL "EXECUTABLE")
+    target_compile_options(${target} PRIVATE -fPIC)
+  endif()
+endfunction()
