@@ -192,14 +192,11 @@ PipelinePlan plan_pipeline(const ModelDesc& model, const Config& config, const P
     add(f.held.received, "received activations kept for backward, " + held);
     add(rp.once_activation_bytes, "activation workspace and boundary buffers, once");
     if (config.zero.stage >= 2 && config.zero3.pipeline_reduce_once_per_step && stages > 1) {
-      // zero3.pipeline_gradient_reduction "step": the stage's full gradients, summed over the step's micro-batches.
-      int64_t padded = 0;
-      for (const UnitDesc& u : rp.units.units)
-        padded += (u.numel() + p.data_parallel - 1) / p.data_parallel * p.data_parallel;
-      rp.memory.entries.push_back(
-          {MemoryCategory::grads, MemoryTier::device,
-           padded * static_cast<int64_t>(dtype_size(config.grad_accum_dtype.value_or(DType::f32))),
-           "full gradients over the step (zero3.pipeline_gradient_reduction \"step\")"});
+      // zero3.pipeline_gradient_reduction "step": the stage's full gradients (padded over the partition, as the
+      // engine holds them), summed over the step's micro-batches.
+      const int64_t acc_bytes = static_cast<int64_t>(dtype_size(config.grad_accum_dtype.value_or(DType::f32)));
+      rp.memory.entries.push_back({MemoryCategory::grads, MemoryTier::device, rp.memory.padded_params * acc_bytes,
+                                   "full gradients over the step (zero3.pipeline_gradient_reduction \"step\")"});
     }
     rp.traffic = plan_traffic(rp.units, config, traffic);
 
