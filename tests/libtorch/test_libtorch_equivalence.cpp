@@ -13,6 +13,7 @@
 #include <tuple>
 
 #include "support/engine_world.hpp"
+#include "support/expect_same_training.hpp"
 #include "support/libtorch_training.hpp"
 #include "support/mlp_trainer.hpp"
 #include "support/rank_temp_dir.hpp"
@@ -79,12 +80,7 @@ void expect_equal_training(const Variant& v) {
   sharded.materialize();
   const TrainRun got = train_sharded(sharded, c, spec);
 
-  ASSERT_EQ(got.losses.size(), want.losses.size());
-  ASSERT_EQ(got.grad_norms.size(), want.grad_norms.size());
-  for (size_t s = 0; s < want.losses.size(); ++s) {
-    EXPECT_NEAR(got.losses[s], want.losses[s], 1e-5 * std::fabs(want.losses[s])) << "step " << s;
-    EXPECT_NEAR(got.grad_norms[s], want.grad_norms[s], 1e-5 * want.grad_norms[s]) << "step " << s;
-  }
+  ASSERT_NO_FATAL_FAILURE(expect_same_steps(got, want));
   std::string worst;
   // Training moved the weights far beyond the tolerance, so agreeing within it says something.
   TrainSpec untrained = spec;
