@@ -131,24 +131,6 @@ const Variant kOffloadVariants[] = {
      5e-3},
 };
 
-CommOptions nccl_options() {
-  CommOptions o;
-  o.backend = "nccl";
-  o.device = 0;
-  o.timeout = std::chrono::seconds(120);
-  return o;
-}
-
-std::shared_ptr<Communicator> nccl_world_of_one() {
-  LaunchInfo launch;
-  launch.rank = 0;
-  launch.world_size = 1;
-  launch.local_rank = 0;
-  launch.local_world_size = 1;
-  launch.launcher = "test";
-  return std::shared_ptr<Communicator>(make_communicator(nccl_options(), launch, nullptr));
-}
-
 // Trains `v` on `comm` with the cuda device and compares with the reference; gtest expectations.
 void train_and_compare(const Variant& v, std::shared_ptr<Communicator> comm, Device& device) {
   Config c = equivalence_config(v.stage);

@@ -108,20 +108,6 @@ const ::testing::Environment* const kEnvironment = ::testing::AddGlobalTestEnvir
 
 const at::Device kCuda(at::kCUDA, 0);
 
-std::shared_ptr<Communicator> nccl_world_of_one() {
-  CommOptions o;
-  o.backend = "nccl";
-  o.device = 0;
-  o.timeout = std::chrono::seconds(120);
-  LaunchInfo launch;
-  launch.rank = 0;
-  launch.world_size = 1;
-  launch.local_rank = 0;
-  launch.local_world_size = 1;
-  launch.launcher = "test";
-  return std::shared_ptr<Communicator>(make_communicator(o, launch, nullptr));
-}
-
 // Torch's current CUDA stream is one of its pool's (not the engine's) while it lives, when asked for.
 class TorchSideStream {
  public:

@@ -24,6 +24,25 @@ inline CommOptions host_comm_options(std::chrono::milliseconds timeout = std::ch
   return o;
 }
 
+// Options for nccl on GPU 0 (the GPU tests), and a world of that one rank, for tests that run alone.
+inline CommOptions nccl_options() {
+  CommOptions o;
+  o.backend = "nccl";
+  o.device = 0;
+  o.timeout = std::chrono::seconds(120);
+  return o;
+}
+
+inline std::shared_ptr<Communicator> nccl_world_of_one() {
+  LaunchInfo launch;
+  launch.rank = 0;
+  launch.world_size = 1;
+  launch.local_rank = 0;
+  launch.local_world_size = 1;
+  launch.launcher = "test";
+  return std::shared_ptr<Communicator>(make_communicator(nccl_options(), launch, nullptr));
+}
+
 inline std::shared_ptr<Communicator> engine_world() {
   static std::shared_ptr<Communicator> world = [] {
     CommOptions o = host_comm_options();
