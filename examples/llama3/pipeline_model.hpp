@@ -77,10 +77,10 @@ void check_pipeline_model(const ModelConfig& config, int pipeline_ranks);
 
 class PipelineStageModel : public zero3::PipelineModel {
  public:
-  // `device` and `compute`: the stage engine's (the backend is made here, so that activation_dtype() is known
+  // `device` and `compute`: the stage engine's (the backend is made here, so that boundary_dtype() is known
   // before the PipelineEngine is). `boundary`: the dtype between stages (nullopt: the backend's activation dtype).
-  // `micro_batches`: gradient_accumulation_steps; `data_parallel_size`: the
-  // ranks of a stage (the world over pipeline.stages); `pipeline_ranks`: pipeline.stages. options.time_phases,
+  // `micro_batches`: gradient_accumulation_steps; `data_parallel_size`: the ranks of a stage (the world over
+  // pipeline.stages); `pipeline_ranks`: pipeline.stages. options.time_phases,
   // activation_checkpointing, init_from and init_from_strict as EngineModel's. `data` must outlive the model.
   // Throws what check_pipeline_model and make_model_ops throw; IoError for a bad options.init_from.
   PipelineStageModel(const ModelConfig& config, const BatchShape& shape, MicroBatchSource& data, int64_t micro_batches,
